@@ -1,0 +1,47 @@
+# edgetrain developer entry points. Every target is safe to rerun.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+# Inside the venv, so a venv deleted by hand also forgets that it was installed.
+INSTALL_STAMP := $(VENV)/install.stamp
+FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
+
+.PHONY: venv data test demo bench clean distclean
+
+venv: $(INSTALL_STAMP)
+
+# Reinstalls only when the dependencies may have changed.
+$(INSTALL_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -e '.[test]' --config-settings editable_mode=compat
+	touch $@
+
+# Fashion-MNIST comes from Debian's package (no download code in the project). Installing needs
+# root; without it the data-dependent tests skip and say why.
+data:
+	@if [ -d $(FASHION_MNIST_DIR) ]; then \
+		echo "data: Fashion-MNIST present in $(FASHION_MNIST_DIR)"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends dataset-fashion-mnist; \
+	else \
+		echo "data: $(FASHION_MNIST_DIR) missing and not root; skipping (run: sudo apt-get install dataset-fashion-mnist)"; \
+	fi
+
+test: venv data
+	$(PY) -m pytest -q -n 2 tests
+
+demo: venv
+	$(VENV)/bin/edgetrain compile resnet18 --target jetson-agx-orin --budget 40% --out build/demo
+	$(VENV)/bin/edgetrain run build/demo --steps 3 --check
+	$(VENV)/bin/edgetrain inspect build/demo
+
+bench: venv
+	$(PY) benchmarks/solve.py
+
+clean:
+	rm -rf build .pytest_cache .hypothesis *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

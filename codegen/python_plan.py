@@ -1,0 +1,68 @@
+"""Render a schedule as a Python plan module for the torch runtime (Jetson, Raspberry Pi, host)."""
+from __future__ import annotations
+
+import os
+
+import jinja2
+import torch
+from safetensors.torch import save_file
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("codegen", "templates"),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    autoescape=False,
+)
+
+
+def _py(value) -> str:
+    """A Python literal; repr() of a float round-trips exactly."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_py(k)}: {_py(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_py(v) for v in value) + "]"
+    return repr(value)
+
+
+def _operands(inputs: list[dict]) -> str:
+    return _py([r["t"] if not r.get("view") else r for r in inputs])
+
+
+def _extras(node: dict) -> str:
+    out = ""
+    if node["params"]:
+        out += f", params={_py(node['params'])}"
+    if node["buffers"]:
+        out += f", buffers={_py(node['buffers'])}"
+    if node["attrs"]:
+        out += f", attrs={_py(node['attrs'])}"
+    if node["aux_of"]:
+        out += f", aux_of={_py(node['aux_of'])}"
+    return out
+
+
+_ENV.filters.update(py=_py, operands=_operands, extras=_extras)
+
+
+def render_python_plan(schedule: dict, out_dir: str, schedule_file: str = "schedule.json") -> str:
+    nodes = schedule["graph"]["nodes"]
+    by_name = {n["name"]: n for n in nodes}
+    stages = [{"index": t, "node": n, "steps": []} for t, n in enumerate(nodes)]
+    for st in schedule["steps"]:
+        stages[st["stage"]]["steps"].append(dict(st, node=by_name.get(st["tensor"])))
+    text = _ENV.get_template("plan.py.j2").render(s=schedule, stages=stages, schedule_file=schedule_file)
+    path = os.path.join(out_dir, "plan.py")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def write_weights(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], out_dir: str) -> str:
+    """Initial weights as safetensors: `param/<name>` and `buffer/<name>` (no pickle)."""
+    tensors = {f"param/{k}": v.detach().contiguous().clone() for k, v in params.items()}
+    tensors.update({f"buffer/{k}": v.detach().contiguous().clone() for k, v in buffers.items()})
+    path = os.path.join(out_dir, "weights.safetensors")
+    save_file(tensors, path)
+    return path

@@ -1,0 +1,66 @@
+"""Budget and deadline syntax.
+
+Budget: an absolute size for the whole RAM the step may use (`2MB`, `512KiB`, `1.5GB`, `300000` bytes), or
+`B%`: the fixed state (parameters, optimizer state, buffers) plus B% of what store-all needs beyond it.
+Deadline: a multiple of the store-all time (`1.2`), or seconds (`0.5s`, `20ms`).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import BudgetError
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    text: str
+    percent: float | None = None
+    nbytes: int | None = None
+
+    def resolve(self, state_bytes: int, store_all_peak: int) -> int:
+        if self.nbytes is not None:
+            return self.nbytes
+        assert self.percent is not None
+        return int(state_bytes + self.percent / 100.0 * (store_all_peak - state_bytes))
+
+
+def parse_budget(text: str) -> Budget:
+    s = str(text).strip()
+    if s.endswith("%"):
+        try:
+            p = float(s[:-1])
+        except ValueError:
+            raise BudgetError(f"budget {text!r}: a percentage must be a number, like 40%") from None
+        if not 0 <= p <= 1000:
+            raise BudgetError(f"budget {text!r}: the percentage must be between 0% and 1000%")
+        return Budget(text=s, percent=p)
+    m = _SIZE.match(s)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise BudgetError(f"budget {text!r} is not understood; write a size like 2MB, 512KiB, 1.5GB or 300000, "
+                          "or a percentage like 40%")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise BudgetError(f"budget {text!r} must be positive")
+    return Budget(text=s, nbytes=n)
+
+
+def parse_deadline(text: str | None, store_all_time_s: float) -> float | None:
+    if text is None:
+        return None
+    s = str(text).strip().lower()
+    try:
+        if s.endswith("ms"):
+            return float(s[:-2]) / 1e3
+        if s.endswith("s"):
+            return float(s[:-1])
+        f = float(s)
+    except ValueError:
+        raise BudgetError(f"deadline {text!r} is not understood; write a multiple of the store-all time (1.2) "
+                          "or seconds (0.5s, 20ms)") from None
+    if f < 1.0:
+        raise BudgetError(f"deadline {text!r}: a multiple of the store-all time must be at least 1.0")
+    return f * store_all_time_s

@@ -1,0 +1,162 @@
+"""The `edgetrain` command: compile, run, inspect. Every command takes --json and then prints one object."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import EdgetrainError
+from .ir import SGDConfig
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--input-shape {text!r}: write C,H,W (e.g. 3,32,32)") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"--input-shape {text!r}: dimensions must be positive")
+    return dims
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgetrain", description="Compile PyTorch training to fit a device's memory.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="model -> validated schedule -> generated plan")
+    c.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
+    c.add_argument("--target", required=True)
+    c.add_argument("--budget", required=True, help="2MB, 512KiB, 1.5GB, or B%% of store-all's activations")
+    c.add_argument("--deadline", help="multiple of the store-all time (1.2) or seconds (0.5s)")
+    c.add_argument("--scheduler", default="poet", choices=["poet", "checkpoint", "store-all"])
+    c.add_argument("--batch-size", type=int, default=8)
+    c.add_argument("--input-shape", type=_shape)
+    c.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
+    c.add_argument("--loss", default="cross_entropy", choices=["cross_entropy", "mse"])
+    c.add_argument("--lr", type=float, default=0.01)
+    c.add_argument("--momentum", type=float, default=0.9)
+    c.add_argument("--weight-decay", type=float, default=5e-4)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", required=True)
+    c.add_argument("--json", action="store_true")
+    r = sub.add_parser("run", help="execute a compiled plan")
+    r.add_argument("dir")
+    r.add_argument("--steps", type=int, default=1)
+    r.add_argument("--data", default="random", choices=["random", "fashion-mnist"])
+    r.add_argument("--check", action="store_true", help="compare with PyTorch autograd from the same weights and data")
+    r.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    r.add_argument("--seed", type=int, default=1, help="seed of the data")
+    r.add_argument("--json", action="store_true")
+    i = sub.add_parser("inspect", help="what a schedule does")
+    i.add_argument("dir")
+    i.add_argument("--json", action="store_true")
+    return p
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.3f} MB"
+
+
+def _cmd_compile(a) -> dict:
+    from .compile import CompileOptions, compile_model
+
+    opts = CompileOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, scheduler=a.scheduler,
+                          deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
+                          time_limit=a.time_limit, loss=a.loss, seed=a.seed,
+                          optimizer=SGDConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
+    if a.json or not sys.stderr.isatty():
+        return compile_model(opts)
+    with _console().status("compiling") as status:
+        return compile_model(opts, progress=lambda msg: status.update(msg))
+
+
+def _cmd_run(a) -> dict:
+    from .run import run_plan
+
+    if a.json or not sys.stderr.isatty():
+        return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed)
+    from rich.progress import Progress
+
+    with Progress(console=_console(), transient=True) as bar:
+        task = bar.add_task("training steps", total=a.steps)
+        return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed,
+                        progress=lambda k, n: bar.update(task, completed=k))
+
+
+def _cmd_inspect(a) -> dict:
+    from .inspect_schedule import summarize
+
+    return summarize(a.dir)
+
+
+def _print_human(cmd: str, r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    if cmd == "compile":
+        s = r["solver"]
+        gap = "-" if s.get("gap") is None else f"{100 * s['gap']:.3f}%"
+        con.print(f"[bold]{r['model']}[/] on {r['target']}: {r['nodes']} stages, scheduler {r['scheduler']} "
+                  f"(kept: {r['schedule']}; solver {s['name']} {s['status']}, gap {gap}, {s['seconds']:.2f} s)")
+        con.print(f"budget {_mb(r['budget_bytes'])} (smallest feasible {_mb(r['min_feasible_bytes'])}), "
+                  f"peak {_mb(r['peak_bytes'])} vs store-all {_mb(r['store_all_peak_bytes'])}")
+        con.print(f"energy {r['energy_j']:.6g} J vs store-all {r['store_all_energy_j']:.6g} J "
+                  f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s; "
+                  f"{r['recomputes']} recomputes, {r['page_ins']} page-ins, {r['page_outs']} page-outs")
+        con.print(f"wrote {r['out']}/schedule.json, plan.py, weights.safetensors")
+    elif cmd == "run":
+        con.print(f"{r['steps']} steps on {r['device']}, losses {[round(x, 4) for x in r['losses']]}")
+        con.print(f"measured peak {_mb(r['measured_peak_bytes'])} (predicted {_mb(r['predicted_peak_bytes'])}, "
+                  f"budget {_mb(r['budget_bytes'])}), paged {r['paged_bytes']} B")
+        if r.get("checked"):
+            con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
+                      f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
+        if not r["ok"]:
+            con.print(f"[red]{r.get('error')}")
+    else:
+        t = Table(title=f"{r['model']} on {r['target']}: stages with recomputes or paging ({len(r['active_stages'])}"
+                        f" of {r['stages']})")
+        for col in ("stage", "node", "recompute", "page in", "page out"):
+            t.add_column(col)
+        for s in r["active_stages"]:
+            t.add_row(str(s["stage"]), s["node"], ", ".join(s["recompute"]), ", ".join(s["page_in"]),
+                      ", ".join(s["page_out"]))
+        con.print(t)
+        s = Table(title="schedule vs store-all")
+        for col in ("", "schedule", "store-all"):
+            s.add_column(col)
+        s.add_row("peak memory", _mb(r["peak_bytes"]), _mb(r["store_all_peak_bytes"]))
+        s.add_row("budget", _mb(r["budget_bytes"]), "")
+        s.add_row("energy (J)", f"{r['energy_j']:.6g}", f"{r['store_all_energy_j']:.6g}")
+        s.add_row("time (s)", f"{r['time_s']:.6g}", f"{r['store_all_time_s']:.6g}")
+        s.add_row("recomputes / page-ins / page-outs", f"{r['recomputes']} / {r['page_ins']} / {r['page_outs']}", "0 / 0 / 0")
+        con.print(s)
+        sol = r["solver"]
+        con.print(f"solver {sol['name']}: {sol['status']}, gap {sol.get('gap')}, {sol.get('seconds')} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    handlers = {"compile": _cmd_compile, "run": _cmd_run, "inspect": _cmd_inspect}
+    try:
+        result = handlers[a.cmd](a)
+    except (EdgetrainError, ValueError) as e:  # targets' and data's errors derive from ValueError or ours
+        if getattr(a, "json", False):
+            print(json.dumps({"ok": False, "error": str(e), "error_type": type(e).__name__}))
+        print(f"edgetrain {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(result, default=str))
+    else:
+        _print_human(a.cmd, result)
+    return 0 if result.get("ok", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

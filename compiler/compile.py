@@ -1,0 +1,119 @@
+"""The compile pipeline: model -> training DAG -> schedule -> validated schedule file -> generated plan."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from . import __version__, schedule as schedule_format
+from .budget import parse_budget, parse_deadline
+from .decisions import build_steps
+from .errors import OutputDirError, UnsupportedModelError
+from .frontend import trace_forward
+from .ir import SGDConfig
+from .liveness import analyze
+from .lowering import apply_costs, lower
+from .modelspec import resolve
+from .schedulers import min_budget, run_scheduler, store_all
+from .validator import validate
+
+
+@dataclass
+class CompileOptions:
+    model: str
+    target: str
+    budget: str
+    out: str
+    scheduler: str = "poet"
+    deadline: str | None = None
+    batch_size: int = 8
+    input_shape: tuple[int, ...] | None = None
+    time_limit: float = 60.0
+    loss: str = "cross_entropy"
+    optimizer: SGDConfig = field(default_factory=SGDConfig)
+    seed: int = 0
+    model_kwargs: dict = field(default_factory=dict)
+
+
+def prepare_out_dir(path: str) -> None:
+    """Fail before any solving if the output directory cannot be written."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".edgetrain-write-test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise OutputDirError(f"cannot write to output directory {path!r}: {e.strerror or e}. "
+                             "Choose another --out or fix its permissions.") from None
+
+
+def build_graph(opts: CompileOptions, target):
+    """Resolve, trace and lower the model; annotate costs for the target. Returns (model, graph)."""
+    from targets import Target  # noqa: F401  (the profile type; the loader lives in targets/)
+
+    torch.manual_seed(opts.seed)  # zoo models initialize deterministically from the seed
+    resolved = resolve(opts.model, **opts.model_kwargs)
+    shape = opts.input_shape or resolved.input_shape
+    if not shape:
+        raise UnsupportedModelError(f"the input shape of {opts.model!r} is unknown; pass --input-shape C,H,W")
+    model = resolved.module.train()
+    example = torch.randn(opts.batch_size, *shape, generator=torch.Generator().manual_seed(opts.seed))
+    graph = lower(trace_forward(model, example), opts.model, opts.loss, opts.optimizer)
+    measured = None
+    if getattr(target, "measured", False):
+        from .profiler import profile_nodes
+
+        measured = profile_nodes(graph)
+    apply_costs(graph, target, measured)
+    return resolved, model, graph
+
+
+def compile_model(opts: CompileOptions, progress=None) -> dict:
+    from targets import load_target
+    from codegen import render_python_plan, write_weights
+
+    budget = parse_budget(opts.budget)
+    target = load_target(opts.target)
+    prepare_out_dir(opts.out)
+    resolved, model, graph = build_graph(opts, target)
+    lv = analyze(graph)
+    sa = validate(graph, build_steps(graph, lv, store_all(graph, lv)), target, None)
+    budget_bytes = budget.resolve(lv.state_bytes, sa.peak_bytes)
+    deadline_s = parse_deadline(opts.deadline, sa.time_s)
+    if progress:
+        progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors")
+    result = run_scheduler(graph, lv, target, budget_bytes, scheduler=opts.scheduler, deadline_s=deadline_s,
+                           time_limit=opts.time_limit)
+    rep = result.report
+    body = {
+        "edgetrain": __version__,
+        "model": {"spec": resolved.spec, "kwargs": resolved.kwargs, "input_shape": list(graph.input_shape[1:]),
+                  "num_classes": graph.num_classes, "loss": graph.loss},
+        "target": target.to_dict(),
+        "budget": {"spec": budget.text, "bytes": budget_bytes, "min_feasible_bytes": min_budget(lv),
+                   "deadline_s": deadline_s},
+        "graph": graph.to_json(),
+        "summary": dict(graph.summary(), decision_tensors=len(lv.decision)),
+        "steps": [s.to_json() for s in result.steps],
+        "predicted": rep.to_json(),
+        "store_all": sa.to_json(),
+        "solver": result.solver,
+        "scheduler": opts.scheduler,
+        "schedule_kind": result.name,
+        "seed": opts.seed,
+    }
+    schedule_format.save(body, opts.out)
+    render_python_plan(schedule_format.load(opts.out), opts.out)
+    write_weights(dict(model.named_parameters()), dict(model.named_buffers()), opts.out)
+    return {
+        "out": opts.out, "model": resolved.spec, "target": target.name, "scheduler": opts.scheduler,
+        "schedule": result.name, "nodes": len(graph.nodes), "budget_bytes": budget_bytes,
+        "min_feasible_bytes": min_budget(lv), "peak_bytes": rep.peak_bytes, "energy_j": rep.energy_j,
+        "time_s": rep.time_s, "deadline_s": deadline_s, "recomputes": rep.recomputes, "page_ins": rep.page_ins,
+        "page_outs": rep.page_outs, "store_all_peak_bytes": sa.peak_bytes, "store_all_energy_j": sa.energy_j,
+        "store_all_time_s": sa.time_s, "state_bytes": lv.state_bytes,
+        "solver": {k: result.solver.get(k) for k in ("name", "status", "gap", "seconds", "objective", "bound",
+                                                     "variables", "constraints")},
+    }

@@ -1,0 +1,29 @@
+"""User-facing errors: each names the problem and the fix. The CLI prints them without a stack trace."""
+
+
+class EdgetrainError(Exception):
+    """Base class: a message meant for the user."""
+
+
+class UnsupportedModelError(EdgetrainError):
+    """The model uses an op, a construct or a control flow edgetrain cannot compile."""
+
+
+class ModelSpecError(EdgetrainError):
+    """A model was named in a way that cannot be resolved (zoo name, file.py:factory, package.module:attr)."""
+
+
+class BudgetError(EdgetrainError):
+    """A budget is malformed, or no schedule fits it; the message states the smallest feasible budget."""
+
+
+class ScheduleFormatError(EdgetrainError):
+    """A schedule file is corrupt, hand-edited or of another format version."""
+
+
+class ValidationError(EdgetrainError):
+    """A schedule breaks a rule of the memory model (operand not resident, budget exceeded, ...)."""
+
+
+class OutputDirError(EdgetrainError):
+    """The output directory cannot be written."""

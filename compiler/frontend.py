@@ -1,0 +1,383 @@
+"""torch.fx frontend: trace an nn.Module, run it once for shapes, map each fx node to a registry op.
+
+The result is a `ForwardGraph`: forward nodes in execution order (from `compiler.ir`), with views folded
+into the operands of their consumers. Anything outside the supported set fails here, naming the op, the
+fx node and the line of the user's source that created it.
+"""
+from __future__ import annotations
+
+import copy
+import linecache
+import operator
+import os
+import re
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .errors import UnsupportedModelError
+from .ir import Node, TensorRef, TensorSpec
+from .ops import OPS
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+@dataclass
+class ForwardGraph:
+    nodes: list[Node]  # "input" first, forward nodes after it
+    output: TensorRef  # the model's output (logits)
+    params: dict[str, TensorSpec]
+    buffers: dict[str, TensorSpec]
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    module_of: dict[str, str] = field(default_factory=dict)  # node name -> module qualname
+
+
+def _user_frame(frames: list[tuple[str, int, str]]) -> str:
+    """The innermost frame that is the user's code, formatted as `file:line: code`."""
+    for file, line, func in reversed(frames):
+        if not file.startswith(_TORCH_DIR) and "/compiler/frontend.py" not in file:
+            code = linecache.getline(file, line).strip()
+            return f"{os.path.basename(file)}:{line} ({func}): `{code}`" if code else f"{file}:{line} ({func})"
+    return "unknown location"
+
+
+def _node_source(node: fx.Node) -> str:
+    frames = [(m["file"], int(m["line"]), m["func"]) for m in _FRAME.finditer(node.stack_trace or "")]
+    where = _user_frame(frames)
+    if node.op == "call_module":
+        return f"{where} [module {node.target}]"
+    stack = list((node.meta.get("nn_module_stack") or {}).keys())
+    return f"{where} [inside {stack[-1]}]" if stack else where
+
+
+SUPPORTED = (
+    "modules: Conv2d, Linear, ReLU, ReLU6, BatchNorm2d (training mode), MaxPool2d, AvgPool2d, "
+    "AdaptiveAvgPool2d, Flatten, Dropout, Identity; functions: + / torch.add (same shapes), torch.cat, "
+    "torch.flatten, F.relu, F.relu6, F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d; methods: "
+    ".view, .reshape, .flatten, .size, .relu, .contiguous"
+)
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.record_stack_traces = True
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the traced graph once on an example input and keeps every node's value (for shapes)."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        self.values[n.name] = out
+        return out
+
+
+def _pair(v) -> list[int]:
+    return [int(v), int(v)] if isinstance(v, int) else [int(x) for x in v]
+
+
+class _Builder:
+    """Maps fx nodes to registry ops. One small method per construct, looked up in tables below."""
+
+    def __init__(self, gm: fx.GraphModule, values: dict[str, Any]) -> None:
+        self.gm = gm
+        self.values = values
+        self.modules = dict(gm.named_modules())
+        self.nodes: list[Node] = []
+        self.refs: dict[str, TensorRef] = {}  # fx name -> operand (after folding views)
+        self.module_calls: dict[str, str] = {}
+        self.module_of: dict[str, str] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}  # emitted node -> output shape
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def fail(self, n: fx.Node, what: str, why: str = "") -> UnsupportedModelError:
+        why = f" {why}" if why else ""
+        return UnsupportedModelError(
+            f"unsupported operation {what} at fx node `{n.name}`, {_node_source(n)}.{why}\n"
+            f"Supported: {SUPPORTED}."
+        )
+
+    def shape(self, n: fx.Node) -> tuple[int, ...]:
+        return tuple(self.values[n.name].shape)
+
+    def ref(self, a: Any, n: fx.Node) -> TensorRef:
+        if not isinstance(a, fx.Node) or a.name not in self.refs:
+            raise self.fail(n, f"`{n.target}` with a non-tensor or constant operand `{a}`")
+        return self.refs[a.name]
+
+    def ref_shape(self, r: TensorRef) -> tuple[int, ...]:
+        for v in reversed(r.view):
+            if v[0] == "reshape":
+                return tuple(v[1])
+        return self.shapes[r.name]
+
+    def emit(self, n: fx.Node, op: str, inputs: list[TensorRef], *, name: str | None = None,
+             params: tuple[str, ...] = (), buffers: tuple[str, ...] = (), attrs: dict | None = None,
+             shape: tuple[int, ...] | None = None) -> TensorRef:
+        rule = OPS[op]
+        attrs = attrs or {}
+        name = name or n.name
+        out_shape = shape if shape is not None else self.shape(n)
+        in_shapes = [self.ref_shape(r) for r in inputs]
+        node = Node(
+            name=name, kind="forward", op=op, inputs=tuple(inputs), params=params, buffers=buffers,
+            attrs=attrs, shape=out_shape, dtype=rule.out_dtype,
+            aux_bytes=rule.aux_bytes(in_shapes, out_shape, attrs) if rule.aux_bytes else 0,
+            workspace_bytes=rule.scratch_bytes(in_shapes, out_shape, attrs) if rule.scratch_bytes else 0,
+            flops=int(rule.flops(in_shapes, out_shape, attrs)), source=_node_source(n),
+        )
+        self.nodes.append(node)
+        self.shapes[name] = out_shape
+        r = TensorRef(name)
+        if name == n.name:
+            self.refs[n.name] = r
+        return r
+
+    def alias(self, n: fx.Node, src: TensorRef, reshape: bool) -> None:
+        if reshape:
+            shp = self.shape(n)
+            view = src.view[:-1] if src.view and src.view[-1][0] == "reshape" else src.view
+            base_shape = self.shapes[src.name]
+            self.refs[n.name] = TensorRef(src.name, view if shp == base_shape else view + (("reshape", shp),))
+        else:
+            self.refs[n.name] = src
+
+    def claim_module(self, n: fx.Node) -> str:
+        q = str(n.target)
+        if q in self.module_calls:
+            raise UnsupportedModelError(
+                f"module `{q}` is called more than once (fx nodes `{self.module_calls[q]}` and `{n.name}`, "
+                f"{_node_source(n)}): shared parameters would be updated twice. Give each call its own module."
+            )
+        self.module_calls[q] = n.name
+        return q
+
+    # -- modules ---------------------------------------------------------------------------------------
+    def m_conv(self, n, m: nn.Conv2d):
+        if isinstance(m.padding, str) or m.padding_mode != "zeros":
+            raise self.fail(n, f"Conv2d(padding={m.padding!r}, padding_mode={m.padding_mode!r})",
+                            "Use numeric padding with padding_mode='zeros'.")
+        q = self.claim_module(n)
+        params = (f"{q}.weight",) + ((f"{q}.bias",) if m.bias is not None else ())
+        attrs = {"kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride), "padding": _pair(m.padding),
+                 "dilation": _pair(m.dilation), "groups": m.groups, "bias": m.bias is not None}
+        self.module_of[n.name] = q
+        self.emit(n, "conv2d", [self.ref(n.args[0], n)], params=params, attrs=attrs)
+
+    def m_linear(self, n, m: nn.Linear):
+        q = self.claim_module(n)
+        x = self.ref(n.args[0], n)
+        if len(self.ref_shape(x)) != 2:
+            raise self.fail(n, f"Linear on a {len(self.ref_shape(x))}-d input", "Flatten to (batch, features) first.")
+        params = (f"{q}.weight",) + ((f"{q}.bias",) if m.bias is not None else ())
+        self.module_of[n.name] = q
+        self.emit(n, "linear", [x], params=params, attrs={"bias": m.bias is not None})
+
+    def m_bn(self, n, m: nn.BatchNorm2d):
+        if not (m.affine and m.track_running_stats) or m.momentum is None:
+            raise self.fail(n, "BatchNorm2d(affine=False / track_running_stats=False / momentum=None)",
+                            "Use the defaults affine=True, track_running_stats=True and a numeric momentum.")
+        q = self.claim_module(n)
+        self.module_of[n.name] = q
+        self.emit(n, "batch_norm", [self.ref(n.args[0], n)], params=(f"{q}.weight", f"{q}.bias"),
+                  buffers=(f"{q}.running_mean", f"{q}.running_var", f"{q}.num_batches_tracked"),
+                  attrs={"eps": float(m.eps), "momentum": float(m.momentum)})
+
+    def m_maxpool(self, n, m: nn.MaxPool2d):
+        if m.return_indices:
+            raise self.fail(n, "MaxPool2d(return_indices=True)")
+        self.maxpool(n, self.ref(n.args[0], n), m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+
+    def maxpool(self, n, x, k, s, p, d, ceil):
+        attrs = {"kernel_size": _pair(k), "stride": _pair(s if s else k), "padding": _pair(p),
+                 "dilation": _pair(d), "ceil_mode": bool(ceil)}
+        idx = self.emit(n, "maxpool_argmax", [x], name=f"{n.name}_argmax", attrs=attrs)
+        self.emit(n, "maxpool_gather", [x, idx], attrs=attrs)  # the backward kernel needs the window
+
+    def m_avgpool(self, n, m: nn.AvgPool2d):
+        self.avgpool(n, self.ref(n.args[0], n), m.kernel_size, m.stride, m.padding, m.ceil_mode,
+                     m.count_include_pad, m.divisor_override)
+
+    def avgpool(self, n, x, k, s, p, ceil, cip, div):
+        attrs = {"kernel_size": _pair(k), "stride": _pair(s if s else k), "padding": _pair(p),
+                 "ceil_mode": bool(ceil), "count_include_pad": bool(cip), "divisor_override": div}
+        self.emit(n, "avg_pool2d", [x], attrs=attrs)
+
+    def m_adaptive(self, n, m: nn.AdaptiveAvgPool2d):
+        self.adaptive(n, self.ref(n.args[0], n))
+
+    def adaptive(self, n, x):
+        self.emit(n, "adaptive_avg_pool2d", [x], attrs={"output_size": list(self.shape(n)[2:])})
+
+    def m_dropout(self, n, m: nn.Dropout):
+        q = self.claim_module(n)
+        x = self.ref(n.args[0], n)
+        if m.p == 0.0:
+            return self.alias(n, x, reshape=False)
+        self.module_of[n.name] = q
+        # The seed id depends on the module's name only, so a reference model can draw the same mask.
+        self.emit(n, "dropout", [x], attrs={"p": float(m.p), "seed_id": zlib.crc32(q.encode())})
+
+    def m_relu(self, n, m):
+        self.emit(n, "relu", [self.ref(n.args[0], n)])
+
+    def m_relu6(self, n, m):
+        self.emit(n, "relu6", [self.ref(n.args[0], n)])
+
+    def m_flatten(self, n, m: nn.Flatten):
+        self.alias(n, self.ref(n.args[0], n), reshape=True)
+
+    def m_identity(self, n, m):
+        self.alias(n, self.ref(n.args[0], n), reshape=False)
+
+    # -- functions and methods ------------------------------------------------------------------------
+    def f_add(self, n, *_):
+        a, b = n.args[0], n.args[1]
+        if n.kwargs.get("alpha", 1) != 1 or not all(isinstance(v, fx.Node) for v in (a, b)):
+            raise self.fail(n, f"`{n.target}` with a constant or alpha", "Residual adds of two tensors only.")
+        if tuple(self.values[a.name].shape) != tuple(self.values[b.name].shape):
+            raise self.fail(n, "broadcasting add", "Both operands must have the same shape.")
+        self.emit(n, "add", [self.ref(a, n), self.ref(b, n)])
+
+    def f_cat(self, n, *_):
+        tensors = n.args[0]
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+        dim = dim % len(self.shape(n))
+        self.emit(n, "cat", [self.ref(t, n) for t in tensors], attrs={"dim": dim})
+
+    def f_view(self, n, *_):
+        self.alias(n, self.ref(n.args[0], n), reshape=True)
+
+    def f_same(self, n, *_):
+        self.alias(n, self.ref(n.args[0], n), reshape=False)
+
+    def f_relu(self, n, *_):
+        self.emit(n, "relu", [self.ref(n.args[0], n)])
+
+    def f_relu6(self, n, *_):
+        self.emit(n, "relu6", [self.ref(n.args[0], n)])
+
+    def f_maxpool(self, n, *_):
+        a = dict(zip(["input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"], n.args))
+        a.update(n.kwargs)
+        if a.get("return_indices"):
+            raise self.fail(n, "F.max_pool2d(return_indices=True)")
+        self.maxpool(n, self.ref(a["input"], n), a["kernel_size"], a.get("stride"), a.get("padding", 0),
+                     a.get("dilation", 1), a.get("ceil_mode", False))
+
+    def f_avgpool(self, n, *_):
+        a = dict(zip(["input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+                      "divisor_override"], n.args))
+        a.update(n.kwargs)
+        self.avgpool(n, self.ref(a["input"], n), a["kernel_size"], a.get("stride"), a.get("padding", 0),
+                     a.get("ceil_mode", False), a.get("count_include_pad", True), a.get("divisor_override"))
+
+    def f_adaptive(self, n, *_):
+        self.adaptive(n, self.ref(n.args[0], n))
+
+
+_MODULES: dict[type, Callable] = {
+    nn.Conv2d: _Builder.m_conv, nn.Linear: _Builder.m_linear, nn.BatchNorm2d: _Builder.m_bn,
+    nn.MaxPool2d: _Builder.m_maxpool, nn.AvgPool2d: _Builder.m_avgpool,
+    nn.AdaptiveAvgPool2d: _Builder.m_adaptive, nn.Dropout: _Builder.m_dropout, nn.ReLU: _Builder.m_relu,
+    nn.ReLU6: _Builder.m_relu6, nn.Flatten: _Builder.m_flatten, nn.Identity: _Builder.m_identity,
+}
+_FUNCTIONS: dict[Any, Callable] = {
+    operator.add: _Builder.f_add, operator.iadd: _Builder.f_add, torch.add: _Builder.f_add,
+    torch.cat: _Builder.f_cat, torch.concat: _Builder.f_cat, torch.flatten: _Builder.f_view,
+    torch.reshape: _Builder.f_view, F.relu: _Builder.f_relu, torch.relu: _Builder.f_relu,
+    F.relu6: _Builder.f_relu6, F.max_pool2d: _Builder.f_maxpool, F.avg_pool2d: _Builder.f_avgpool,
+    F.adaptive_avg_pool2d: _Builder.f_adaptive,
+}
+_METHODS: dict[str, Callable] = {
+    "view": _Builder.f_view, "reshape": _Builder.f_view, "flatten": _Builder.f_view,
+    "contiguous": _Builder.f_same, "relu": _Builder.f_relu, "add": _Builder.f_add, "add_": _Builder.f_add,
+    "relu_": _Builder.f_relu,
+}
+
+
+def _trace(model: nn.Module) -> fx.GraphModule:
+    try:
+        return fx.GraphModule(model, _Tracer().trace(model))
+    except Exception as e:  # fx raises TraceError for control flow, others for odd Python
+        frames = [(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(e.__traceback__)]
+        where = _user_frame(frames)
+        if "control flow" in str(e) or "iteration" in str(e):
+            raise UnsupportedModelError(
+                f"data-dependent control flow at {where}: {e}. edgetrain compiles one static training graph; "
+                "move the branch out of forward() or make it depend on Python constants only."
+            ) from None
+        raise UnsupportedModelError(f"torch.fx cannot trace the model at {where}: {type(e).__name__}: {e}") from None
+
+
+def trace_forward(model: nn.Module, example: torch.Tensor) -> ForwardGraph:
+    """Trace `model` and lower its forward pass to registry ops, with shapes from one run on `example`."""
+    gm = _trace(model)
+    shadow = copy.deepcopy(gm).train()  # the shape run must not touch the user's batch-norm statistics
+    rec = _Recorder(shadow)
+    with torch.no_grad():
+        rec.run(example)
+    b = _Builder(gm, rec.values)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        raise UnsupportedModelError(f"forward() takes {len(placeholders)} tensor inputs; edgetrain supports exactly one.")
+    output: TensorRef | None = None
+    for n in gm.graph.nodes:
+        value = rec.values.get(n.name)
+        if n.op == "placeholder":
+            b.nodes.append(Node(name="input", kind="input", op="input", shape=tuple(example.shape),
+                                source="the data batch"))
+            b.refs[n.name] = TensorRef("input")
+            b.shapes["input"] = tuple(example.shape)
+        elif n.op == "output":
+            out = n.args[0]
+            if not isinstance(out, fx.Node) or out.name not in b.refs:
+                raise UnsupportedModelError(f"forward() must return one tensor, got `{out}` ({_node_source(n)}).")
+            output = b.refs[out.name]
+        elif n.op in ("call_method", "call_function") and not isinstance(value, torch.Tensor):
+            continue  # x.size(0), x.shape[1]: constants of this trace, folded into the view shapes
+        elif n.op == "call_module":
+            m = b.modules[n.target]
+            handler = _MODULES.get(type(m))
+            if handler is None:
+                raise b.fail(n, f"module `{type(m).__name__}` (`{n.target}`)")
+            handler(b, n, m)
+        elif n.op == "call_function":
+            handler = _FUNCTIONS.get(n.target)
+            if handler is None:
+                raise b.fail(n, f"function `{getattr(n.target, '__module__', '')}.{getattr(n.target, '__name__', n.target)}`")
+            handler(b, n)
+        elif n.op == "call_method":
+            handler = _METHODS.get(n.target)
+            if handler is None:
+                raise b.fail(n, f"method `Tensor.{n.target}`")
+            handler(b, n)
+        else:  # get_attr: a parameter or buffer used directly in forward()
+            raise b.fail(n, f"direct use of attribute `{n.target}`", "Wrap it in a supported module.")
+    assert output is not None
+    params = {k: TensorSpec(tuple(v.shape)) for k, v in model.named_parameters()}
+    used = {p for nd in b.nodes for p in nd.params}
+    unused = sorted(set(params) - used)
+    if unused:
+        raise UnsupportedModelError(
+            f"parameters {unused[:5]} are not used by any supported op in forward(); edgetrain would never "
+            "update them. Remove them or freeze them outside the model."
+        )
+    buffers = {k: TensorSpec(tuple(v.shape), "int64" if v.dtype == torch.int64 else "float32")
+               for k, v in model.named_buffers()}
+    out_shape = tuple(rec.values[[n for n in gm.graph.nodes if n.op == "output"][0].args[0].name].shape)
+    return ForwardGraph(nodes=b.nodes, output=output, params=params, buffers=buffers,
+                        input_shape=tuple(example.shape), output_shape=out_shape, module_of=b.module_of)

@@ -1,0 +1,222 @@
+"""The training DAG: dataclasses shared by the frontend, the passes and the validator.
+
+A graph is a list of nodes in execution (topological) order. Stage t of a schedule computes node t.
+Every node produces at most one tensor, named after the node. Views (reshape, narrow) are not nodes:
+a consumer reads a base tensor through a `TensorRef` with a view chain, so they cost no memory and are
+never recomputed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, asdict
+from typing import Literal
+
+import networkx as nx
+
+DTYPE_BYTES = {"float32": 4, "int64": 8}
+
+# input: the data batch; labels: the targets (pinned for the whole step); forward/loss: recomputable;
+# backward: gradient kernels with their fused SGD updates; grad_sum: accumulation of gradient contributions.
+Kind = Literal["input", "labels", "forward", "loss", "backward", "grad_sum"]
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """An operand: the tensor of node `name`, seen through a chain of views.
+
+    Views are ("reshape", shape) or ("narrow", dim, start, length).
+    """
+
+    name: str
+    view: tuple = ()
+
+    def to_json(self) -> dict:
+        d: dict = {"t": self.name}
+        if self.view:
+            d["view"] = [list(v[:1]) + [list(x) if isinstance(x, tuple) else x for x in v[1:]] for v in self.view]
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> "TensorRef":
+        view = tuple(tuple([v[0]] + [tuple(x) if isinstance(x, list) else x for x in v[1:]]) for v in d.get("view", []))
+        return TensorRef(d["t"], view)
+
+
+@dataclass
+class Node:
+    name: str
+    kind: Kind
+    op: str  # runtime kernel name
+    inputs: tuple[TensorRef, ...] = ()
+    params: tuple[str, ...] = ()  # parameters read; a backward node also updates them (fused SGD)
+    buffers: tuple[str, ...] = ()  # e.g. batch-norm running statistics, updated on first compute only
+    attrs: dict = field(default_factory=dict)
+    shape: tuple[int, ...] | None = None  # None: the node produces no tensor
+    dtype: str = "float32"
+    aux_bytes: int = 0  # small side output kept until the backward node (batch-norm statistics)
+    aux_of: str | None = None  # a backward node that reads the aux of this forward node
+    workspace_bytes: int = 0  # transient bytes held while the kernel runs (param grads, scratch)
+    flops: int = 0
+    time_s: float = 0.0
+    energy_j: float = 0.0
+    forward_of: str | None = None  # backward node: the forward node it differentiates
+    source: str = ""  # where the user's code created it (file:line, module path)
+
+    @property
+    def bytes(self) -> int:
+        if self.shape is None:
+            return 0
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * DTYPE_BYTES[self.dtype]
+
+    @property
+    def recomputable(self) -> bool:
+        return self.kind in ("forward", "loss")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["inputs"] = [r.to_json() for r in self.inputs]
+        d["shape"] = list(self.shape) if self.shape is not None else None
+        d["params"] = list(self.params)
+        d["buffers"] = list(self.buffers)
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> "Node":
+        d = dict(d)
+        d["inputs"] = tuple(TensorRef.from_json(r) for r in d["inputs"])
+        d["shape"] = tuple(d["shape"]) if d["shape"] is not None else None
+        d["params"] = tuple(d["params"])
+        d["buffers"] = tuple(d["buffers"])
+        return Node(**d)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def bytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class SGDConfig:
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+
+
+@dataclass
+class TrainingGraph:
+    model: str
+    nodes: list[Node]
+    params: dict[str, TensorSpec]
+    buffers: dict[str, TensorSpec]
+    input_shape: tuple[int, ...]  # with the batch dimension
+    num_classes: int
+    loss: str  # "cross_entropy" | "mse"
+    optimizer: SGDConfig = field(default_factory=SGDConfig)
+
+    def __post_init__(self) -> None:
+        self._index = {n.name: i for i, n in enumerate(self.nodes)}
+
+    # -- lookups -------------------------------------------------------------------------------
+    def index(self, name: str) -> int:
+        return self._index[name]
+
+    def node(self, name: str) -> Node:
+        return self.nodes[self._index[name]]
+
+    @property
+    def loss_stage(self) -> int:
+        return next(i for i, n in enumerate(self.nodes) if n.kind == "loss")
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_shape[0]
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(s.bytes for s in self.params.values())
+
+    @property
+    def optimizer_bytes(self) -> int:
+        return self.param_bytes if self.optimizer.momentum else 0
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(s.bytes for s in self.buffers.values())
+
+    @property
+    def state_bytes(self) -> int:
+        """Memory held for the whole step: parameters, optimizer state, buffers."""
+        return self.param_bytes + self.optimizer_bytes + self.buffer_bytes
+
+    @property
+    def total_flops(self) -> int:
+        return sum(n.flops for n in self.nodes)
+
+    def consumers(self) -> dict[str, list[int]]:
+        """Tensor name -> stages that read it directly (as an input operand)."""
+        out: dict[str, list[int]] = {n.name: [] for n in self.nodes}
+        for t, n in enumerate(self.nodes):
+            for r in n.inputs:
+                out[r.name].append(t)
+        return out
+
+    def to_nx(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        for n in self.nodes:
+            g.add_node(n.name, kind=n.kind, op=n.op, bytes=n.bytes, flops=n.flops)
+        for n in self.nodes:
+            for r in n.inputs:
+                g.add_edge(r.name, n.name)
+            if n.aux_of:
+                g.add_edge(n.aux_of, n.name)
+        return g
+
+    def summary(self) -> dict:
+        kinds: dict[str, int] = {}
+        for n in self.nodes:
+            kinds[n.kind] = kinds.get(n.kind, 0) + 1
+        return {
+            "model": self.model,
+            "nodes": len(self.nodes),
+            "edges": sum(len(n.inputs) for n in self.nodes),
+            "kinds": kinds,
+            "param_bytes": self.param_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "buffer_bytes": self.buffer_bytes,
+            "total_flops": self.total_flops,
+        }
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "loss": self.loss,
+            "optimizer": asdict(self.optimizer),
+            "params": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.params.items()},
+            "buffers": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.buffers.items()},
+            "nodes": [n.to_json() for n in self.nodes],
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> "TrainingGraph":
+        return TrainingGraph(
+            model=d["model"],
+            nodes=[Node.from_json(n) for n in d["nodes"]],
+            params={k: TensorSpec(tuple(v["shape"]), v["dtype"]) for k, v in d["params"].items()},
+            buffers={k: TensorSpec(tuple(v["shape"]), v["dtype"]) for k, v in d["buffers"].items()},
+            input_shape=tuple(d["input_shape"]),
+            num_classes=d["num_classes"],
+            loss=d["loss"],
+            optimizer=SGDConfig(**d["optimizer"]),
+        )

@@ -1,0 +1,122 @@
+"""Lower a forward graph to the training DAG: loss, backward kernels with fused SGD, gradient sums.
+
+Order of the result (the execution order, stage t computes node t):
+    input, forward nodes..., labels, loss, bwd.loss, then per forward node in reverse: [gsum.<n>], bwd.<n>
+A backward node reads the gradient of its forward node's output plus exactly the operands the registry
+lists as saved, and applies SGD to the forward node's parameters right after computing their gradients:
+after the input gradient that needed the old weights, so gradients never need a buffer of their own.
+"""
+from __future__ import annotations
+
+from .frontend import ForwardGraph
+from .ir import Node, SGDConfig, TensorRef, TrainingGraph
+from .ops import GRAD_SUM, OPS, grad_sum_flops, sgd_flops
+
+LOSSES = ("cross_entropy", "mse")
+
+
+def _base_shape(shapes: dict[str, tuple], r: TensorRef) -> tuple:
+    return shapes[r.name]
+
+
+def _view_shape(shapes: dict[str, tuple], r: TensorRef) -> tuple:
+    for v in reversed(r.view):
+        if v[0] == "reshape":
+            return tuple(v[1])
+    return shapes[r.name]
+
+
+def _to_base(shapes: dict[str, tuple], grad: TensorRef, operand: TensorRef) -> TensorRef:
+    """A gradient computed in the shape `operand` is seen in, re-viewed in the shape of its base tensor."""
+    if operand.view:
+        return TensorRef(grad.name, grad.view + (("reshape", shapes[operand.name]),))
+    return grad
+
+
+def lower(fwd: ForwardGraph, model_name: str, loss: str = "cross_entropy",
+          optimizer: SGDConfig | None = None) -> TrainingGraph:
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
+    optimizer = optimizer or SGDConfig()
+    nodes: list[Node] = list(fwd.nodes)
+    shapes: dict[str, tuple] = {n.name: n.shape for n in nodes}  # type: ignore[misc]
+    logits_shape = _view_shape(shapes, fwd.output)
+    labels_shape = (logits_shape[0],) if loss == "cross_entropy" else logits_shape
+    nodes.append(Node(name="labels", kind="labels", op="labels", shape=labels_shape,
+                      dtype="int64" if loss == "cross_entropy" else "float32", source="the data batch"))
+    shapes["labels"] = labels_shape
+    rule = OPS[loss]
+    in_shapes = [logits_shape, labels_shape]
+    nodes.append(Node(name="loss", kind="loss", op=loss, inputs=(fwd.output, TensorRef("labels")), shape=(),
+                      flops=rule.flops(in_shapes, (), {}), source="the loss"))
+
+    # Which forward tensors need a gradient: those downstream of a parameter.
+    needs_grad: dict[str, bool] = {}
+    for n in fwd.nodes:
+        rule_n = OPS[n.op]
+        needs_grad[n.name] = bool(n.params) or any(
+            needs_grad.get(r.name, False) for k, r in enumerate(n.inputs) if k not in rule_n.nondiff_inputs)
+
+    contributions: dict[str, list[TensorRef]] = {n.name: [] for n in fwd.nodes}
+    nodes.append(Node(name="bwd.loss", kind="backward", op=rule.backward, inputs=(fwd.output, TensorRef("labels")),
+                      shape=logits_shape, flops=rule.input_grad_flops(in_shapes, (), {}), forward_of="loss",
+                      source="the loss"))
+    shapes["bwd.loss"] = logits_shape
+    contributions[fwd.output.name].append(_to_base(shapes, TensorRef("bwd.loss"), fwd.output))
+
+    for n in reversed(fwd.nodes):
+        if not needs_grad[n.name] or not contributions[n.name]:
+            continue
+        grads = contributions[n.name]
+        if len(grads) == 1:
+            gy = grads[0]
+        else:
+            gy = TensorRef(f"gsum.{n.name}")
+            nodes.append(Node(name=gy.name, kind="grad_sum", op=GRAD_SUM, inputs=tuple(grads), shape=n.shape,
+                              flops=grad_sum_flops(n.shape, len(grads)), forward_of=n.name,  # type: ignore[arg-type]
+                              source=n.source))
+            shapes[gy.name] = n.shape  # type: ignore[assignment]
+        rule_n = OPS[n.op]
+        in_shapes = [_view_shape(shapes, r) for r in n.inputs]
+        if rule_n.grad_views is not None:  # add, cat: each input's gradient is a view of gy
+            for r, view in zip(n.inputs, rule_n.grad_views(in_shapes, n.shape, n.attrs)):  # type: ignore[arg-type]
+                if needs_grad.get(r.name, False):
+                    contributions[r.name].append(_to_base(shapes, TensorRef(gy.name, gy.view + view), r))
+            continue
+        x = n.inputs[0]
+        needs_input_grad = needs_grad.get(x.name, False) and 0 not in rule_n.nondiff_inputs
+        if rule_n.backward is None or not (needs_input_grad or n.params):
+            continue
+        saved = []
+        for s in rule_n.saved:
+            saved.append(TensorRef(n.name) if s == "out" else n.inputs[int(s[2:])])
+        flops = rule_n.input_grad_flops(in_shapes, n.shape, n.attrs) if needs_input_grad else 0  # type: ignore[misc]
+        if n.params:
+            flops += rule_n.param_grad_flops(in_shapes, n.shape, n.attrs)  # type: ignore[misc]
+            flops += sgd_flops([fwd.params[p].shape for p in n.params])
+        name = f"bwd.{n.name}"
+        nodes.append(Node(
+            name=name, kind="backward", op=rule_n.backward, inputs=(gy, *saved), params=n.params,
+            attrs={**n.attrs, "input_shape": list(in_shapes[0]), "needs_input_grad": needs_input_grad},
+            shape=in_shapes[0] if needs_input_grad else None,
+            aux_of=n.name if n.aux_bytes else None,
+            workspace_bytes=sum(fwd.params[p].bytes for p in n.params),  # the gradients, until SGD applies them
+            flops=int(flops), forward_of=n.name, source=n.source,
+        ))
+        shapes[name] = in_shapes[0]
+        if needs_input_grad:
+            contributions[x.name].append(_to_base(shapes, TensorRef(name), x))
+
+    return TrainingGraph(model=model_name, nodes=nodes, params=dict(fwd.params), buffers=dict(fwd.buffers),
+                         input_shape=fwd.input_shape, num_classes=logits_shape[-1], loss=loss, optimizer=optimizer)
+
+
+def apply_costs(graph: TrainingGraph, target, measured_s: dict[str, float] | None = None) -> None:
+    """Annotate each node with time and energy on `target` (from FLOPs, or measured seconds when given)."""
+    for n in graph.nodes:
+        if measured_s is not None and n.name in measured_s:
+            n.time_s = measured_s[n.name]
+            n.energy_j = n.time_s * target.flops_per_s / target.flops_per_joule
+        else:
+            n.time_s = target.compute_time_s(n.flops)
+            n.energy_j = target.compute_energy_j(n.flops)

@@ -1,0 +1,81 @@
+"""HiGHS adapter (highspy): the default solver. MIT licensed, proves optimality, accepts a warm start."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+
+import highspy
+import numpy as np
+
+from .model import SolveResult, SparseMILP
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """HiGHS prints a banner on the C stdout when created; keep stdout clean for `--json`."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, warm_start: np.ndarray | None = None,
+          threads: int | None = None) -> SolveResult:
+    with _quiet_stdout():
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    if threads:
+        h.setOptionValue("threads", int(threads))
+    lp = highspy.HighsLp()
+    lp.num_col_ = m.n_vars
+    lp.num_row_ = m.n_rows
+    lp.col_cost_ = np.asarray(m.cost, dtype=np.float64)
+    lp.col_lower_ = np.asarray(m.lower, dtype=np.float64)
+    lp.col_upper_ = np.asarray(m.upper, dtype=np.float64)
+    lp.row_lower_ = np.asarray(m.rows_lo, dtype=np.float64)
+    lp.row_upper_ = np.asarray(m.rows_hi, dtype=np.float64)
+    lp.offset_ = m.offset
+    start, index, value = m.csc()
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = start
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = value
+    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in m.integer]
+    h.passModel(lp)
+    if warm_start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(map(float, warm_start))
+        sol.value_valid = True
+        h.setSolution(sol)
+    t0 = time.perf_counter()
+    h.run()
+    seconds = time.perf_counter() - t0
+    status = h.getModelStatus()
+    info = h.getInfo()
+    S = highspy.HighsModelStatus
+    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    values = np.asarray(h.getSolution().col_value) if has_solution else None
+    if status == S.kOptimal:
+        name = "optimal"
+    elif status == S.kInfeasible:
+        name = "infeasible"
+    elif status in (S.kTimeLimit, S.kIterationLimit, S.kSolutionLimit, S.kInterrupt):
+        name = "time_limit"
+    else:
+        name = "error"
+    objective = info.objective_function_value if values is not None else None
+    bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else None
+    gap = None
+    if objective is not None and bound is not None:
+        gap = max(0.0, (objective - bound) / max(abs(objective), 1e-12))
+    return SolveResult(solver="highs", status=name, values=values, objective=objective, bound=bound, gap=gap,
+                       seconds=seconds, variables=m.n_vars, constraints=m.n_rows, binaries=sum(m.integer))

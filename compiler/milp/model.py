@@ -1,0 +1,90 @@
+"""A solver-neutral sparse MILP: variables with bounds, costs and integrality; rows lo <= a.x <= hi."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import math
+
+import numpy as np
+
+
+@dataclass
+class SolveResult:
+    solver: str
+    status: str  # optimal | time_limit | infeasible | error
+    values: np.ndarray | None  # the incumbent, if any
+    objective: float | None
+    bound: float | None
+    gap: float | None  # relative, (objective - bound) / |objective|
+    seconds: float
+    variables: int
+    constraints: int
+    binaries: int
+
+    def to_json(self) -> dict:
+        return {"name": self.solver, "status": self.status, "objective": self.objective, "bound": self.bound,
+                "gap": self.gap, "seconds": round(self.seconds, 4), "variables": self.variables,
+                "constraints": self.constraints, "binaries": self.binaries}
+
+
+@dataclass
+class SparseMILP:
+    cost: list[float] = field(default_factory=list)
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    rows_lo: list[float] = field(default_factory=list)
+    rows_hi: list[float] = field(default_factory=list)
+    _ri: list[int] = field(default_factory=list)  # triplets: row, column, value
+    _ci: list[int] = field(default_factory=list)
+    _v: list[float] = field(default_factory=list)
+    offset: float = 0.0
+
+    @property
+    def n_vars(self) -> int:
+        return len(self.cost)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.rows_lo)
+
+    def add_var(self, name: str, cost: float = 0.0, lb: float = 0.0, ub: float = 1.0, integer: bool = True) -> int:
+        self.cost.append(float(cost))
+        self.lower.append(lb)
+        self.upper.append(ub)
+        self.integer.append(integer)
+        self.names.append(name)
+        return len(self.cost) - 1
+
+    def add_row(self, terms: list[tuple[int, float]], lo: float = -math.inf, hi: float = math.inf) -> int:
+        r = len(self.rows_lo)
+        for c, v in terms:
+            self._ri.append(r)
+            self._ci.append(c)
+            self._v.append(float(v))
+        self.rows_lo.append(lo)
+        self.rows_hi.append(hi)
+        return r
+
+    def csc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Column-wise sparse matrix: (start, index, value)."""
+        cols = np.asarray(self._ci, dtype=np.int64)
+        order = np.argsort(cols, kind="stable")
+        index = np.asarray(self._ri, dtype=np.int32)[order]
+        value = np.asarray(self._v, dtype=np.float64)[order]
+        counts = np.bincount(cols, minlength=self.n_vars)
+        start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        return start, index, value
+
+    def row_activity(self, x: np.ndarray) -> np.ndarray:
+        act = np.zeros(self.n_rows)
+        np.add.at(act, np.asarray(self._ri, dtype=np.int64), np.asarray(self._v) * x[np.asarray(self._ci, dtype=np.int64)])
+        return act
+
+    def is_feasible(self, x: np.ndarray, tol: float = 1e-6) -> bool:
+        act = self.row_activity(x)
+        lo, hi = np.asarray(self.rows_lo), np.asarray(self.rows_hi)
+        return bool(np.all(act >= lo - tol * (1 + np.abs(lo))) and np.all(act <= hi + tol * (1 + np.abs(hi))))
+
+    def objective(self, x: np.ndarray) -> float:
+        return float(np.dot(self.cost, x)) + self.offset

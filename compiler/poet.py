@@ -1,0 +1,133 @@
+"""The POET MILP: recompute, keep, page out and page in every decision tensor, minimizing energy.
+
+Unlike the reference formulation (5T^2 + T|E| binaries over all stages and nodes), variables exist only
+where a choice exists: a decision tensor i has K_i (held from the forward pass into backward) and PO_i
+(written to storage right after its forward compute), and for each backward stage t of its window
+[B0, E_i]: S[t,i] (held entering t; S[B0,i] is K_i), R[t,i] (recomputed at t, only up to the SGD update
+of its own parameters) and P[t,i] (paged in at t). Memory rows are exact for the step order of
+`decisions.build_steps`: the peak of a stage is reached while its node runs, and frees happen at the end.
+
+Energy = sum R*E_comp + PO*E_out + P*E_in (+ the constant energy of computing every node once).
+Deadline: the same with times, paging included.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .decisions import Decisions
+from .ir import TrainingGraph
+from .liveness import Liveness
+from .milp.model import SparseMILP
+
+
+@dataclass
+class PoetModel:
+    milp: SparseMILP
+    K: dict[str, int]
+    PO: dict[str, int]
+    S: dict[tuple[int, str], int]
+    R: dict[tuple[int, str], int]
+    P: dict[tuple[int, str], int]
+    base_energy_j: float
+    base_time_s: float
+
+    def decisions(self, x: np.ndarray, lv: Liveness) -> Decisions:
+        on = lambda j: x[j] > 0.5  # noqa: E731
+        d = Decisions(keep={i for i, j in self.K.items() if on(j)}, page_out={i for i, j in self.PO.items() if on(j)})
+        for t in range(lv.B0, lv.T):
+            d.resident[t] = set()
+            d.recompute[t] = []
+            d.page_in[t] = []
+        d.resident[lv.B0] = set(d.keep)
+        for (t, i), j in self.S.items():
+            if on(j):
+                d.resident[t].add(i)
+        for (t, i), j in self.R.items():
+            if on(j):
+                d.recompute[t].append(i)
+        for (t, i), j in self.P.items():
+            if on(j):
+                d.page_in[t].append(i)
+        order = {n: k for k, n in enumerate(lv.decision)}
+        for t in d.recompute:
+            d.recompute[t].sort(key=order.__getitem__)
+        return d
+
+    def vector(self, d: Decisions) -> np.ndarray:
+        """The variable vector of a heuristic's decisions (for a warm start)."""
+        x = np.zeros(self.milp.n_vars)
+        for i, j in self.K.items():
+            x[j] = i in d.keep
+        for i, j in self.PO.items():
+            x[j] = i in d.page_out
+        for (t, i), j in self.S.items():
+            x[j] = i in d.resident.get(t, ())
+        for (t, i), j in self.R.items():
+            x[j] = i in d.recompute.get(t, ())
+        for (t, i), j in self.P.items():
+            x[j] = i in d.page_in.get(t, ())
+        return x
+
+
+def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s: float | None = None, *,
+          paging: bool = True, recompute: bool = True) -> PoetModel:
+    m = SparseMILP()
+    B0 = lv.B0
+    node = {n.name: n for n in g.nodes}
+    K, PO, S, R, P = {}, {}, {}, {}, {}
+    for i in lv.decision:
+        size = lv.size[i]
+        K[i] = m.add_var(f"K[{i}]")
+        if paging:
+            PO[i] = m.add_var(f"PO[{i}]", cost=target.page_out_energy_j(size))
+        for t in range(B0, lv.window_end[i] + 1):
+            if t > B0:
+                S[t, i] = m.add_var(f"S[{t},{i}]")
+            if recompute and lv.recomputable(i) and t <= lv.recompute_until[i]:
+                R[t, i] = m.add_var(f"R[{t},{i}]", cost=node[i].energy_j)
+            if paging:
+                P[t, i] = m.add_var(f"P[{t},{i}]", cost=target.page_in_energy_j(size))
+
+    def held(t: int, i: str) -> list[tuple[int, float]]:
+        """Terms of 'i is resident during stage t' (entering, recomputed, or paged in)."""
+        terms = [(K[i] if t == B0 else S[t, i], 1.0)]
+        if (t, i) in R:
+            terms.append((R[t, i], 1.0))
+        if (t, i) in P:
+            terms.append((P[t, i], 1.0))
+        return terms
+
+    for i in lv.decision:
+        for t in range(B0, lv.window_end[i]):
+            m.add_row([(S[t + 1, i], 1.0)] + [(j, -v) for j, v in held(t, i)], hi=0.0)
+        for t in range(B0, lv.window_end[i] + 1):
+            if (t, i) in P:
+                m.add_row([(P[t, i], 1.0), (PO[i], -1.0)], hi=0.0)
+            if (t, i) in R:
+                for j in lv.inputs_of[i]:
+                    m.add_row([(R[t, i], 1.0)] + [(c, -v) for c, v in held(t, j)], hi=0.0)
+    for t in range(B0, lv.T):
+        for i in lv.needs[t]:
+            m.add_row(held(t, i), lo=1.0)
+    # Memory: forward stages hold a decision tensor past its last forward use only if it is kept.
+    for t in range(0, B0):
+        terms = [(K[i], float(lv.size[i])) for i in lv.decision if lv.end[i] < t]
+        if terms:
+            m.add_row(terms, hi=float(budget_bytes - lv.static[t]))
+    for t in range(B0, lv.T):
+        terms = []
+        for i in lv.decision:
+            if t <= lv.window_end[i]:
+                terms += [(j, float(lv.size[i]) * v) for j, v in held(t, i)]
+        m.add_row(terms, hi=float(budget_bytes - lv.static[t]))
+    base_time = sum(n.time_s for n in g.nodes)
+    base_energy = sum(n.energy_j for n in g.nodes)
+    if deadline_s is not None:
+        terms = [(j, node[i].time_s) for (t, i), j in R.items()]
+        terms += [(j, target.page_out_time_s(lv.size[i])) for i, j in PO.items()]
+        terms += [(j, target.page_in_time_s(lv.size[i])) for (t, i), j in P.items()]
+        m.add_row(terms, hi=deadline_s - base_time)
+    m.offset = base_energy
+    return PoetModel(milp=m, K=K, PO=PO, S=S, R=R, P=P, base_energy_j=base_energy, base_time_s=base_time)

@@ -1,0 +1,158 @@
+"""Schedulers: store-all, Chen's sqrt(n) checkpointing, paging, and the POET MILP. All return `Scheduled`.
+
+Every schedule goes through the validator before it is returned; a failure is an error, never a warning.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .decisions import Decisions, Step, build_steps, on_demand
+from .errors import BudgetError, ValidationError
+from .ir import TrainingGraph
+from .liveness import Liveness
+from .milp import highs
+from .milp.model import SolveResult
+from .poet import build as build_poet
+from .validator import Report, validate
+
+SCHEDULERS = ("poet", "checkpoint", "store-all")
+
+
+@dataclass
+class Scheduled:
+    name: str  # the scheduler, or for poet the schedule actually kept ("milp" or a heuristic's name)
+    decisions: Decisions
+    steps: list[Step]
+    report: Report
+    solver: dict
+
+
+def min_budget(lv: Liveness, paging: bool = True) -> int:
+    """The smallest budget any schedule can meet: each backward stage must hold what its node reads.
+
+    With paging it is attained (store everything, page in what each stage reads, free it at once).
+    """
+    need = max(lv.static[t] for t in range(lv.B0))
+    for t in range(lv.B0, lv.T):
+        need = max(need, lv.static[t] + sum(lv.size[i] for i in lv.needs[t]))
+    return need
+
+
+def store_all(g: TrainingGraph, lv: Liveness) -> Decisions:
+    return on_demand(g, lv, keep=set(lv.decision), page_out=set())
+
+
+def _cut_tensors(g: TrainingGraph, lv: Liveness) -> list[str]:
+    """Forward tensors every path from input to loss passes through (Chen's candidate checkpoints)."""
+    pos = {n.name: k for k, n in enumerate(g.nodes[: lv.L + 1])}
+    covered = [0] * (lv.L + 2)
+    for n in g.nodes[: lv.L + 1]:
+        for r in n.inputs:
+            a, b = pos[r.name], pos[n.name]
+            for p in range(a + 1, b):
+                covered[p] += 1
+    return [i for i in lv.decision if covered[pos[i]] == 0]
+
+
+def checkpoint(g: TrainingGraph, lv: Liveness, segments: int | None = None) -> Decisions:
+    """Keep ~sqrt(n) evenly spaced cut tensors (and the input); recompute the rest segment by segment."""
+    cuts = [c for c in _cut_tensors(g, lv) if lv.recomputable(c)]
+    n = len(lv.decision)
+    segments = segments or max(1, round(math.sqrt(n)))
+    keep = {i for i in lv.decision if not lv.recomputable(i)}
+    if cuts:
+        step = len(cuts) / segments
+        keep |= {cuts[min(len(cuts) - 1, int(k * step))] for k in range(segments)}
+    return on_demand(g, lv, keep=keep, page_out=set())
+
+
+def page_all(g: TrainingGraph, lv: Liveness, retain: bool) -> Decisions:
+    return on_demand(g, lv, keep=set(), page_out=set(lv.decision), retain=retain, prefer_recompute=False)
+
+
+def _heuristics(g: TrainingGraph, lv: Liveness, paging: bool) -> dict[str, Decisions]:
+    out = {"store-all": store_all(g, lv), "checkpoint": checkpoint(g, lv)}
+    n = len(lv.decision)
+    for s in sorted({2, 3, max(1, n // 4), max(1, n // 2), n}):
+        out[f"checkpoint-{s}"] = checkpoint(g, lv, s)
+    if paging:
+        out["page-all"] = page_all(g, lv, retain=True)
+        out["page-all-min"] = page_all(g, lv, retain=False)
+        # Keep the cheap-to-recompute tensors' inputs on storage: recompute what is cheap, page the rest.
+        out["page+recompute"] = on_demand(g, lv, keep=set(), page_out=set(lv.decision), retain=True)
+    return out
+
+
+def _finish(g, lv, name, d, target, budget, solver) -> Scheduled:
+    steps = build_steps(g, lv, d)
+    report = validate(g, steps, target, budget)
+    return Scheduled(name=name, decisions=d, steps=steps, report=report, solver=solver)
+
+
+def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, scheduler: str = "poet",
+                  deadline_s: float | None = None, time_limit: float = 60.0, paging: bool = True,
+                  mip_gap: float = 1e-4) -> Scheduled:
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
+    smallest = min_budget(lv, paging=paging)
+    if budget_bytes < smallest:
+        raise BudgetError(
+            f"budget {budget_bytes} B is below the smallest feasible budget for this model and batch: "
+            f"{smallest} B ({smallest / 1e6:.3f} MB), of which {lv.state_bytes} B is parameters, optimizer "
+            f"state and buffers. Raise --budget to at least {smallest}B or lower --batch-size."
+        )
+    base_time = sum(n.time_s for n in g.nodes)
+    if deadline_s is not None and deadline_s < base_time * (1 - 1e-12):
+        raise BudgetError(f"deadline {deadline_s:.6g} s is below the time of computing every node once "
+                          f"({base_time:.6g} s on this target); no schedule can meet it.")
+    none = {"name": "none", "status": "not run", "gap": None, "seconds": 0.0}
+    if scheduler in ("store-all", "checkpoint"):
+        d = store_all(g, lv) if scheduler == "store-all" else checkpoint(g, lv)
+        try:
+            return _finish(g, lv, scheduler, d, target, budget_bytes, none)
+        except ValidationError as e:
+            peak = _finish(g, lv, scheduler, d, target, None, none).report.peak_bytes
+            raise BudgetError(f"the {scheduler} schedule needs {peak} B, above the budget of {budget_bytes} B "
+                              f"({e}). Use --scheduler poet, or a budget of at least {peak}B.") from None
+
+    fitting: list[Scheduled] = []
+    for name, d in _heuristics(g, lv, paging).items():
+        try:
+            s = _finish(g, lv, name, d, target, budget_bytes, none)
+        except ValidationError:
+            continue
+        if deadline_s is None or s.report.time_s <= deadline_s * (1 + 1e-9):
+            fitting.append(s)
+    best = min(fitting, key=lambda s: s.report.energy_j, default=None)
+    if best is not None and best.name == "store-all":
+        # Nothing is recomputed or paged: the energy equals its lower bound, no solve is needed.
+        best.solver = {"name": "none", "status": "optimal", "objective": best.report.energy_j,
+                       "bound": best.report.energy_j, "gap": 0.0, "seconds": 0.0,
+                       "note": "store-all fits the budget; its energy is the lower bound"}
+        best.name = "store-all"
+        return best
+    model = build_poet(g, lv, target, budget_bytes, deadline_s, paging=paging)
+    warm = model.vector(best.decisions) if best is not None else None
+    if warm is not None and not model.milp.is_feasible(warm):
+        warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
+    res: SolveResult = highs.solve(model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap)
+    solver = res.to_json()
+    solver["warm_start"] = best.name if warm is not None else None
+    chosen = None
+    if res.values is not None:
+        chosen = _finish(g, lv, "milp", model.decisions(res.values, lv), target, budget_bytes, solver)
+        if deadline_s is not None and chosen.report.time_s > deadline_s * (1 + 1e-6):
+            raise ValidationError(f"MILP schedule takes {chosen.report.time_s} s, over the deadline {deadline_s} s")
+    if best is not None and (chosen is None or best.report.energy_j < chosen.report.energy_j - 1e-15):
+        best.solver = solver
+        chosen = best
+    if chosen is None:
+        if res.status == "infeasible":
+            raise BudgetError(
+                f"no schedule meets budget {budget_bytes} B with deadline {deadline_s} s "
+                f"(the smallest budget without a deadline is {smallest} B; the fastest schedule, store-all, "
+                f"takes {base_time:.6g} s). Raise the budget or relax --deadline.")
+        raise BudgetError(f"the solver found no schedule within {time_limit} s ({res.status}); "
+                          "raise --time-limit or the budget.")
+    return chosen

@@ -1,0 +1,1 @@
+"""edgetrain runtime: executes generated training plans. Depends on torch (and safetensors) only."""

@@ -1,0 +1,49 @@
+"""edgetrain's Python runtime (torch + safetensors only): kernels, ledger, page store, executor, plan loader."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+from .executor import PlanError, Runtime
+from .kernels import KERNELS, KernelContext, KernelResult, dropout_apply, dropout_mask
+from .ledger import Ledger, LedgerError
+from .sgd import sgd_update
+from .storage import FileStore, PageStoreError
+
+__all__ = ["KERNELS", "KernelContext", "KernelResult", "dropout_apply", "dropout_mask", "Ledger", "LedgerError",
+           "FileStore", "PageStoreError", "PlanError", "Runtime", "sgd_update", "load_plan", "runtime_for"]
+
+PLAN_KEYS = ("weights", "optimizer", "seed")
+
+
+def load_plan(plan_dir) -> ModuleType:
+    """Import `<plan_dir>/plan.py`; it must define `train_step(rt)` and a dict `PLAN` (weights, optimizer, seed)."""
+    plan_dir = Path(plan_dir)
+    path = plan_dir / "plan.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no plan.py in {plan_dir}")
+    tag = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(f"edgetrain_plan_{tag}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "train_step", None)):
+        raise PlanError(f"{path}: defines no train_step(rt)")
+    plan = getattr(module, "PLAN", None)
+    if not isinstance(plan, dict):
+        raise PlanError(f"{path}: defines no PLAN dict")
+    missing = [k for k in PLAN_KEYS if k not in plan]
+    if missing:
+        raise PlanError(f"{path}: PLAN lacks {', '.join(missing)}")
+    module.PLAN_DIR = plan_dir
+    return module
+
+
+def runtime_for(plan: ModuleType, storage_dir=None, device=None) -> Runtime:
+    """A Runtime set up as a loaded plan says: weights relative to the plan's folder, its optimizer and seed."""
+    p, plan_dir = plan.PLAN, Path(plan.PLAN_DIR)
+    opt = p["optimizer"]
+    return Runtime(plan_dir / p["weights"], storage_dir if storage_dir is not None else plan_dir / "pages",
+                   device=device, lr=opt["lr"], momentum=opt.get("momentum", 0.0),
+                   weight_decay=opt.get("weight_decay", 0.0), seed=p["seed"])

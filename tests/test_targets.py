@@ -1,0 +1,216 @@
+"""Device profiles: every built-in loads, cites its figures, and costs like the POET model says."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import targets
+from targets import Target, TargetProfileError, UnknownTargetError, list_targets, load_target
+
+BUILTINS = [
+    "host", "jetson-agx-orin", "jetson-nano", "jetson-tx2", "jetson-xavier-nx",
+    "mkr1000", "mps2-an386", "nrf52840", "rpi4",
+]
+MB = 1e6  # the brief's MB/s are decimal megabytes
+
+
+def test_list_targets_names_every_profile():
+    assert list_targets() == sorted(BUILTINS)
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_loads_and_is_consistent(name):
+    t = load_target(name)
+    assert isinstance(t, Target) and t.name == name
+    assert t.codegen == ("c" if t.family == "mcu" else "python")
+    for fld in targets.loader.FIGURE_FIELDS:
+        value = getattr(t, fld)
+        assert math.isfinite(value) and value >= 0, fld
+        assert t.sources[fld].strip(), f"{name}: {fld} cites no source"
+    assert isinstance(t.ram_bytes, int) and t.ram_bytes > 0
+    json.loads(json.dumps(t.to_dict()))  # JSON-able
+    assert t.to_dict()["sources"] == dict(t.sources)
+
+
+@pytest.mark.parametrize("name", ["jetson-nano", "jetson-xavier-nx", "jetson-agx-orin"])
+def test_jetson_figures_say_they_are_public_specs(name):
+    t = load_target(name)
+    assert "public spec" in t.sources["flops_per_s"].lower()
+
+
+def test_mkr1000_costs_match_the_brief():
+    t = load_target("mkr1000")
+    assert t.ram_bytes == 32 * 1024
+    assert t.page_in_time_s(1e6) == pytest.approx(0.109e-3 + 1e6 / (4.6165 * MB), rel=1e-12)
+    assert t.page_out_time_s(1e6) == pytest.approx(0.113e-3 + 1e6 / (4.44 * MB), rel=1e-12)
+    assert t.page_in_energy_j(1e6) == pytest.approx((0.109e-3 + 1e6 / (4.6165 * MB)) * 0.33, rel=1e-12)
+    assert t.page_out_energy_j(1e6) == pytest.approx((0.113e-3 + 1e6 / (4.44 * MB)) * 0.33, rel=1e-12)
+    assert t.compute_time_s(1.667e5) == pytest.approx(1.0)
+    assert t.compute_energy_j(2.525e6) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "name, flops_s, flops_j, pin, pout, power",
+    [
+        ("nrf52840", 6.37e6, 5.80e8, (0.109e-3, 4.6165 * MB), (0.113e-3, 4.44 * MB), 0.33),
+        ("rpi4", 2e9, 4.012e7, (0.0051e-3, 45.5 * MB), (0.0185e-3, 24.5 * MB), 0.15),
+        ("jetson-tx2", None, None, (0.54e-3, 108.5 * MB), (2.396e-3, 94.37 * MB), 0.309),
+        ("mps2-an386", 6.37e6, 5.80e8, (0.109e-3, 4.6165 * MB), (0.113e-3, 4.44 * MB), 0.33),
+    ],
+)
+def test_brief_figures(name, flops_s, flops_j, pin, pout, power):
+    t = load_target(name)
+    if flops_s is not None:
+        assert t.flops_per_s == flops_s and t.flops_per_joule == flops_j
+    assert (t.page_in_latency_s, t.page_in_bandwidth_bytes_per_s) == pytest.approx(pin)
+    assert (t.page_out_latency_s, t.page_out_bandwidth_bytes_per_s) == pytest.approx(pout)
+    assert t.memory_power_w == power
+    n = 12345
+    assert t.page_in_time_s(n) == pytest.approx(pin[0] + n / pin[1])
+    assert t.page_out_energy_j(n) == pytest.approx((pout[0] + n / pout[1]) * power)
+
+
+def test_rpi4_notes_the_flops_discrepancy():
+    assert "1.2035e8" in load_target("rpi4").sources["flops_per_s"]
+
+
+def test_mps2_an386_is_the_qemu_board():
+    t = load_target("mps2-an386")
+    assert t.ram_bytes == 4 * 1024 * 1024 and t.family == "mcu"
+
+
+def test_zero_bytes_cost_nothing_and_negative_is_an_error():
+    t = load_target("mkr1000")
+    assert t.page_in_time_s(0) == 0.0 and t.page_out_energy_j(0) == 0.0
+    with pytest.raises(ValueError):
+        t.page_in_time_s(-1)
+    with pytest.raises(ValueError):
+        t.compute_energy_j(-1)
+
+
+def test_host_is_measured():
+    t = load_target("host")
+    assert t.measured and t.family == "host"
+    assert t.ram_bytes > 256 * 1024 * 1024
+    assert t.flops_per_s > 1e8  # any machine that runs the tests beats a microcontroller by far
+    assert t.storage_bytes > 0
+    assert load_target("host") == t  # measured once per process
+
+
+def test_target_is_frozen_and_hashable():
+    t = load_target("rpi4")
+    with pytest.raises(AttributeError):
+        t.ram_bytes = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        t.sources["ram_bytes"] = "x"  # type: ignore[index]
+    assert hash(t) == hash(load_target("rpi4"))
+
+
+def test_unknown_target_lists_known_names():
+    with pytest.raises(UnknownTargetError) as err:
+        load_target("nope")
+    assert isinstance(err.value, ValueError)
+    for name in BUILTINS:
+        assert name in str(err.value)
+
+
+def test_load_target_passes_a_target_through():
+    t = load_target("rpi4")
+    assert load_target(t) is t
+
+
+# -- user profiles --------------------------------------------------------------------------
+
+
+def _profile_text(**overrides) -> str:
+    """The rpi4 profile with fields replaced (value None deletes the line)."""
+    lines = []
+    for line in (Path(targets.__file__).parent / "profiles" / "rpi4.toml").read_text().splitlines():
+        key = line.split("=", 1)[0].strip()
+        if key in overrides and not line.startswith(" ") and "[sources]" not in lines:
+            if overrides[key] is not None:
+                lines.append(f"{key} = {overrides[key]}")
+            continue
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _write(tmp_path, text, name="custom.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_custom_profile_by_path(tmp_path):
+    path = _write(tmp_path, _profile_text(name='"my-board"', ram_bytes="1_000_000"))
+    t = load_target(path)
+    assert t.name == "my-board" and t.ram_bytes == 1_000_000 and t.path == str(path)
+    assert load_target(str(path)) == t
+
+
+def test_missing_field_is_named(tmp_path):
+    path = _write(tmp_path, _profile_text(page_out_latency_s=None))
+    with pytest.raises(TargetProfileError) as err:
+        load_target(path)
+    assert "'page_out_latency_s' is missing" in str(err.value) and str(path) in str(err.value)
+
+
+def test_missing_source_is_named(tmp_path):
+    text = "\n".join(
+        line for line in _profile_text().splitlines()
+        if not line.startswith("memory_power_w = \"")
+    )
+    with pytest.raises(TargetProfileError, match=r"sources\.memory_power_w"):
+        load_target(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ({"family": '"gpu"'}, "family"),
+        ({"codegen": '"c"'}, "codegen"),
+        ({"ram_bytes": "1.5"}, "ram_bytes"),
+        ({"ram_bytes": "true"}, "ram_bytes"),
+        ({"flops_per_s": "0"}, "flops_per_s"),
+        ({"memory_power_w": '"lots"'}, "memory_power_w"),
+        ({"page_in_bandwidth_bytes_per_s": "-1"}, "page_in_bandwidth_bytes_per_s"),
+        ({"flops_per_s": '"measured"'}, "flops_per_s"),  # only a measured profile may say so
+        ({"ram_byts": "5"}, "ram_byts"),  # typo: unknown field
+    ],
+)
+def test_bad_values_name_the_field(tmp_path, override, field):
+    text = _profile_text(**override)
+    if "ram_byts" in override:
+        text = text.replace("[sources]", "ram_byts = 5\n[sources]")
+    with pytest.raises(TargetProfileError, match=field):
+        load_target(_write(tmp_path, text))
+
+
+def test_invalid_toml_names_the_file(tmp_path):
+    path = _write(tmp_path, "name = \n")
+    with pytest.raises(TargetProfileError, match="custom.toml"):
+        load_target(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(TargetProfileError, match="no such"):
+        load_target(tmp_path / "absent.toml")
+
+
+def test_zero_latency_is_allowed(tmp_path):
+    t = load_target(_write(tmp_path, _profile_text(page_in_latency_s="0")))
+    assert t.page_in_time_s(45.5e6) == pytest.approx(1.0)
+
+
+def test_targets_imports_no_other_stage():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, targets; targets.load_target('rpi4'); "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('compiler', 'codegen', 'runtime')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(targets.__file__).parent.parent)

@@ -202,7 +202,7 @@ class Runtime:
             self._hold(name, res.out, nbytes(res.out))
         if first and res.aux is not None:
             self._hold(f"{name}.aux", tuple(res.aux), sum(nbytes(a) for a in res.aux))
-        work = 0 * sum(nbytes(g) for g in res.grads) + sum(nbytes(s) for s in res.scratch) + copied
+        work = sum(nbytes(g) for g in res.grads) + sum(nbytes(s) for s in res.scratch) + copied
         with self.ledger.transient(work, label=f"{name} (grads+scratch)"):
             for pname, p, g in zip(params, ps, res.grads):
                 sgd_update(p, g, self._momentum.get(pname), self.lr, self.momentum, self.weight_decay)

@@ -1,7 +1,11 @@
 """Budget and deadline syntax.
 
 Budget: an absolute size for the whole RAM the step may use (`2MB`, `512KiB`, `1.5GB`, `300000` bytes), or
-`B%`: the fixed state (parameters, optimizer state, buffers) plus B% of what store-all needs beyond it.
+`B%`: the fixed state plus B% of store-all's (plain backprop's) activation peak. The fixed state is what
+no schedule can avoid: parameters, optimizer state, buffers, and the gradients of the largest layer, which
+fused SGD holds while it applies them (the other layers' gradients never exist at the same time). The
+activation peak is the most store-all holds at once besides the state and the running node's workspace.
+So 100% always fits store-all, and 0% is below any feasible budget.
 Deadline: a multiple of the store-all time (`1.2`), or seconds (`0.5s`, `20ms`).
 """
 from __future__ import annotations
@@ -21,11 +25,11 @@ class Budget:
     percent: float | None = None
     nbytes: int | None = None
 
-    def resolve(self, state_bytes: int, store_all_peak: int) -> int:
+    def resolve(self, fixed_bytes: int, activation_peak_bytes: int) -> int:
         if self.nbytes is not None:
             return self.nbytes
         assert self.percent is not None
-        return int(state_bytes + self.percent / 100.0 * (store_all_peak - state_bytes))
+        return int(fixed_bytes + self.percent / 100.0 * activation_peak_bytes)
 
 
 def parse_budget(text: str) -> Budget:

@@ -80,7 +80,8 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     resolved, model, graph = build_graph(opts, target)
     lv = analyze(graph)
     sa = validate(graph, build_steps(graph, lv, store_all(graph, lv)), target, None)
-    budget_bytes = budget.resolve(lv.state_bytes, sa.peak_bytes)
+    activation_peak = max(p - graph.nodes[t].workspace_bytes for t, p in enumerate(sa.stage_peaks)) - lv.state_bytes
+    budget_bytes = budget.resolve(lv.fixed_bytes, activation_peak)
     deadline_s = parse_deadline(opts.deadline, sa.time_s)
     if progress:
         progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors")
@@ -93,6 +94,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
                   "num_classes": graph.num_classes, "loss": graph.loss},
         "target": target.to_dict(),
         "budget": {"spec": budget.text, "bytes": budget_bytes, "min_feasible_bytes": min_budget(lv),
+                   "fixed_bytes": lv.fixed_bytes, "activation_peak_bytes": activation_peak,
                    "deadline_s": deadline_s},
         "graph": graph.to_json(),
         "summary": dict(graph.summary(), decision_tensors=len(lv.decision)),
@@ -113,7 +115,8 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         "min_feasible_bytes": min_budget(lv), "peak_bytes": rep.peak_bytes, "energy_j": rep.energy_j,
         "time_s": rep.time_s, "deadline_s": deadline_s, "recomputes": rep.recomputes, "page_ins": rep.page_ins,
         "page_outs": rep.page_outs, "store_all_peak_bytes": sa.peak_bytes, "store_all_energy_j": sa.energy_j,
-        "store_all_time_s": sa.time_s, "state_bytes": lv.state_bytes,
+        "store_all_time_s": sa.time_s, "state_bytes": lv.state_bytes, "fixed_bytes": lv.fixed_bytes,
+        "activation_peak_bytes": activation_peak,
         "solver": {k: result.solver.get(k) for k in ("name", "status", "gap", "seconds", "objective", "bound",
                                                      "variables", "constraints")},
     }

@@ -28,6 +28,12 @@ class Liveness:
     inputs_of: dict[str, list[str]] = field(default_factory=dict)  # tensor -> decision tensors it is made of
     static: list[int] = field(default_factory=list)  # bytes fixed at each stage's peak
     state_bytes: int = 0
+    max_workspace_bytes: int = 0  # the largest transient: a layer's gradients while fused SGD applies them
+
+    @property
+    def fixed_bytes(self) -> int:
+        """What no schedule can avoid besides activations: state plus the largest gradient workspace."""
+        return self.state_bytes + self.max_workspace_bytes
 
     @property
     def B0(self) -> int:
@@ -100,4 +106,4 @@ def analyze(g: TrainingGraph) -> Liveness:
             static[t] += s
     return Liveness(T=T, L=L, size=size, prod=prod, end=end, decision=decision, window_end=window_end,
                     recompute_until=recompute_until, needs=needs, inputs_of=inputs_of, static=static,
-                    state_bytes=state)
+                    state_bytes=state, max_workspace_bytes=max(n.workspace_bytes for n in g.nodes))

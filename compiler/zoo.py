@@ -51,15 +51,21 @@ def _init_weights(model: nn.Module) -> None:
 
 
 def mlp(num_classes: int = 10) -> nn.Module:
-    """784-128-64-classes perceptron with one Dropout (exercises mask replay on recompute)."""
+    """784-256-256-128-classes perceptron with one Dropout (exercises mask replay on recompute).
+
+    Deep enough that the input is not most of the activation memory: a 2-layer MLP cannot go below
+    ~60% of store-all, since its first layer's weight gradient needs the whole input batch.
+    """
     return nn.Sequential(
         nn.Flatten(),
-        nn.Linear(28 * 28, 128),
+        nn.Linear(28 * 28, 256),
         nn.ReLU(),
         nn.Dropout(0.1),
-        nn.Linear(128, 64),
+        nn.Linear(256, 256),
         nn.ReLU(),
-        nn.Linear(64, num_classes),
+        nn.Linear(256, 128),
+        nn.ReLU(),
+        nn.Linear(128, num_classes),
     )
 
 
@@ -284,7 +290,7 @@ _CIFAR = (3, 32, 32)
 ZOO: dict[str, ZooEntry] = {
     e.name: e
     for e in (
-        ZooEntry("mlp", mlp, _MNIST, 10, "784-128-64-10 MLP with ReLU and Dropout(0.1)"),
+        ZooEntry("mlp", mlp, _MNIST, 10, "784-256-256-128-10 MLP with ReLU and Dropout(0.1)"),
         ZooEntry("small_cnn", small_cnn, _MNIST, 10, "two conv3x3+BN+ReLU+maxpool stages, GAP, linear"),
         ZooEntry("vgg11", vgg11, _CIFAR, 10, "VGG-11 with BatchNorm, CIFAR variant"),
         ZooEntry("vgg16", vgg16, _CIFAR, 10, "VGG-16 with BatchNorm, CIFAR variant"),

@@ -10,6 +10,7 @@ Deadline: a multiple of the store-all time (`1.2`), or seconds (`0.5s`, `20ms`).
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -58,13 +59,19 @@ def parse_deadline(text: str | None, store_all_time_s: float) -> float | None:
     s = str(text).strip().lower()
     try:
         if s.endswith("ms"):
-            return float(s[:-2]) / 1e3
-        if s.endswith("s"):
-            return float(s[:-1])
-        f = float(s)
+            seconds = float(s[:-2]) / 1e3
+        elif s.endswith("s"):
+            seconds = float(s[:-1])
+        else:
+            seconds = None
+            f = float(s)
     except ValueError:
         raise BudgetError(f"deadline {text!r} is not understood; write a multiple of the store-all time (1.2) "
                           "or seconds (0.5s, 20ms)") from None
-    if f < 1.0:
-        raise BudgetError(f"deadline {text!r}: a multiple of the store-all time must be at least 1.0")
+    if seconds is not None:
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise BudgetError(f"deadline {text!r}: a time in seconds must be a positive, finite number")
+        return seconds
+    if not math.isfinite(f) or f < 1.0:
+        raise BudgetError(f"deadline {text!r}: a multiple of the store-all time must be a finite number of at least 1.0")
     return f * store_all_time_s

@@ -19,16 +19,37 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return n
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error under --json still prints one JSON object (then exits 2 as argparse does)."""
+
+    json_errors = False
+
+    def error(self, message: str):
+        if _Parser.json_errors:
+            print(json.dumps({"ok": False, "error": message, "error_type": "UsageError"}))
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edgetrain", description="Compile PyTorch training to fit a device's memory.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = _Parser(prog="edgetrain", description="Compile PyTorch training to fit a device's memory.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     c = sub.add_parser("compile", help="model -> validated schedule -> generated plan")
     c.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
     c.add_argument("--target", required=True)
     c.add_argument("--budget", required=True, help="2MB, 512KiB, 1.5GB, or B%% of store-all's activations")
     c.add_argument("--deadline", help="multiple of the store-all time (1.2) or seconds (0.5s)")
     c.add_argument("--scheduler", default="poet", choices=["poet", "checkpoint", "store-all"])
-    c.add_argument("--batch-size", type=int, default=8)
+    c.add_argument("--batch-size", type=_positive_int, default=8)
     c.add_argument("--input-shape", type=_shape)
     c.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
     c.add_argument("--loss", default="cross_entropy", choices=["cross_entropy", "mse"])
@@ -40,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     r = sub.add_parser("run", help="execute a compiled plan")
     r.add_argument("dir")
-    r.add_argument("--steps", type=int, default=1)
+    r.add_argument("--steps", type=_positive_int, default=1)
     r.add_argument("--data", default="random", choices=["random", "fashion-mnist"])
     r.add_argument("--check", action="store_true", help="compare with PyTorch autograd from the same weights and data")
     r.add_argument("--device", help="cpu or cuda (default: cuda when present)")
@@ -142,6 +163,7 @@ def _print_human(cmd: str, r: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     a = _parser().parse_args(argv)
     handlers = {"compile": _cmd_compile, "run": _cmd_run, "inspect": _cmd_inspect}
     try:

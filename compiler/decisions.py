@@ -34,9 +34,11 @@ class Step:
 
 
 def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str], *,
-              retain: bool = True, prefer_recompute: bool = True) -> Decisions:
+              retain: bool = True, prefer_recompute: bool = True, kept_for_recompute: bool = True) -> Decisions:
     """A policy: keep `keep`, store `page_out`; at each backward stage bring back what the node needs
     (page in if stored, else recompute, recursively) and, if `retain`, hold it while later stages read it.
+    Kept tensors stay while they may feed a recompute (`kept_for_recompute`, checkpoints) or else only
+    while a later stage reads them (plain backprop frees a saved tensor after its last reader).
     """
     B0 = lv.B0
     d = Decisions(keep=set(keep), page_out=set(page_out))
@@ -76,9 +78,9 @@ def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str]
         for i in have:
             if t + 1 > lv.window_end[i]:
                 continue
-            if i in keep:
+            if i in keep and kept_for_recompute:
                 nxt.add(i)
-            elif retain and any(s > t for s in next_need.get(i, [])):
+            elif (retain or i in keep) and any(s > t for s in next_need.get(i, [])):
                 nxt.add(i)
         resident = nxt
     return d

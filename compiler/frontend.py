@@ -78,8 +78,10 @@ class _Recorder(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule) -> None:
         super().__init__(gm)
         self.values: dict[str, Any] = {}
+        self.current: fx.Node | None = None
 
     def run_node(self, n: fx.Node) -> Any:
+        self.current = n
         out = super().run_node(n)
         self.values[n.name] = out
         return out
@@ -328,8 +330,16 @@ def trace_forward(model: nn.Module, example: torch.Tensor) -> ForwardGraph:
     gm = _trace(model)
     shadow = copy.deepcopy(gm).train()  # the shape run must not touch the user's batch-norm statistics
     rec = _Recorder(shadow)
-    with torch.no_grad():
-        rec.run(example)
+    try:
+        with torch.no_grad():
+            rec.run(example)
+    except Exception as e:  # a wrong --input-shape, or a model that fails on its own
+        where = f"fx node `{rec.current.name}`, {_node_source(rec.current)}" if rec.current else "the start"
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        raise UnsupportedModelError(
+            f"running the model once on an example input of shape {tuple(example.shape)} failed at {where}: "
+            f"{type(e).__name__}: {first_line}. Check --input-shape against what the model expects."
+        ) from None
     b = _Builder(gm, rec.values)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:

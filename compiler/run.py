@@ -40,6 +40,20 @@ def _batches(body: dict, data: str, steps: int, seed: int) -> list:
     raise EdgetrainError(f"unknown data {data!r}; choose random or fashion-mnist")
 
 
+def _device(device: str | None):
+    if not device:
+        return None
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise EdgetrainError(f"unknown device {device!r}; use cpu or cuda (cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EdgetrainError(f"device {device!r} asked for, but this torch has no usable CUDA device; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise EdgetrainError(f"device {device!r} is not supported; use cpu or cuda")
+    return dev
+
+
 def _compare(model, rt) -> tuple[float, float, list[str]]:
     max_abs = max_rel = 0.0
     bad = []
@@ -73,7 +87,7 @@ def run_plan(out_dir: str, *, steps: int = 1, data: str = "random", check: bool 
     batches = _batches(body, data, steps, seed)
     pages = os.path.join(out_dir, "pages")
     shutil.rmtree(pages, ignore_errors=True)
-    dev = torch.device(device) if device else None
+    dev = _device(device)
     opt = body["graph"]["optimizer"]
     rt = Runtime(os.path.join(out_dir, "weights.safetensors"), pages, device=dev, lr=opt["lr"],
                  momentum=opt["momentum"], weight_decay=opt["weight_decay"], seed=body["seed"])

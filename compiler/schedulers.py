@@ -40,7 +40,9 @@ def min_budget(lv: Liveness, paging: bool = True) -> int:
 
 
 def store_all(g: TrainingGraph, lv: Liveness) -> Decisions:
-    return on_demand(g, lv, keep=set(lv.decision), page_out=set())
+    """Plain backprop: hold every tensor a backward node reads, from its forward compute to its last reader."""
+    read = {i for t in range(lv.B0, lv.T) for i in lv.needs[t]}
+    return on_demand(g, lv, keep=read, page_out=set(), kept_for_recompute=False)
 
 
 def _cut_tensors(g: TrainingGraph, lv: Liveness) -> list[str]:

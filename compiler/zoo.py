@@ -51,30 +51,38 @@ def _init_weights(model: nn.Module) -> None:
 
 
 def mlp(num_classes: int = 10) -> nn.Module:
-    """784-256-256-128-classes perceptron with one Dropout (exercises mask replay on recompute).
+    """784-512-512-512-512-classes perceptron with one Dropout (exercises mask replay on recompute).
 
-    Deep enough that the input is not most of the activation memory: a 2-layer MLP cannot go below
-    ~60% of store-all, since its first layer's weight gradient needs the whole input batch.
+    Deep enough that no single backward stage needs most of the activations: the first layer's weight
+    gradient needs the whole input batch, so a shallow MLP cannot go much below store-all.
     """
     return nn.Sequential(
         nn.Flatten(),
-        nn.Linear(28 * 28, 256),
+        nn.Linear(28 * 28, 512),
         nn.ReLU(),
         nn.Dropout(0.1),
-        nn.Linear(256, 256),
+        nn.Linear(512, 512),
         nn.ReLU(),
-        nn.Linear(256, 128),
+        nn.Linear(512, 512),
         nn.ReLU(),
-        nn.Linear(128, num_classes),
+        nn.Linear(512, 512),
+        nn.ReLU(),
+        nn.Linear(512, num_classes),
     )
 
 
 def small_cnn(num_classes: int = 10) -> nn.Module:
-    """Two conv+BN+ReLU+maxpool stages (28 -> 14 -> 7), global average pool, linear head."""
+    """Two stages of two conv+BN+ReLU and a max-pool (28 -> 14 -> 7), global average pool, linear head.
+
+    Two convs per resolution: with one, a backward stage of the first layer would need more than half of
+    store-all's activations and no 50% budget could exist.
+    """
     model = nn.Sequential(
         *conv_bn_relu(1, 8),
+        *conv_bn_relu(8, 8),
         nn.MaxPool2d(2),
         *conv_bn_relu(8, 16),
+        *conv_bn_relu(16, 16),
         nn.MaxPool2d(2),
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
@@ -290,8 +298,8 @@ _CIFAR = (3, 32, 32)
 ZOO: dict[str, ZooEntry] = {
     e.name: e
     for e in (
-        ZooEntry("mlp", mlp, _MNIST, 10, "784-256-256-128-10 MLP with ReLU and Dropout(0.1)"),
-        ZooEntry("small_cnn", small_cnn, _MNIST, 10, "two conv3x3+BN+ReLU+maxpool stages, GAP, linear"),
+        ZooEntry("mlp", mlp, _MNIST, 10, "784-512-512-512-512-10 MLP with ReLU and Dropout(0.1)"),
+        ZooEntry("small_cnn", small_cnn, _MNIST, 10, "two stages of 2x(conv3x3+BN+ReLU)+maxpool, GAP, linear"),
         ZooEntry("vgg11", vgg11, _CIFAR, 10, "VGG-11 with BatchNorm, CIFAR variant"),
         ZooEntry("vgg16", vgg16, _CIFAR, 10, "VGG-16 with BatchNorm, CIFAR variant"),
         ZooEntry("vgg19", vgg19, _CIFAR, 10, "VGG-19 with BatchNorm, CIFAR variant"),

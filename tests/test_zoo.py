@@ -64,7 +64,7 @@ def test_reference_parameter_counts():
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(build("resnet18")) == 11_173_962
     assert count(build("vgg16")) == 14_724_042
-    assert count(build("mlp")) == 784 * 256 + 256 + 256 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10
+    assert count(build("mlp")) == 784 * 512 + 512 + 3 * (512 * 512 + 512) + 512 * 10 + 10
 
 
 def test_resnet18_keeps_torchvision_habits():

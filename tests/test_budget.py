@@ -1,0 +1,78 @@
+"""Budget and deadline syntax: units, percentages, and a clear BudgetError for everything else."""
+from __future__ import annotations
+
+import pytest
+
+from compiler.budget import Budget, parse_budget, parse_deadline
+from compiler.errors import BudgetError, EdgetrainError
+
+
+@pytest.mark.parametrize("text, nbytes", [
+    ("2MB", 2_000_000),
+    ("2mb", 2_000_000),
+    ("512KiB", 524_288),
+    ("512 KiB", 524_288),
+    ("1.5GB", 1_500_000_000),
+    ("3MiB", 3 * 2**20),
+    ("1GiB", 2**30),
+    ("64kB", 64_000),
+    ("300000", 300_000),
+    ("300000B", 300_000),
+    ("  4096 ", 4096),
+    (".5KB", 500),
+])
+def test_absolute_sizes(text, nbytes):
+    b = parse_budget(text)
+    assert b.nbytes == nbytes and isinstance(b.nbytes, int)
+    assert b.percent is None
+    # An absolute budget ignores what the model needs.
+    assert b.resolve(fixed_bytes=10**9, activation_peak_bytes=10**9) == nbytes
+
+
+def test_percent_is_of_store_all_activations_on_top_of_the_fixed_state():
+    b = parse_budget("40%")
+    assert b == Budget(text="40%", percent=40.0)
+    assert b.nbytes is None
+    assert b.resolve(fixed_bytes=1000, activation_peak_bytes=10_000) == 1000 + 4000
+    assert parse_budget("100%").resolve(1000, 10_000) == 11_000  # store-all's peak always fits
+    assert parse_budget("0%").resolve(1000, 10_000) == 1000
+    assert parse_budget("12.5%").resolve(0, 800) == 100
+    assert parse_budget(" 150% ").percent == 150.0
+
+
+@pytest.mark.parametrize("text", [
+    "", "   ", "abc", "MB", "2XB", "2 M B", "-5MB", "1e3", "1,000", "2MB2", "0", "0KB", "0.1", "%", "abc%",
+    "-5%", "1001%", "nan%", "inf%", "inf", "2 %%",
+])
+def test_garbage_budgets_raise_a_budget_error(text):
+    with pytest.raises(BudgetError) as e:
+        parse_budget(text)
+    assert "budget" in str(e.value)
+    assert isinstance(e.value, EdgetrainError)  # the CLI prints these without a stack trace
+
+
+def test_budget_error_shows_the_accepted_forms():
+    with pytest.raises(BudgetError, match=r"2MB.*512KiB.*40%"):
+        parse_budget("two megabytes")
+
+
+@pytest.mark.parametrize("text, expect", [
+    (None, None),
+    ("1.2", 1.2 * 3.0),
+    ("1", 3.0),
+    (" 2 ", 6.0),
+    ("0.5s", 0.5),
+    ("2S", 2.0),
+    ("20ms", 0.02),
+    ("1500ms", 1.5),
+])
+def test_deadlines(text, expect):
+    got = parse_deadline(text, store_all_time_s=3.0)
+    assert got == pytest.approx(expect) if expect is not None else got is None
+
+
+@pytest.mark.parametrize("text", ["abc", "", "s", "ms", "fast", "0.5", "0", "-2", "-1s", "0s", "0ms", "nan", "inf",
+                                  "nans", "1.2x"])
+def test_garbage_deadlines_raise_a_budget_error(text):
+    with pytest.raises(BudgetError, match="deadline"):
+        parse_deadline(text, store_all_time_s=3.0)

@@ -1,0 +1,127 @@
+"""The host profiler: every node of a training graph timed with the runtime's kernels on this machine."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from compiler.compile import CompileOptions, build_graph, compile_model
+from compiler.frontend import trace_forward
+from compiler.lowering import lower
+from compiler.profiler import profile_nodes
+from compiler.run import run_plan
+from targets import load_target
+
+
+def _graph(model: nn.Module, shape, loss="cross_entropy"):
+    torch.manual_seed(0)
+    return lower(trace_forward(model.train(), torch.randn(*shape)), "test", loss)
+
+
+@pytest.fixture(scope="module")
+def small_cnn():
+    opts = CompileOptions(model="small_cnn", target="rpi4", budget="100%", out="unused", batch_size=8)
+    return build_graph(opts, load_target("rpi4"))[2]
+
+
+def _computed(graph):
+    return {n.name for n in graph.nodes if n.kind not in ("input", "labels")}
+
+
+def test_every_compute_node_gets_a_positive_time(small_cnn):
+    times = profile_nodes(small_cnn, repeats=3)
+    assert set(times) == _computed(small_cnn)
+    assert all(isinstance(v, float) and v > 0 for v in times.values()), times
+    assert sum(times.values()) < 5.0  # milliseconds per node for a model this small, not seconds
+
+
+def test_a_conv_takes_longer_than_a_relu(small_cnn):
+    times = profile_nodes(small_cnn, repeats=7)
+    convs = [n for n in small_cnn.nodes if n.op == "conv2d"]
+    conv = max(convs, key=lambda n: n.flops)
+    # A relu on a tensor of exactly the conv's output shape: same bytes touched, far fewer FLOPs.
+    relu = next(n for n in small_cnn.nodes if n.op == "relu" and n.shape == conv.shape)
+    assert times[conv.name] > times[relu.name], (conv.name, relu.name, times)
+    # The conv's backward (input and weight gradients) is more work than the relu too.
+    assert times[f"bwd.{conv.name}"] > times[relu.name]
+
+
+def test_profiles_residuals_concats_dropout_pools_and_views():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.b = nn.Conv2d(4, 4, 3, padding=1)
+            self.c = nn.Conv2d(4, 2, 1)
+            self.pool = nn.MaxPool2d(2)
+            self.avg = nn.AvgPool2d(2)
+            self.drop = nn.Dropout(0.25)
+            self.fc = nn.Linear(6 * 2 * 2, 5)
+
+        def forward(self, x):
+            y = torch.relu(self.bn(self.a(x)))
+            y = y + self.b(y)  # residual: a gradient sum
+            y = torch.cat([y, self.c(y)], dim=1)  # narrow views of the gradient
+            y = self.avg(self.pool(y))
+            return self.fc(self.drop(y).view(y.size(0), -1))
+
+    g = _graph(Net(), (3, 3, 8, 8))
+    ops = {n.op for n in g.nodes}
+    assert {"grad_sum", "maxpool_argmax", "maxpool_bwd", "batch_norm_bwd", "dropout_bwd", "cat"} <= ops
+    times = profile_nodes(g, repeats=2)
+    assert set(times) == _computed(g)
+    assert all(v > 0 for v in times.values())
+
+
+def test_mse_graph_with_float_labels():
+    g = _graph(nn.Sequential(nn.Flatten(), nn.Linear(12, 4)), (2, 3, 2, 2), loss="mse")
+    assert g.node("labels").dtype == "float32"
+    times = profile_nodes(g, repeats=1)
+    assert set(times) == {"_1", "loss", "bwd.loss", "bwd._1"}
+
+
+def test_repeats_must_be_positive(small_cnn):
+    with pytest.raises(ValueError, match="repeats"):
+        profile_nodes(small_cnn, repeats=0)
+
+
+def test_profiling_does_not_touch_the_model_it_came_from():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 3))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    g = _graph(model, (2, 1, 6, 6))
+    profile_nodes(g, repeats=2)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_compile_small_cnn_on_host_end_to_end(tmp_path):
+    out = str(tmp_path / "host")
+    r = compile_model(CompileOptions(model="small_cnn", target="host", budget="100%", out=out, batch_size=4))
+    assert r["target"] == "host"
+    from compiler import schedule
+
+    body = schedule.load(out)
+    assert body["target"]["measured"] is True and body["target"]["flops_per_s"] > 0
+    nodes = body["graph"]["nodes"]
+    computed = [n for n in nodes if n["kind"] not in ("input", "labels")]
+    assert all(n["time_s"] > 0 and n["energy_j"] > 0 for n in computed)
+    # The times are measured, not FLOPs / FLOP-per-second: no fixed ratio between the two.
+    ratios = {round(n["time_s"] * body["target"]["flops_per_s"] / max(n["flops"], 1), 6) for n in computed}
+    assert len(ratios) > 1
+    res = run_plan(out, steps=1, check=True, device="cpu")
+    assert res["ok"], res
+    assert res["measured_peak_bytes"] == res["predicted_peak_bytes"] <= res["budget_bytes"]
+
+
+def test_resnet18_profiles_quickly():
+    import time
+
+    opts = CompileOptions(model="resnet18", target="rpi4", budget="100%", out="unused", batch_size=2)
+    g = build_graph(opts, load_target("rpi4"))[2]
+    start = time.perf_counter()
+    times = profile_nodes(g)
+    elapsed = time.perf_counter() - start
+    assert set(times) == _computed(g) and all(v > 0 for v in times.values())
+    assert elapsed < 20.0, f"profiling ResNet-18 at batch 2 took {elapsed:.1f} s"

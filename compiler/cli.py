@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"ok": False, "error": str(e), "error_type": type(e).__name__}))
         print(f"edgetrain {a.cmd}: error: {e}", file=sys.stderr)
         return 2
+    result.setdefault("ok", True)  # every --json object says whether the command succeeded
     if a.json:
         print(json.dumps(result, default=str))
     else:

@@ -86,9 +86,16 @@ def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str]
     return d
 
 
-def _why_back(i: str, t: int, g: TrainingGraph, how: str) -> str:
-    node = g.nodes[t]
-    return f"{how} {i}: not held since the forward pass to fit the budget; needed by {node.name}"
+def _why_back(i: str, t: int, g: TrainingGraph, d: Decisions, how: str) -> str:
+    """Why tensor i comes back at stage t: the first later reader (a node, or a recompute it feeds)."""
+    for s in range(t, len(g.nodes)):
+        for j in d.recompute.get(s, []):
+            if s > t or j != i:
+                if any(r.name == i for r in g.node(j).inputs):
+                    return f"{how} {i}: freed earlier to fit the budget; read by the recompute of {j} at stage {s}"
+        if any(r.name == i for r in g.nodes[s].inputs):
+            return f"{how} {i}: freed earlier to fit the budget; read by {g.nodes[s].name} at stage {s}"
+    return f"{how} {i}"
 
 
 def build_steps(g: TrainingGraph, lv: Liveness, d: Decisions) -> list[Step]:
@@ -105,11 +112,11 @@ def build_steps(g: TrainingGraph, lv: Liveness, d: Decisions) -> list[Step]:
         if t >= B0:
             for i in d.page_in.get(t, []):
                 if i not in resident:
-                    steps.append(Step(t, "page_in", i, _why_back(i, t, g, "page in")))
+                    steps.append(Step(t, "page_in", i, _why_back(i, t, g, d, "page in")))
                     resident.add(i)
             for i in sorted(d.recompute.get(t, []), key=order.__getitem__):
                 if i not in resident:
-                    steps.append(Step(t, "recompute", i, _why_back(i, t, g, "recompute")))
+                    steps.append(Step(t, "recompute", i, _why_back(i, t, g, d, "recompute")))
                     resident.add(i)
         steps.append(Step(t, "compute", node.name, node.source))
         if node.name in dset:

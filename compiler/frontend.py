@@ -53,7 +53,7 @@ def _node_source(node: fx.Node) -> str:
     frames = [(m["file"], int(m["line"]), m["func"]) for m in _FRAME.finditer(node.stack_trace or "")]
     where = _user_frame(frames)
     if node.op == "call_module":
-        return f"{where} [module {node.target}]"
+        return f"{where} [module {node.target}]" if frames and where != "unknown location" else f"module {node.target}"
     stack = list((node.meta.get("nn_module_stack") or {}).keys())
     return f"{where} [inside {stack[-1]}]" if stack else where
 
@@ -64,6 +64,10 @@ SUPPORTED = (
     "torch.flatten, F.relu, F.relu6, F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d; methods: "
     ".view, .reshape, .flatten, .size, .relu, .contiguous"
 )
+
+
+_PREFIX = {"batch_norm": "bn", "maxpool_argmax": "maxpool", "maxpool_gather": "maxpool",
+           "adaptive_avg_pool2d": "gap", "avg_pool2d": "avgpool"}
 
 
 class _Tracer(fx.Tracer):
@@ -131,7 +135,10 @@ class _Builder:
              shape: tuple[int, ...] | None = None) -> TensorRef:
         rule = OPS[op]
         attrs = attrs or {}
-        name = name or n.name
+        primary = name is None
+        # fx names children of an nn.Sequential "_0", "_1": prefix the op so plans stay readable.
+        base = f"{_PREFIX.get(op, op)}{n.name}" if re.match(r"_\d", n.name) else n.name
+        name = base if primary else name.replace(n.name, base, 1)
         out_shape = shape if shape is not None else self.shape(n)
         in_shapes = [self.ref_shape(r) for r in inputs]
         node = Node(
@@ -144,7 +151,7 @@ class _Builder:
         self.nodes.append(node)
         self.shapes[name] = out_shape
         r = TensorRef(name)
-        if name == n.name:
+        if primary:
             self.refs[n.name] = r
         return r
 

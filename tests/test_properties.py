@@ -18,8 +18,8 @@ Each is traced, lowered and costed on the rpi4 profile; budgets are drawn betwee
 Then a few end-to-end runs: one fixed random model per family compiled at a budget that forces recomputes and
 paging, executed for 2 steps by the Python runtime and checked against autograd.
 
-Hypothesis runs derandomized (the same examples on every run, no example database); set
-EDGETRAIN_PROP_EXAMPLES to draw more.
+Hypothesis runs derandomized (the same examples on every run, no example database). To hunt for bugs, set
+EDGETRAIN_PROP_EXAMPLES=500 to draw more, and EDGETRAIN_PROP_RANDOM=1 for fresh examples on each run.
 """
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ TIME_LIMIT = 10.0  # a time-limited solve still returns a valid schedule; the pr
 MODEL_GEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_gen.py")
 
 PROPS = settings(
-    max_examples=int(os.environ.get("EDGETRAIN_PROP_EXAMPLES", "12")),
+    max_examples=int(os.environ.get("EDGETRAIN_PROP_EXAMPLES", "25")),
     deadline=None,
-    derandomize=True,
+    derandomize=not os.environ.get("EDGETRAIN_PROP_RANDOM"),  # CI: the same examples on every run
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
@@ -188,10 +188,10 @@ def test_min_budget_is_attained_by_paging_everything(spec):
 
 # -- 4. below the smallest budget: a BudgetError that names it ------------------------------------------------
 @PROPS
-@given(spec=specs(), deficit=st.integers(1, 1000))
-def test_below_min_budget_raises_naming_it(spec, deficit):
+@given(spec=specs(), permille=st.integers(0, 500))
+def test_below_min_budget_raises_naming_it(spec, permille):
     c = case_of(spec)
-    budget = c.smallest - max(1, c.smallest * deficit // 2000)  # 1 byte to half of min_budget below it
+    budget = c.smallest - 1 - c.smallest * permille // 1000  # from 1 byte to half of min_budget below it
     for name in ("poet", "checkpoint", "store-all"):
         with pytest.raises(BudgetError) as e:
             run_scheduler(c.g, c.lv, TARGET, budget, scheduler=name, time_limit=TIME_LIMIT)
@@ -218,9 +218,11 @@ def test_poet_meets_deadline(spec, percent, factor):
 
 
 # -- end to end: compile, run 2 steps, check against autograd --------------------------------------------------
-# Seeds picked so that each model's tight budget recomputes and pages (asserted below, so a change to the
-# generator that loses this shows up as a failure instead of a silently weaker test).
-E2E = [("chain", 3), ("residual", 1), ("cat", 2), ("cat", 5)]
+# Seeds picked so that each model's tight budget both recomputes and pages on rpi4 (asserted below, so a change
+# to the generator or the cost model that loses this shows up as a failure, not as a silently weaker test).
+# chain-54: conv, in-place ReLU, max-pools, hidden Linear. residual-7: BN'd conv branches, pooled shortcut.
+# cat-22: cat([x, x, x]) then a grouped conv beside a max-pool; cat-39: three cat levels, grouped convs, dropout.
+E2E = [("chain", 54), ("residual", 7), ("cat", 22), ("cat", 39)]
 
 
 @pytest.mark.parametrize("family,seed", E2E, ids=[f"{f}-{s}" for f, s in E2E])
@@ -240,7 +242,7 @@ def test_random_model_end_to_end(tmp_path, family, seed):
     assert c["budget_bytes"] == budget and c["min_feasible_bytes"] == smallest
     assert c["store_all_peak_bytes"] == sa_peak
     assert smallest <= c["peak_bytes"] <= budget
-    assert c["recomputes"] > 0 or c["page_ins"] > 0, "a budget this tight must recompute or page"
+    assert c["recomputes"] > 0 and c["page_ins"] > 0, "this seed should recompute and page; pick another"
     r = run_plan(opts.out, steps=2, check=True)
     assert r["ok"], r.get("error")
     assert r["measured_peak_bytes"] == r["predicted_peak_bytes"] == c["peak_bytes"] <= budget

@@ -1,0 +1,217 @@
+"""The package layout is a contract: what each stage may import.
+
+- runtime/ never imports compiler/, codegen/ or targets/ (a device installs the runtime alone, with torch and
+  safetensors), nor the compiler's own dependencies (a solver, jinja2, jsonschema).
+- codegen/ never imports a scheduler, the POET/MILP passes or a solver: it renders a schedule, never solves one.
+- targets/ imports nothing from compiler/, codegen/ or runtime/: it is the leaf every stage may use.
+
+Each rule is checked twice: statically (an AST scan of every import, relative ones resolved) and dynamically
+(a fresh interpreter with the forbidden modules blocked by a meta path hook does the stage's real work).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from compiler.compile import CompileOptions, compile_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RUNTIME_FORBIDDEN = ("compiler", "codegen", "targets", "highspy", "jinja2", "jsonschema", "gurobipy", "pulp",
+                     "ortools")
+CODEGEN_FORBIDDEN = ("compiler.schedulers", "compiler.poet", "compiler.milp", "compiler.validator", "highspy",
+                     "gurobipy", "pulp", "ortools", "scipy.optimize", "pyscipopt")
+TARGETS_FORBIDDEN = ("compiler", "codegen", "runtime")
+
+
+# -- the static scan ------------------------------------------------------------------------------------
+
+def _package_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1]) if parts[-1] != "__init__" or len(parts) == 1 else ".".join(parts[:-1])
+
+
+def imports_of(source: str, package: str, filename: str = "<src>") -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in `source`, a module of `package`.
+
+    `from a import b` yields both `a` and `a.b` (b may be a submodule). Dynamic imports through
+    importlib.import_module / __import__ with a literal name count too.
+    """
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                if node.level - 1 > len(base) - 1 and node.level > len(base):
+                    raise AssertionError(f"{filename}:{node.lineno}: relative import beyond the top-level package")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append((node.lineno, mod))
+            out += [(node.lineno, f"{mod}.{a.name}") for a in node.names if a.name != "*"]
+        elif isinstance(node, ast.Call):
+            fn = ast.unparse(node.func)
+            if fn in ("importlib.import_module", "import_module", "__import__") and node.args \
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                out.append((node.lineno, node.args[0].value))
+    return out
+
+
+def _matches(module: str, forbidden: tuple[str, ...]) -> str | None:
+    return next((f for f in forbidden if module == f or module.startswith(f + ".")), None)
+
+
+def violations(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    files = sorted((ROOT / folder).rglob("*.py"))
+    assert files, folder
+    found = []
+    for f in files:
+        for line, mod in imports_of(f.read_text(), _package_of(f), str(f)):
+            if _matches(mod, forbidden):
+                found.append(f"{f.relative_to(ROOT)}:{line}: imports {mod}")
+    return found
+
+
+@pytest.mark.parametrize("source, package, bad", [
+    ("from compiler.ir import Node", "runtime.python", "compiler.ir"),
+    ("import compiler", "runtime.python", "compiler"),
+    ("import codegen.python_plan as p", "runtime", "codegen.python_plan"),
+    ("def f():\n    from compiler import schedule", "runtime.python", "compiler.schedule"),
+    ("import importlib\nimportlib.import_module('compiler.run')", "runtime.python", "compiler.run"),
+    ("from .. import compiler", "codegen.sub", "codegen.compiler"),  # relative: stays inside the package
+    ("from . import schedulers", "compiler", "compiler.schedulers"),
+    ("from .milp.highs import solve", "compiler", "compiler.milp.highs"),
+])
+def test_the_scan_resolves_imports(source, package, bad):
+    assert bad in [m for _, m in imports_of(source, package)]
+
+
+def test_the_scan_flags_a_forbidden_import(tmp_path):
+    assert _matches("compiler.ir", RUNTIME_FORBIDDEN) == "compiler"
+    assert _matches("compilers", RUNTIME_FORBIDDEN) is None
+    assert _matches("compiler.milp.highs", CODEGEN_FORBIDDEN) == "compiler.milp"
+    assert _matches("compiler.schedule", CODEGEN_FORBIDDEN) is None  # the format module is fine for codegen
+    assert _package_of(ROOT / "runtime" / "python" / "executor.py") == "runtime.python"
+    assert _package_of(ROOT / "runtime" / "python" / "__init__.py") == "runtime.python"
+
+
+def test_runtime_never_imports_compiler_codegen_or_targets():
+    assert not violations("runtime", RUNTIME_FORBIDDEN)
+
+
+def test_codegen_never_imports_a_solver():
+    assert not violations("codegen", CODEGEN_FORBIDDEN)
+
+
+def test_targets_import_nothing_from_the_other_stages():
+    assert not violations("targets", TARGETS_FORBIDDEN)
+
+
+# -- the dynamic checks -----------------------------------------------------------------------------------
+
+BLOCKER = """\
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+
+class Blocker(importlib.abc.MetaPathFinder):
+    attempts = []
+
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            Blocker.attempts.append(name)
+            raise ModuleNotFoundError(f"blocked by test_layout: {{name}}")
+        return None
+
+sys.meta_path.insert(0, Blocker())
+"""
+
+
+def _run_blocked(blocked: tuple[str, ...], body: str) -> dict:
+    code = BLOCKER.format(blocked=blocked) + textwrap.dedent(body) + textwrap.dedent("""
+        leaked = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED))
+        print(json.dumps(dict(result, leaked=leaked, attempts=Blocker.attempts)))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["leaked"] == [] and out["attempts"] == [], out
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("layout") / "small_cnn"
+    compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="70%", out=str(out), batch_size=2))
+    return out
+
+
+def test_the_blocker_blocks():
+    code = BLOCKER.format(blocked=("compiler",)) + "import compiler.ir\n"
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "blocked by test_layout: compiler" in p.stderr
+
+
+def test_runtime_runs_a_generated_plan_without_compiler_or_codegen(compiled, tmp_path):
+    body = json.loads((compiled / "schedule.json").read_text())
+    out = _run_blocked(RUNTIME_FORBIDDEN, f"""
+        import json, math, warnings
+        import torch
+        from runtime.python import load_plan, runtime_for
+
+        warnings.simplefilter("error")  # a plan that leaves tensors resident fails here
+        plan = load_plan({str(compiled)!r})
+        rt = runtime_for(plan, storage_dir={str(tmp_path / "pages")!r}, device="cpu")
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(*plan.PLAN["input_shape"], generator=g)
+        y = torch.randint(0, {body["model"]["num_classes"]}, (x.shape[0],), generator=g)
+        before = {{k: v.clone() for k, v in rt.params.items()}}
+        rt.begin_step(x, y)
+        loss = plan.train_step(rt)
+        changed = sum(not torch.equal(before[k], v) for k, v in rt.params.items())
+        result = dict(loss=loss, peak=rt.ledger.peak_bytes, changed=changed, n_params=len(before),
+                      predicted=plan.PLAN["predicted_peak_bytes"], paged=rt.paged_bytes)
+    """)
+    assert math_isfinite(out["loss"]) and out["loss"] > 0
+    assert out["changed"] == out["n_params"] > 0  # every parameter was updated by the step
+    assert out["peak"] == out["predicted"] == body["predicted"]["peak_bytes"]
+    assert out["paged"] > 0  # the 70% schedule pages: the page store works without the compiler too
+
+
+def math_isfinite(v) -> bool:
+    import math
+
+    return isinstance(v, float) and math.isfinite(v)
+
+
+def test_codegen_renders_a_plan_without_any_solver(compiled, tmp_path):
+    out = _run_blocked(CODEGEN_FORBIDDEN, f"""
+        import json
+        from codegen import render_python_plan
+
+        body = json.loads(open({str(compiled / "schedule.json")!r}).read())
+        path = render_python_plan(body, {str(tmp_path)!r})
+        result = dict(path=path)
+    """)
+    assert Path(out["path"]).read_text() == (compiled / "plan.py").read_text()
+
+
+def test_targets_load_without_the_other_stages_or_torch():
+    out = _run_blocked(TARGETS_FORBIDDEN + ("torch", "numpy"), """
+        import json
+        from targets import list_targets, load_target
+
+        names = [n for n in list_targets() if n != "host"]  # measuring the host needs torch, by design
+        costs = {n: load_target(n).page_in_time_s(1_000_000) for n in names}
+        result = dict(names=names, costs=costs)
+    """)
+    assert "rpi4" in out["names"] and len(out["names"]) >= 5
+    assert all(c > 0 for c in out["costs"].values())

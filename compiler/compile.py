@@ -50,9 +50,7 @@ def prepare_out_dir(path: str) -> None:
 
 
 def build_graph(opts: CompileOptions, target):
-    """Resolve, trace and lower the model; annotate costs for the target. Returns (model, graph)."""
-    from targets import Target  # noqa: F401  (the profile type; the loader lives in targets/)
-
+    """Resolve, trace and lower the model; annotate costs for the target. Returns (resolved, model, graph)."""
     torch.manual_seed(opts.seed)  # zoo models initialize deterministically from the seed
     resolved = resolve(opts.model, **opts.model_kwargs)
     shape = opts.input_shape or resolved.input_shape

@@ -151,17 +151,26 @@ def test_unsupported_op_names_op_node_source_and_what_is_supported(capsys, tmp_p
         assert supported in msg
 
 
-def test_real_process_prints_no_traceback(tmp_path):
-    """The module entry point itself, in a fresh interpreter: exit 2, a one-line error, one JSON object."""
-    path, spec = _write_model(tmp_path, "sig_proc", SIGMOID)
-    p = subprocess.run([sys.executable, "-m", "compiler.cli", *_compile_args(spec, str(tmp_path / "o")), "--json"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("case", ["corrupt", "usage"])
+def test_real_process_prints_no_traceback(compiled, tmp_path, case):
+    """The module entry point itself, in a fresh interpreter: exit 2, a one-line error, one JSON object.
+    (Both cases fail before torch is imported, so they cost a fraction of a second.)"""
+    if case == "corrupt":
+        shutil.copytree(compiled, tmp_path / "p")
+        (tmp_path / "p" / "schedule.json").write_text('{"format": "edgetrain.sched')
+        args, start, words = ["inspect", str(tmp_path / "p")], "edgetrain inspect: error: ", ["corrupt", "recompile"]
+    else:
+        args = ["compile", "small_cnn", "--target", "rpi4", "--budget", "1MB", "--out", str(tmp_path / "o"),
+                "--batch-size", "0"]
+        start, words = "usage: edgetrain compile", ["--batch-size", "at least 1"]
+    p = subprocess.run([sys.executable, "-m", "compiler.cli", *args, "--json"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stdout + p.stderr
-    assert p.stderr.startswith("edgetrain compile: error: unsupported operation")
+    assert p.stderr.startswith(start) and "error: " in p.stderr
     obj = json.loads(p.stdout)
-    assert obj["ok"] is False and "torch.sigmoid" in obj["error"]
-    assert not (tmp_path / "o" / "schedule.json").exists()
+    assert obj["ok"] is False and all(w in obj["error"] for w in words)
+    assert not (tmp_path / "o").exists()
 
 
 # -- (b) data-dependent control flow ----------------------------------------------------------------------

@@ -1,0 +1,101 @@
+"""The validator rejects every way a schedule can break the memory model or exactness."""
+import dataclasses
+
+import pytest
+
+from compiler.compile import CompileOptions, build_graph
+from compiler.decisions import Step, build_steps
+from compiler.errors import ValidationError
+from compiler.liveness import analyze
+from compiler.schedulers import checkpoint, min_budget, page_all, run_scheduler, store_all
+from compiler.validator import validate
+from targets import load_target
+
+TARGET = load_target("rpi4")
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    _, _, g = build_graph(CompileOptions(model="resnet18", target="rpi4", budget="100%", out="", batch_size=2), TARGET)
+    return g, analyze(g)
+
+
+def _steps(g, lv, d):
+    return build_steps(g, lv, d)
+
+
+def test_heuristic_schedules_validate(resnet):
+    g, lv = resnet
+    for d in (store_all(g, lv), checkpoint(g, lv), page_all(g, lv, retain=True), page_all(g, lv, retain=False)):
+        rep = validate(g, _steps(g, lv, d), TARGET, None)
+        assert rep.peak_bytes >= min_budget(lv)
+    assert validate(g, _steps(g, lv, page_all(g, lv, retain=False)), TARGET, None).peak_bytes == min_budget(lv)
+
+
+def test_checkpointing_recomputes_and_saves_memory(resnet):
+    g, lv = resnet
+    sa = validate(g, _steps(g, lv, store_all(g, lv)), TARGET, None)
+    ck = validate(g, _steps(g, lv, checkpoint(g, lv)), TARGET, None)
+    assert ck.recomputes > 0 and ck.peak_bytes < sa.peak_bytes and ck.energy_j > sa.energy_j
+
+
+def test_budget_exceeded(resnet):
+    g, lv = resnet
+    steps = _steps(g, lv, store_all(g, lv))
+    peak = validate(g, steps, TARGET, None).peak_bytes
+    validate(g, steps, TARGET, peak)
+    with pytest.raises(ValidationError, match="exceeds the budget"):
+        validate(g, steps, TARGET, peak - 1)
+
+
+def test_operand_freed_too_early(resnet):
+    g, lv = resnet
+    steps = _steps(g, lv, store_all(g, lv))
+    k = next(k for k, s in enumerate(steps) if s.action == "compute" and g.node(s.tensor).kind == "forward")
+    used = g.node(steps[k].tensor).inputs[0].name
+    bad = steps[:k] + [Step(steps[k].stage, "free", used)] + steps[k:]
+    with pytest.raises(ValidationError, match="not resident"):
+        validate(g, bad, TARGET, None)
+
+
+def test_missing_free_is_caught(resnet):
+    g, lv = resnet
+    steps = [s for s in _steps(g, lv, store_all(g, lv)) if not (s.action == "free" and s.tensor == "conv1")]
+    with pytest.raises(ValidationError, match="still resident"):
+        validate(g, steps, TARGET, None)
+
+
+def test_recompute_after_its_own_update_is_rejected(resnet):
+    g, lv = resnet
+    steps = _steps(g, lv, store_all(g, lv))
+    # Recompute conv1 after bwd.conv1 updated its weights: the values would differ from the forward pass.
+    upd = max(k for k, s in enumerate(steps) if s.tensor == "bwd.layer1_0_conv1")
+    bad = steps[: upd + 1] + [Step(steps[upd].stage, "recompute", "layer1_0_conv1")]
+    bad += [Step(steps[upd].stage, "free", "layer1_0_conv1")] + steps[upd + 1:]
+    with pytest.raises(ValidationError, match="parameters were updated"):
+        validate(g, bad, TARGET, None)
+
+
+def test_page_in_needs_a_stored_copy(resnet):
+    g, lv = resnet
+    steps = _steps(g, lv, page_all(g, lv, retain=False))
+    bad = [s for s in steps if not (s.action == "page_out" and s.tensor == "conv1")]
+    with pytest.raises(ValidationError, match="never paged out"):
+        validate(g, bad, TARGET, None)
+
+
+def test_backward_node_computed_twice_is_rejected(resnet):
+    g, lv = resnet
+    steps = _steps(g, lv, store_all(g, lv))
+    k = next(k for k, s in enumerate(steps) if s.action == "compute" and s.tensor == "bwd.fc")
+    with pytest.raises(ValidationError):
+        validate(g, steps[: k + 1] + [dataclasses.replace(steps[k], action="recompute")] + steps[k + 1:], TARGET, None)
+
+
+def test_milp_peak_equals_validator_peak_and_fits(resnet):
+    g, lv = resnet
+    sa = validate(g, _steps(g, lv, store_all(g, lv)), TARGET, None)
+    budget = (sa.peak_bytes + min_budget(lv)) // 2
+    s = run_scheduler(g, lv, TARGET, budget, time_limit=20)
+    assert s.report.peak_bytes <= budget
+    assert s.report.energy_j <= validate(g, _steps(g, lv, page_all(g, lv, retain=True)), TARGET, None).energy_j + 1e-12

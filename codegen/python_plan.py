@@ -7,6 +7,8 @@ import jinja2
 import torch
 from safetensors.torch import save_file
 
+from compiler.schedule import content_hash  # the schedule format, not a solver
+
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("codegen", "templates"),
     undefined=jinja2.StrictUndefined,
@@ -52,7 +54,8 @@ def render_python_plan(schedule: dict, out_dir: str, schedule_file: str = "sched
     stages = [{"index": t, "node": n, "steps": []} for t, n in enumerate(nodes)]
     for st in schedule["steps"]:
         stages[st["stage"]]["steps"].append(dict(st, node=by_name.get(st["tensor"])))
-    text = _ENV.get_template("plan.py.j2").render(s=schedule, stages=stages, schedule_file=schedule_file)
+    text = _ENV.get_template("plan.py.j2").render(s=schedule, stages=stages, schedule_file=schedule_file,
+                                                   content=content_hash(schedule))
     path = os.path.join(out_dir, "plan.py")
     with open(path, "w") as f:
         f.write(text)

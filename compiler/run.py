@@ -82,7 +82,7 @@ def run_plan(out_dir: str, *, steps: int = 1, data: str = "random", check: bool 
     # The schedule is replayed once more before it runs: a plan that could exceed its budget never runs.
     report = validate(graph, [Step(**s) for s in body["steps"]], _target(body), body["budget"]["bytes"])
     plan = load_plan(out_dir)
-    if plan.PLAN["schedule_checksum"] != body["checksum"]:
+    if plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
         raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
     batches = _batches(body, data, steps, seed)
     pages = os.path.join(out_dir, "pages")

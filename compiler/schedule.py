@@ -29,6 +29,15 @@ def _checksum(body: dict) -> str:
     return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
 
 
+PLAN_FIELDS = ("format", "version", "edgetrain", "model", "target", "budget", "graph", "steps", "seed")
+
+
+def content_hash(body: dict) -> str:
+    """Hash of what a generated plan is made of (not the solver's wall time), so plans are reproducible."""
+    canon = json.dumps({k: body[k] for k in PLAN_FIELDS}, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+
+
 def dumps(body: dict) -> str:
     body = dict(body, format=FORMAT, version=FORMAT_VERSION)
     body["checksum"] = _checksum(body)

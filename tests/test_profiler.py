@@ -46,6 +46,29 @@ def test_a_conv_takes_longer_than_a_relu(small_cnn):
     assert times[f"bwd.{conv.name}"] > times[relu.name]
 
 
+def test_it_times_the_runtime_kernels(small_cnn, monkeypatch):
+    """A kernel made 50 ms slower shows up 50 ms slower, and runs once plus `repeats` times per node."""
+    import time
+
+    from runtime.python.kernels import KERNELS
+
+    calls = []
+    fast = KERNELS["relu"]
+
+    def slow_relu(ctx, inputs, params, attrs):
+        calls.append(tuple(inputs[0].shape))
+        time.sleep(0.05)
+        return fast(ctx, inputs, params, attrs)
+
+    monkeypatch.setitem(KERNELS, "relu", slow_relu)
+    times = profile_nodes(small_cnn, repeats=3)
+    relus = [n for n in small_cnn.nodes if n.op == "relu"]
+    assert len(calls) == 4 * len(relus)
+    assert [tuple(n.shape) for n in relus for _ in range(4)] == calls  # real operands of the right shapes
+    assert all(times[n.name] >= 0.05 for n in relus)
+    assert all(times[n.name] < 0.05 for n in small_cnn.nodes if n.name in times and n.op != "relu")
+
+
 def test_profiles_residuals_concats_dropout_pools_and_views():
     class Net(nn.Module):
         def __init__(self):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import struct
 import subprocess
 import sys
@@ -114,7 +113,6 @@ def test_another_format_is_refused(tmp_path):
 
 # -- deterministic output -------------------------------------------------------------------------------
 
-_SHA = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def _masked_schedule(text: str) -> str:
@@ -130,8 +128,8 @@ def test_compiling_twice_gives_the_same_files(tmp_path):
     than this one must write the same files as a compile in this process.
 
     Known, accepted difference: `solver.seconds` is wall time and sits inside the checksummed body, so the
-    checksum (and the two lines of plan.py that quote it) differ between compiles. Everything else must be
-    byte-identical.
+    schedule's checksum differs between compiles. plan.py quotes a hash of the plan's content only, so it
+    and the weights must be byte-identical.
     """
     a, b = tmp_path / "here", tmp_path / "there"
     args = ["compile", "small_cnn", "--target", "rpi4", "--budget", "55%", "--batch-size", "2"]
@@ -155,7 +153,7 @@ def test_compiling_twice_gives_the_same_files(tmp_path):
     diff = [(x, y) for x, y in zip(sa.splitlines(), sb.splitlines()) if x != y]
     assert all('"checksum"' in x or '"seconds"' in x for x, _ in diff), diff
     pa, pb = (a / "plan.py").read_text(), (b / "plan.py").read_text()
-    assert _SHA.sub("<checksum>", pa) == _SHA.sub("<checksum>", pb)
+    assert pa == pb
     assert (a / "weights.safetensors").read_bytes() == (b / "weights.safetensors").read_bytes()
 
 

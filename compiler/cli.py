@@ -48,7 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--target", required=True)
     c.add_argument("--budget", required=True, help="2MB, 512KiB, 1.5GB, or B%% of store-all's activations")
     c.add_argument("--deadline", help="multiple of the store-all time (1.2) or seconds (0.5s)")
-    c.add_argument("--scheduler", default="poet", choices=["poet", "checkpoint", "store-all"])
+    c.add_argument("--scheduler", default="poet",
+                   choices=["poet", "checkmate", "paging", "dtr", "checkpoint", "store-all"],
+                   help="poet: recompute+paging MILP; checkmate: recompute-only MILP; paging: Capuchin-like; "
+                        "dtr: greedy eviction; checkpoint: Chen sqrt(n); store-all: plain backprop")
     c.add_argument("--batch-size", type=_positive_int, default=8)
     c.add_argument("--input-shape", type=_shape)
     c.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")

@@ -1,13 +1,15 @@
-"""Schedulers: store-all, Chen's sqrt(n) checkpointing, paging, and the POET MILP. All return `Scheduled`.
+"""Schedulers: the heuristics of `heuristics.py` and the MILPs (POET; Checkmate = POET without paging).
+
+All return `Scheduled`.
 
 Every schedule goes through the validator before it is returned; a failure is an error, never a warning.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from .decisions import Decisions, Step, build_steps, on_demand
+from .decisions import Decisions, Step, build_steps
+from .heuristics import candidates, checkpoint, dtr, page_all, paging_only, store_all
 from .errors import BudgetError, ValidationError
 from .ir import TrainingGraph
 from .liveness import Liveness
@@ -16,7 +18,8 @@ from .milp.model import SolveResult
 from .poet import build as build_poet
 from .validator import Report, validate
 
-SCHEDULERS = ("poet", "checkpoint", "store-all")
+SCHEDULERS = ("poet", "checkmate", "paging", "dtr", "checkpoint", "store-all")
+_MILPS = {"poet": True, "checkmate": False}  # scheduler -> paging allowed
 
 
 @dataclass
@@ -28,7 +31,7 @@ class Scheduled:
     solver: dict
 
 
-def min_budget(lv: Liveness, paging: bool = True) -> int:
+def min_budget(lv: Liveness) -> int:
     """The smallest budget any schedule can meet: each backward stage must hold what its node reads.
 
     With paging it is attained (store everything, page in what each stage reads, free it at once).
@@ -39,65 +42,46 @@ def min_budget(lv: Liveness, paging: bool = True) -> int:
     return need
 
 
-def store_all(g: TrainingGraph, lv: Liveness) -> Decisions:
-    """Plain backprop: hold every tensor a backward node reads, from its forward compute to its last reader."""
-    read = {i for t in range(lv.B0, lv.T) for i in lv.needs[t]}
-    return on_demand(g, lv, keep=read, page_out=set(), kept_for_recompute=False)
-
-
-def _cut_tensors(g: TrainingGraph, lv: Liveness) -> list[str]:
-    """Forward tensors every path from input to loss passes through (Chen's candidate checkpoints)."""
-    pos = {n.name: k for k, n in enumerate(g.nodes[: lv.L + 1])}
-    covered = [0] * (lv.L + 2)
-    for n in g.nodes[: lv.L + 1]:
-        for r in n.inputs:
-            a, b = pos[r.name], pos[n.name]
-            for p in range(a + 1, b):
-                covered[p] += 1
-    return [i for i in lv.decision if covered[pos[i]] == 0]
-
-
-def checkpoint(g: TrainingGraph, lv: Liveness, segments: int | None = None) -> Decisions:
-    """Keep ~sqrt(n) evenly spaced cut tensors (and the input); recompute the rest segment by segment."""
-    cuts = [c for c in _cut_tensors(g, lv) if lv.recomputable(c)]
-    n = len(lv.decision)
-    segments = segments or max(1, round(math.sqrt(n)))
-    keep = {i for i in lv.decision if not lv.recomputable(i)}
-    if cuts:
-        step = len(cuts) / segments
-        keep |= {cuts[min(len(cuts) - 1, int(k * step))] for k in range(segments)}
-    return on_demand(g, lv, keep=keep, page_out=set())
-
-
-def page_all(g: TrainingGraph, lv: Liveness, retain: bool) -> Decisions:
-    return on_demand(g, lv, keep=set(), page_out=set(lv.decision), retain=retain, prefer_recompute=False)
-
-
-def _heuristics(g: TrainingGraph, lv: Liveness, paging: bool) -> dict[str, Decisions]:
-    out = {"store-all": store_all(g, lv), "checkpoint": checkpoint(g, lv)}
-    n = len(lv.decision)
-    for s in sorted({2, 3, max(1, n // 4), max(1, n // 2), n}):
-        out[f"checkpoint-{s}"] = checkpoint(g, lv, s)
-    if paging:
-        out["page-all"] = page_all(g, lv, retain=True)
-        out["page-all-min"] = page_all(g, lv, retain=False)
-        # Keep the cheap-to-recompute tensors' inputs on storage: recompute what is cheap, page the rest.
-        out["page+recompute"] = on_demand(g, lv, keep=set(), page_out=set(lv.decision), retain=True)
-    return out
-
-
 def _finish(g, lv, name, d, target, budget, solver) -> Scheduled:
     steps = build_steps(g, lv, d)
     report = validate(g, steps, target, budget)
     return Scheduled(name=name, decisions=d, steps=steps, report=report, solver=solver)
 
 
+def _heuristic(g, lv, scheduler: str, target, budget_bytes: int, deadline_s: float | None) -> Scheduled:
+    none = {"name": "none", "status": "not run", "gap": None, "seconds": 0.0}
+    if scheduler == "dtr":
+        d = dtr(g, lv, budget_bytes)
+        if d is None:
+            raise BudgetError(f"the DTR-like greedy eviction finds no schedule within {budget_bytes} B (it cannot "
+                              "page, and greedy eviction is not optimal); use --scheduler poet or a larger budget.")
+        options = [d]
+    elif scheduler == "paging":
+        options = [paging_only(g, lv, retain=True), paging_only(g, lv, retain=False)]
+    else:
+        options = [store_all(g, lv) if scheduler == "store-all" else checkpoint(g, lv)]
+    err = None
+    for d in options:
+        try:
+            s = _finish(g, lv, scheduler, d, target, budget_bytes, none)
+        except ValidationError as e:
+            err = e
+            continue
+        if deadline_s is not None and s.report.time_s > deadline_s * (1 + 1e-9):
+            raise BudgetError(f"the {scheduler} schedule takes {s.report.time_s:.6g} s, over the deadline of "
+                              f"{deadline_s:.6g} s; use --scheduler poet or relax --deadline.")
+        return s
+    peak = min(_finish(g, lv, scheduler, d, target, None, none).report.peak_bytes for d in options)
+    raise BudgetError(f"the {scheduler} schedule needs {peak} B, above the budget of {budget_bytes} B "
+                      f"({err}). Use --scheduler poet, or a budget of at least {peak}B.")
+
+
 def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, scheduler: str = "poet",
-                  deadline_s: float | None = None, time_limit: float = 60.0, paging: bool = True,
-                  mip_gap: float = 1e-4) -> Scheduled:
+                  deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4) -> Scheduled:
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
-    smallest = min_budget(lv, paging=paging)
+    paging = _MILPS.get(scheduler, True)
+    smallest = min_budget(lv)
     if budget_bytes < smallest:
         raise BudgetError(
             f"budget {budget_bytes} B is below the smallest feasible budget for this model and batch: "
@@ -108,18 +92,12 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     if deadline_s is not None and deadline_s < base_time * (1 - 1e-12):
         raise BudgetError(f"deadline {deadline_s:.6g} s is below the time of computing every node once "
                           f"({base_time:.6g} s on this target); no schedule can meet it.")
+    if scheduler not in _MILPS:
+        return _heuristic(g, lv, scheduler, target, budget_bytes, deadline_s)
     none = {"name": "none", "status": "not run", "gap": None, "seconds": 0.0}
-    if scheduler in ("store-all", "checkpoint"):
-        d = store_all(g, lv) if scheduler == "store-all" else checkpoint(g, lv)
-        try:
-            return _finish(g, lv, scheduler, d, target, budget_bytes, none)
-        except ValidationError as e:
-            peak = _finish(g, lv, scheduler, d, target, None, none).report.peak_bytes
-            raise BudgetError(f"the {scheduler} schedule needs {peak} B, above the budget of {budget_bytes} B "
-                              f"({e}). Use --scheduler poet, or a budget of at least {peak}B.") from None
 
     fitting: list[Scheduled] = []
-    for name, d in _heuristics(g, lv, paging).items():
+    for name, d in candidates(g, lv, paging).items():
         try:
             s = _finish(g, lv, name, d, target, budget_bytes, none)
         except ValidationError:
@@ -150,6 +128,10 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
         best.solver = solver
         chosen = best
     if chosen is None:
+        if res.status == "infeasible" and not paging:
+            raise BudgetError(f"no recompute-only (Checkmate) schedule fits {budget_bytes} B; the input batch "
+                              f"cannot be recomputed. With paging (--scheduler poet) the smallest feasible budget "
+                              f"is {smallest} B.")
         if res.status == "infeasible":
             raise BudgetError(
                 f"no schedule meets budget {budget_bytes} B with deadline {deadline_s} s "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .decisions import Decisions, Step, build_steps
-from .heuristics import candidates, checkpoint, dtr, page_all, paging_only, store_all
+from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
 from .errors import BudgetError, ValidationError
 from .ir import TrainingGraph
 from .liveness import Liveness

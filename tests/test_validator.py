@@ -7,7 +7,8 @@ from compiler.compile import CompileOptions, build_graph
 from compiler.decisions import Step, build_steps
 from compiler.errors import ValidationError
 from compiler.liveness import analyze
-from compiler.schedulers import checkpoint, min_budget, page_all, run_scheduler, store_all
+from compiler.heuristics import checkpoint, page_all, store_all
+from compiler.schedulers import min_budget, run_scheduler
 from compiler.validator import validate
 from targets import load_target
 

@@ -1,0 +1,29 @@
+/*
+ * et_runtime.h - everything generated firmware needs from the edgetrain C runtime, in one include.
+ *
+ * Build: compile every .c of runtime/c and runtime/c/kernels except exactly one of storage_stdio.c
+ * (host) / storage_semihost.c (QEMU, debug probe) / a board port's storage; C99, float32, no malloc;
+ * always with -ffp-contract=off (see README.md). Link with -lm on hosts (fmaf).
+ */
+#ifndef ET_RUNTIME_H
+#define ET_RUNTIME_H
+
+#include "et_status.h"
+#include "et_math.h"
+#include "crc32.h"
+#include "storage.h"
+#include "kernels/sgd.h"
+#include "kernels/conv2d.h"
+#include "kernels/linear.h"
+#include "kernels/relu.h"
+#include "kernels/relu6.h"
+#include "kernels/pool2d.h"
+#include "kernels/maxpool2d.h"
+#include "kernels/avgpool2d.h"
+#include "kernels/global_avgpool.h"
+#include "kernels/add.h"
+#include "kernels/concat.h"
+#include "kernels/flatten.h"
+#include "kernels/cross_entropy.h"
+
+#endif /* ET_RUNTIME_H */

@@ -1,0 +1,193 @@
+/*
+ * selftest.c - runs every kernel of the runtime on fixed pseudo-random data and pages each result out
+ * (then back in, checking the round trip), so that two builds can be compared file by file.
+ *
+ * tests/test_c_kernels.py builds it twice - for the host with storage_stdio.c and for the Cortex-M4F
+ * with storage_semihost.c, run under QEMU - and requires the two page folders to be byte-identical:
+ * the same bits from every kernel (exp/log, fmaf, sums) on both, and the same block format.
+ *
+ * -DPAGE_DIR="..." selects the page folder. -DSELFTEST_READ_PAGE1=1 builds the other mode: page block 1
+ * in and exit with the negated status (4 for ET_ERR_CRC), to show a corrupted file is caught on the MCU.
+ * Exit status 0: all good; 100 + k: round trip k failed; 200 + k: a page-out failed.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "../et_runtime.h"
+
+#ifndef PAGE_DIR
+#define PAGE_DIR "."
+#endif
+#ifndef SELFTEST_READ_PAGE1
+#define SELFTEST_READ_PAGE1 0
+#endif
+
+/* -- deterministic data: an LCG, 24-bit uniforms converted exactly to float ------------------------ */
+static uint32_t g_seed = 12345u;
+
+static float frand(void)
+{
+    g_seed = g_seed * 1664525u + 1013904223u;
+    return (float)(g_seed >> 8) / 8388608.0f - 1.0f; /* [-1, 1) */
+}
+
+static void fill(float *a, int count, float scale)
+{
+    int i;
+    for (i = 0; i < count; ++i)
+        a[i] = frand() * scale;
+}
+
+/* -- page out, then back in and compare ---------------------------------------------------------- */
+static unsigned char g_check[4096];
+static uint32_t g_next_id = 1u;
+
+static int put(const void *data, uint32_t bytes)
+{
+    const uint32_t id = g_next_id++;
+    if (et_page_out(id, data, bytes) != ET_OK)
+        return 200 + (int)id;
+    if (bytes > sizeof g_check || et_page_in(id, g_check, bytes) != ET_OK || memcmp(g_check, data, bytes) != 0)
+        return 100 + (int)id;
+    return 0;
+}
+
+#define PUT(a)                                          \
+    do {                                                \
+        int rc_ = put((a), (uint32_t)sizeof(a));        \
+        if (rc_ != 0)                                   \
+            return rc_;                                 \
+    } while (0)
+
+/* -- buffers (static: no heap, no large stack frames) ------------------------------------------- */
+/* conv: n 2, c_in 4 -> c_out 6, 9x9, kernel 3x3, stride 2, pad 1, groups 2 -> 5x5 */
+static const et_conv2d_shape kConv = {2, 4, 9, 9, 6, 5, 5, 3, 3, 2, 2, 1, 1, 1, 1, 2};
+/* depthwise: n 1, 4 channels, 6x6, kernel 3x3, stride 1, pad 1, dilation 1 */
+static const et_conv2d_shape kDw = {1, 4, 6, 6, 4, 6, 6, 3, 3, 1, 1, 1, 1, 1, 1, 4};
+static float cx[2 * 4 * 9 * 9], cw[6 * 2 * 3 * 3], cb[6], cy[2 * 6 * 5 * 5], cgy[2 * 6 * 5 * 5];
+static float cgx[2 * 4 * 9 * 9], cgw[6 * 2 * 3 * 3], cgb[6], cwbuf[6 * 2 * 3 * 3], cbbuf[6];
+static float dx[4 * 6 * 6], dw[4 * 9], dy[4 * 6 * 6], dgx[4 * 6 * 6], dgw[4 * 9];
+
+/* pools on a 2 x 3 x 7 x 7 input: max 3x3 stride 2 pad 1 -> 4x4, avg 2x2 stride 2 -> 3x3 */
+static const et_pool2d_shape kMax = {2, 3, 7, 7, 4, 4, 3, 3, 2, 2, 1, 1, 1, 1, 0};
+static const et_pool2d_shape kAvg = {2, 3, 7, 7, 4, 4, 3, 3, 2, 2, 1, 1, 1, 1, 1};
+static float px[2 * 3 * 7 * 7], pmy[2 * 3 * 4 * 4], pgy[2 * 3 * 4 * 4], pgx[2 * 3 * 7 * 7], pay[2 * 3 * 4 * 4];
+static int32_t pidx[2 * 3 * 4 * 4];
+static float gap[2 * 3], gapg[2 * 3 * 7 * 7];
+
+/* linear: n 3, 20 -> 10; cross-entropy on its output */
+static float lx[3 * 20], lw[10 * 20], lb[10], ly[3 * 10], lgy[3 * 10], lgx[3 * 20], lgw[10 * 20], lgb[10];
+static float lwbuf[10 * 20], lbbuf[10];
+static int32_t labels[3] = {7, 0, 9};
+static float loss[1];
+
+/* element-wise */
+static float ex[256], ey[256], eg[256], eg2[256], cat[2 * 5 * 4];
+static float mx[64], my[64];
+
+int main(void)
+{
+    const et_sgd_params opt = {0.05f, 0.9f, 1e-3f};
+    int i;
+
+    if (et_storage_init(PAGE_DIR) != ET_OK)
+        return 1;
+    if (SELFTEST_READ_PAGE1)
+        return -et_page_in(1u, cx, (uint32_t)sizeof cx);
+
+    /* conv2d: forward, both gradients, then the fused update (after the input gradient: rule kept). */
+    fill(cx, 2 * 4 * 9 * 9, 1.0f);
+    fill(cw, 6 * 2 * 3 * 3, 0.3f);
+    fill(cb, 6, 0.3f);
+    fill(cgy, 2 * 6 * 5 * 5, 1.0f);
+    PUT(cx);
+    et_conv2d_forward(&kConv, cx, cw, cb, cy);
+    PUT(cy);
+    et_conv2d_backward_input(&kConv, cgy, cw, cgx);
+    PUT(cgx);
+    et_conv2d_backward_weight(&kConv, cgy, cx, cgw, cgb);
+    PUT(cgw);
+    PUT(cgb);
+    for (i = 0; i < 3; ++i) /* three fused steps, momentum buffers starting at zero */
+        et_conv2d_wgrad_sgd(&kConv, cgy, cx, &opt, cw, cwbuf, cb, cbbuf);
+    PUT(cw);
+    PUT(cb);
+    PUT(cwbuf);
+
+    fill(dx, 4 * 6 * 6, 2.0f);
+    fill(dw, 4 * 9, 0.5f);
+    et_conv2d_forward(&kDw, dx, dw, NULL, dy);
+    PUT(dy);
+    et_conv2d_backward_input(&kDw, dy, dw, dgx);
+    PUT(dgx);
+    et_conv2d_backward_weight(&kDw, dy, dx, dgw, NULL);
+    PUT(dgw);
+
+    /* pooling */
+    fill(px, 2 * 3 * 7 * 7, 3.0f);
+    fill(pgy, 2 * 3 * 4 * 4, 1.0f);
+    et_maxpool2d_forward(&kMax, px, pmy, pidx);
+    PUT(pmy);
+    PUT(pidx);
+    et_maxpool2d_backward(&kMax, pgy, pidx, pgx);
+    PUT(pgx);
+    et_avgpool2d_forward(&kAvg, px, pay);
+    PUT(pay);
+    et_avgpool2d_backward(&kAvg, pgy, pgx);
+    PUT(pgx);
+    et_global_avgpool_forward(2, 3, 49, px, gap);
+    PUT(gap);
+    et_global_avgpool_backward(2, 3, 49, gap, gapg);
+    PUT(gapg);
+
+    /* linear + cross-entropy + fused update */
+    fill(lx, 3 * 20, 1.0f);
+    fill(lw, 10 * 20, 0.4f);
+    fill(lb, 10, 0.2f);
+    et_linear_forward(3, 20, 10, lx, lw, lb, ly);
+    PUT(ly);
+    loss[0] = et_cross_entropy_forward(3, 10, ly, labels);
+    PUT(loss);
+    et_cross_entropy_backward(3, 10, ly, labels, lgy);
+    PUT(lgy);
+    et_linear_backward_input(3, 20, 10, lgy, lw, lgx);
+    PUT(lgx);
+    et_linear_backward_weight(3, 20, 10, lgy, lx, lgw, lgb);
+    PUT(lgw);
+    PUT(lgb);
+    for (i = 0; i < 3; ++i)
+        et_linear_wgrad_sgd(3, 20, 10, lgy, lx, &opt, lw, lwbuf, lb, lbbuf);
+    PUT(lw);
+    PUT(lb);
+
+    /* element-wise kernels and the math under them, over a wide range */
+    fill(ex, 256, 8.0f);
+    fill(eg, 256, 1.0f);
+    et_relu_forward(256, ex, ey);
+    PUT(ey);
+    et_relu_backward(256, eg, ey, eg2);
+    PUT(eg2);
+    et_relu6_forward(256, ex, ey);
+    PUT(ey);
+    et_relu6_backward(256, eg, ey, eg2);
+    PUT(eg2);
+    et_add_forward(256, ex, eg, ey);
+    et_add_into(256, ey, eg);
+    PUT(ey);
+    et_sgd_step(&opt, 256, ex, eg, eg2);
+    PUT(ex);
+    for (i = 0; i < 256; ++i) {
+        ey[i] = et_expf(ex[i] * 11.0f);
+        eg2[i] = et_logf(ey[i] + 1e-3f);
+    }
+    PUT(ey);
+    PUT(eg2);
+    et_concat_forward_part(2, 4, 5, 0, 2, ex, cat);
+    et_concat_forward_part(2, 4, 5, 2, 3, eg, cat);
+    PUT(cat);
+    et_concat_backward_part(2, 4, 5, 2, 3, cat, ey);
+    fill(mx, 64, 1.0f);
+    et_flatten_copy(64, mx, my);
+    PUT(my);
+    return 0;
+}

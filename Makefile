@@ -7,7 +7,9 @@ PY := $(VENV)/bin/python
 INSTALL_STAMP := $(VENV)/install.stamp
 FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
-.PHONY: venv data test demo bench clean distclean
+APT_PACKAGES := gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
+
+.PHONY: venv data toolchain test demo bench clean distclean
 
 venv: $(INSTALL_STAMP)
 
@@ -28,7 +30,17 @@ data:
 		echo "data: $(FASHION_MNIST_DIR) missing and not root; skipping (run: sudo apt-get install dataset-fashion-mnist)"; \
 	fi
 
-test: venv data
+# The Cortex-M toolchain and QEMU for the C runtime's tests (about 880 MB; installed only when missing).
+toolchain:
+	@if command -v arm-none-eabi-gcc >/dev/null && command -v qemu-system-arm >/dev/null; then \
+		echo "toolchain: arm-none-eabi-gcc and qemu-system-arm present"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(APT_PACKAGES); \
+	else \
+		echo "toolchain: missing and not root; the ARM tests will skip (run: sudo apt-get install $(APT_PACKAGES))"; \
+	fi
+
+test: venv data toolchain
 	$(PY) -m pytest -q -n 2 tests
 
 demo: venv

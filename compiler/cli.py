@@ -55,11 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-size", type=_positive_int, default=8)
     c.add_argument("--input-shape", type=_shape)
     c.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
+    c.add_argument("--solver", default="auto", choices=["auto", "highs", "gurobi", "scipy", "cpsat"],
+                   help="MILP backend (default auto: Gurobi with a full license, else HiGHS)")
     c.add_argument("--loss", default="cross_entropy", choices=["cross_entropy", "mse"])
     c.add_argument("--lr", type=float, default=0.01)
     c.add_argument("--momentum", type=float, default=0.9)
     c.add_argument("--weight-decay", type=float, default=5e-4)
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--emit", default="python", choices=["python", "c"],
+                   help="python: a plan for the torch runtime (Jetson, Pi, host); c: C training firmware for "
+                        "runtime/c (Cortex-M: plan.c/plan.h, drivers, Makefile)")
     c.add_argument("--out", required=True)
     c.add_argument("--json", action="store_true")
     r = sub.add_parser("run", help="execute a compiled plan")
@@ -69,6 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action="store_true", help="compare with PyTorch autograd from the same weights and data")
     r.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     r.add_argument("--seed", type=int, default=1, help="seed of the data")
+    r.add_argument("--qemu", action="store_true",
+                   help="C firmware: build with arm-none-eabi-gcc and run on a Cortex-M4F under qemu-system-arm "
+                        "(default for C firmware: build and run on the host)")
+    r.add_argument("--cycle", type=_positive_int,
+                   help="C firmware: train on the first N batches in turn (a memorization check: the loss falls)")
+    r.add_argument("--timeout", type=float, default=600.0, help="C firmware: seconds before the run is stopped")
+    r.add_argument("--inject-corrupt-page", type=int, metavar="ID",
+                   help="C firmware, fault injection: flip a bit of page ID on the medium right after the first "
+                        "step pages it out (the CRC check must stop the step)")
     r.add_argument("--json", action="store_true")
     i = sub.add_parser("inspect", help="what a schedule does")
     i.add_argument("dir")
@@ -91,7 +105,7 @@ def _cmd_compile(a) -> dict:
 
     opts = CompileOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, scheduler=a.scheduler,
                           deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
-                          time_limit=a.time_limit, loss=a.loss, seed=a.seed,
+                          time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
                           optimizer=SGDConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
     if a.json or not sys.stderr.isatty():
         return compile_model(opts)
@@ -101,7 +115,14 @@ def _cmd_compile(a) -> dict:
 
 def _cmd_run(a) -> dict:
     from .run import run_plan
+    from .run_c import is_c_plan, run_firmware
 
+    if is_c_plan(a.dir):
+        return run_firmware(a.dir, qemu=a.qemu, steps=a.steps, data=a.data, check=a.check, seed=a.seed,
+                            cycle=a.cycle, timeout_s=a.timeout, corrupt_page=a.inject_corrupt_page)
+    if a.qemu or a.cycle or a.inject_corrupt_page is not None:
+        raise EdgetrainError(f"{a.dir} holds a plan for the Python runtime; --qemu, --cycle and "
+                             "--inject-corrupt-page need C firmware: compile with `--emit c`")
     if a.json or not sys.stderr.isatty():
         return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed)
     from rich.progress import Progress
@@ -125,6 +146,8 @@ def _print_human(cmd: str, r: dict) -> None:
     con = Console()
     if cmd == "compile":
         s = r["solver"]
+        if s.get("notice"):
+            con.print(f"[yellow]{s['notice']}")
         gap = "-" if s.get("gap") is None else f"{100 * s['gap']:.3f}%"
         con.print(f"[bold]{r['model']}[/] on {r['target']}: {r['nodes']} stages, scheduler {r['scheduler']} "
                   f"(kept: {r['schedule']}; solver {s['name']} {s['status']}, gap {gap}, {s['seconds']:.2f} s)")
@@ -133,7 +156,25 @@ def _print_human(cmd: str, r: dict) -> None:
         con.print(f"energy {r['energy_j']:.6g} J vs store-all {r['store_all_energy_j']:.6g} J "
                   f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s; "
                   f"{r['recomputes']} recomputes, {r['page_ins']} page-ins, {r['page_outs']} page-outs")
-        con.print(f"wrote {r['out']}/schedule.json, plan.py, weights.safetensors")
+        if r.get("emit") == "c":
+            con.print(f"static arena {r['arena_bytes']} B (schedule's activation peak "
+                      f"{r['peak_bytes'] - r['state_bytes']} B) + parameters and momentum {r['state_bytes']} B, "
+                      f"budget {r['budget_bytes']} B; {r['paged_bytes_per_step']} B paged per step")
+            con.print(f"wrote {r['out']}/schedule.json, plan.c, plan.h, main_host.c, main_qemu.c, Makefile, "
+                      "firmware.json, et_runtime/")
+        else:
+            con.print(f"wrote {r['out']}/schedule.json, plan.py, weights.safetensors")
+    elif cmd == "run" and "build" in r:  # C firmware
+        con.print(f"{r.get('steps_done', 0)}/{r['steps']} steps ({r['build']}), losses "
+                  f"{[round(x, 4) for x in r.get('losses', [])]}")
+        con.print(f"arena {r['arena_bytes']} B, budget {r['budget_bytes']} B, paged {r.get('paged_bytes')} B, "
+                  f"instructions/step {r['instructions_per_step']}"
+                  + (f", RAM (.data+.bss) {r['ram_bytes']} B, flash {r['flash_bytes']} B" if "ram_bytes" in r else ""))
+        if r.get("checked") and r.get("max_abs_err") is not None:
+            con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
+                      f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
+        if not r["ok"]:
+            con.print(f"[red]{r.get('error')}")
     elif cmd == "run":
         con.print(f"{r['steps']} steps on {r['device']}, losses {[round(x, 4) for x in r['losses']]}")
         con.print(f"measured peak {_mb(r['measured_peak_bytes'])} (predicted {_mb(r['predicted_peak_bytes'])}, "

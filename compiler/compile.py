@@ -1,12 +1,14 @@
 """The compile pipeline: model -> training DAG -> schedule -> validated schedule file -> generated plan."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 
 import torch
 
 from . import __version__, schedule as schedule_format
+from .backends import get_backend
 from .budget import parse_budget, parse_deadline
 from .decisions import build_steps
 from .errors import OutputDirError, UnsupportedModelError
@@ -30,10 +32,12 @@ class CompileOptions:
     batch_size: int = 8
     input_shape: tuple[int, ...] | None = None
     time_limit: float = 60.0
+    solver: str = "auto"  # MILP backend: auto (Gurobi with a full license, else HiGHS), highs, gurobi, scipy, cpsat
     loss: str = "cross_entropy"
     optimizer: SGDConfig = field(default_factory=SGDConfig)
     seed: int = 0
     model_kwargs: dict = field(default_factory=dict)
+    emit: str = "python"  # the runtime the plan is generated for: "python" (torch) or "c" (runtime/c firmware)
 
 
 def prepare_out_dir(path: str) -> None:
@@ -58,7 +62,7 @@ def build_graph(opts: CompileOptions, target):
         raise UnsupportedModelError(f"the input shape of {opts.model!r} is unknown; pass --input-shape C,H,W")
     model = resolved.module.train()
     example = torch.randn(opts.batch_size, *shape, generator=torch.Generator().manual_seed(opts.seed))
-    graph = lower(trace_forward(model, example), opts.model, opts.loss, opts.optimizer)
+    graph = lower(trace_forward(model, example), opts.model, opts.loss, opts.optimizer, backend=get_backend(opts.emit))
     measured = None
     if getattr(target, "measured", False):
         from .profiler import profile_nodes
@@ -73,6 +77,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     from codegen import render_python_plan, write_weights
 
     budget = parse_budget(opts.budget)
+    get_backend(opts.emit)  # an unknown --emit fails before any work
     target = load_target(opts.target)
     prepare_out_dir(opts.out)
     resolved, model, graph = build_graph(opts, target)
@@ -84,7 +89,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     if progress:
         progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors")
     result = run_scheduler(graph, lv, target, budget_bytes, scheduler=opts.scheduler, deadline_s=deadline_s,
-                           time_limit=opts.time_limit)
+                           time_limit=opts.time_limit, solver=opts.solver)
     rep = result.report
     body = {
         "edgetrain": __version__,
@@ -103,11 +108,26 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         "scheduler": opts.scheduler,
         "schedule_kind": result.name,
         "seed": opts.seed,
+        "backend": opts.emit,
     }
-    schedule_format.save(body, opts.out)
-    render_python_plan(schedule_format.load(opts.out), opts.out)
-    write_weights(dict(model.named_parameters()), dict(model.named_buffers()), opts.out)
-    return {
+    firmware = None
+    if opts.emit == "c":
+        from codegen.c import FIRMWARE_FILES, render_c_firmware
+
+        # Weights first (the C initializers are read from them); the schedule last, so a folder whose
+        # firmware could not be generated (arena over budget) holds no schedule that looks compiled.
+        for name in FIRMWARE_FILES + ("schedule.json", "plan.py"):
+            if os.path.exists(os.path.join(opts.out, name)):
+                os.remove(os.path.join(opts.out, name))
+        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), opts.out)
+        checked = json.loads(schedule_format.dumps(body))  # exactly what schedule.json will hold
+        firmware = render_c_firmware(checked, opts.out)
+        schedule_format.save(body, opts.out)
+    else:
+        schedule_format.save(body, opts.out)
+        render_python_plan(schedule_format.load(opts.out), opts.out)
+        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), opts.out)
+    out = {
         "out": opts.out, "model": resolved.spec, "target": target.name, "scheduler": opts.scheduler,
         "schedule": result.name, "nodes": len(graph.nodes), "budget_bytes": budget_bytes,
         "min_feasible_bytes": min_budget(lv), "peak_bytes": rep.peak_bytes, "energy_j": rep.energy_j,
@@ -115,6 +135,12 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         "page_outs": rep.page_outs, "store_all_peak_bytes": sa.peak_bytes, "store_all_energy_j": sa.energy_j,
         "store_all_time_s": sa.time_s, "state_bytes": lv.state_bytes, "fixed_bytes": lv.fixed_bytes,
         "activation_peak_bytes": activation_peak,
-        "solver": {k: result.solver.get(k) for k in ("name", "status", "gap", "seconds", "objective", "bound",
-                                                     "variables", "constraints")},
+        "solver": {k: result.solver.get(k) for k in ("name", "requested", "notice", "status", "gap", "seconds",
+                                                     "objective", "bound", "variables", "constraints")},
+        "emit": opts.emit,
     }
+    if firmware is not None:
+        out["arena_bytes"] = firmware["arena_bytes"]
+        out["paged_bytes_per_step"] = firmware["paged_bytes_per_step"]
+        out["pages"] = len(firmware["pages"])
+    return out

@@ -5,9 +5,15 @@ Order of the result (the execution order, stage t computes node t):
 A backward node reads the gradient of its forward node's output plus exactly the operands the registry
 lists as saved, and applies SGD to the forward node's parameters right after computing their gradients:
 after the input gradient that needed the old weights, so gradients never need a buffer of their own.
+
+What a node holds depends on the runtime that runs the plan (index dtype, gradient workspace, max-pool
+scratch): `compiler.backends` describes each, and `lower` applies the chosen one to every node.
 """
 from __future__ import annotations
 
+import dataclasses
+
+from .backends import PYTHON, Backend
 from .frontend import ForwardGraph
 from .ir import Node, SGDConfig, TensorRef, TrainingGraph
 from .ops import GRAD_SUM, OPS, grad_sum_flops, sgd_flops
@@ -33,22 +39,33 @@ def _to_base(shapes: dict[str, tuple], grad: TensorRef, operand: TensorRef) -> T
     return grad
 
 
+def _for_backend(n: Node, backend: Backend) -> Node:
+    """A forward node as `backend`'s runtime holds it (the frontend's node is left untouched)."""
+    backend.check_node(n)
+    if n.op == "maxpool_argmax":
+        scratch = n.workspace_bytes if backend.maxpool_value_scratch else 0
+        return dataclasses.replace(n, dtype=backend.index_dtype, workspace_bytes=scratch)
+    return n
+
+
 def lower(fwd: ForwardGraph, model_name: str, loss: str = "cross_entropy",
-          optimizer: SGDConfig | None = None) -> TrainingGraph:
+          optimizer: SGDConfig | None = None, backend: Backend = PYTHON) -> TrainingGraph:
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
     optimizer = optimizer or SGDConfig()
-    nodes: list[Node] = list(fwd.nodes)
+    nodes: list[Node] = [_for_backend(n, backend) for n in fwd.nodes]
+    fwd = dataclasses.replace(fwd, nodes=list(nodes))
     shapes: dict[str, tuple] = {n.name: n.shape for n in nodes}  # type: ignore[misc]
     logits_shape = _view_shape(shapes, fwd.output)
     labels_shape = (logits_shape[0],) if loss == "cross_entropy" else logits_shape
     nodes.append(Node(name="labels", kind="labels", op="labels", shape=labels_shape,
-                      dtype="int64" if loss == "cross_entropy" else "float32", source="the data batch"))
+                      dtype=backend.index_dtype if loss == "cross_entropy" else "float32", source="the data batch"))
     shapes["labels"] = labels_shape
     rule = OPS[loss]
     in_shapes = [logits_shape, labels_shape]
     nodes.append(Node(name="loss", kind="loss", op=loss, inputs=(fwd.output, TensorRef("labels")), shape=(),
                       flops=rule.flops(in_shapes, (), {}), source="the loss"))
+    backend.check_node(nodes[-1])
 
     # Which forward tensors need a gradient: those downstream of a parameter.
     needs_grad: dict[str, bool] = {}
@@ -100,7 +117,8 @@ def lower(fwd: ForwardGraph, model_name: str, loss: str = "cross_entropy",
             attrs={**n.attrs, "input_shape": list(in_shapes[0]), "needs_input_grad": needs_input_grad},
             shape=in_shapes[0] if needs_input_grad else None,
             aux_of=n.name if n.aux_bytes else None,
-            workspace_bytes=sum(fwd.params[p].bytes for p in n.params),  # the gradients, until SGD applies them
+            # The gradients, until SGD applies them; none where the runtime fuses the update into the wgrad.
+            workspace_bytes=sum(fwd.params[p].bytes for p in n.params) if backend.param_grad_workspace else 0,
             flops=int(flops), forward_of=n.name, source=n.source,
         ))
         shapes[name] = in_shapes[0]

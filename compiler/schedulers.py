@@ -13,8 +13,7 @@ from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
 from .errors import BudgetError, ValidationError
 from .ir import TrainingGraph
 from .liveness import Liveness
-from .milp import highs
-from .milp.model import SolveResult
+from .milp.registry import solve_with
 from .poet import build as build_poet
 from .validator import Report, validate
 
@@ -77,7 +76,8 @@ def _heuristic(g, lv, scheduler: str, target, budget_bytes: int, deadline_s: flo
 
 
 def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, scheduler: str = "poet",
-                  deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4) -> Scheduled:
+                  deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4,
+                  solver: str = "auto") -> Scheduled:
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
@@ -116,16 +116,16 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     warm = model.vector(best.decisions) if best is not None else None
     if warm is not None and not model.milp.is_feasible(warm):
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
-    res: SolveResult = highs.solve(model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap)
-    solver = res.to_json()
-    solver["warm_start"] = best.name if warm is not None else None
+    res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap)
+    info = res.to_json()  # the backend that ran, the one requested, and after a fallback a one-line notice
+    info["warm_start"] = best.name if warm is not None else None
     chosen = None
     if res.values is not None:
-        chosen = _finish(g, lv, "milp", model.decisions(res.values, lv), target, budget_bytes, solver)
+        chosen = _finish(g, lv, "milp", model.decisions(res.values, lv), target, budget_bytes, info)
         if deadline_s is not None and chosen.report.time_s > deadline_s * (1 + 1e-6):
             raise ValidationError(f"MILP schedule takes {chosen.report.time_s} s, over the deadline {deadline_s} s")
     if best is not None and (chosen is None or best.report.energy_j < chosen.report.energy_j - 1e-15):
-        best.solver = solver
+        best.solver = info
         chosen = best
     if chosen is None:
         if res.status == "infeasible" and not paging:

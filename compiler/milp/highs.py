@@ -9,7 +9,7 @@ import time
 import highspy
 import numpy as np
 
-from .model import SolveResult, SparseMILP
+from .model import SolveResult, SparseMILP, objective_scale
 
 
 @contextlib.contextmanager
@@ -33,17 +33,18 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
+    h.setOptionValue("mip_abs_gap", 0.0)  # energies can be ~1e-6 J: an absolute gap would hide a relative one
     if threads:
         h.setOptionValue("threads", int(threads))
     lp = highspy.HighsLp()
     lp.num_col_ = m.n_vars
     lp.num_row_ = m.n_rows
-    lp.col_cost_ = np.asarray(m.cost, dtype=np.float64)
+    scale = objective_scale(np.asarray(m.cost, dtype=np.float64))  # see objective_scale: solver tolerances
+    lp.col_cost_ = np.asarray(m.cost, dtype=np.float64) * scale
     lp.col_lower_ = np.asarray(m.lower, dtype=np.float64)
     lp.col_upper_ = np.asarray(m.upper, dtype=np.float64)
     lp.row_lower_ = np.asarray(m.rows_lo, dtype=np.float64)
     lp.row_upper_ = np.asarray(m.rows_hi, dtype=np.float64)
-    lp.offset_ = m.offset
     start, index, value = m.csc()
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = start
@@ -72,8 +73,8 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         name = "time_limit"
     else:
         name = "error"
-    objective = info.objective_function_value if values is not None else None
-    bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else None
+    objective = m.objective(values) if values is not None else None
+    bound = info.mip_dual_bound / scale + m.offset if np.isfinite(info.mip_dual_bound) else None
     gap = None
     if objective is not None and bound is not None:
         gap = max(0.0, (objective - bound) / max(abs(objective), 1e-12))

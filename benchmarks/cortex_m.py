@@ -1,0 +1,89 @@
+"""Cortex-M benchmark: C training firmware per model and budget, built for the M4F and run under QEMU.
+
+    .venv/bin/python benchmarks/cortex_m.py [--models mcu_cnn,mcu_resnet] [--budgets 100%,90%,80%,70%]
+                                            [--target nrf52840] [--steps 3] [--out build/bench/cortex_m.json]
+
+Per row: the budget, store-all's peak and the smallest feasible budget; the static arena the offset planner
+packed (vs the schedule's activation peak) and state (parameters + momentum); recomputes and page-ins per
+step; bytes paged per step as the firmware counted them; instructions per training step under
+`qemu-system-arm -M mps2-an386 -icount shift=0` (the board timer, 40 instructions a tick); flash
+(text + data) and RAM (.data + .bss) from arm-none-eabi-size. Prints a table and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from compiler.compile import CompileOptions, compile_model  # noqa: E402
+from compiler.run_c import run_firmware  # noqa: E402
+
+
+def bench(model: str, budget: str, target: str, steps: int, work: str) -> dict:
+    out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}")
+    row: dict = {"model": model, "budget": budget, "target": target}
+    try:
+        c = compile_model(CompileOptions(model=model, target=target, budget=budget, out=out, batch_size=1,
+                                         emit="c", time_limit=30.0))
+    except Exception as e:  # noqa: BLE001 - a benchmark row records the failure
+        return dict(row, error=str(e))
+    row.update({k: c[k] for k in ("budget_bytes", "store_all_peak_bytes", "min_feasible_bytes", "peak_bytes",
+                                  "state_bytes", "activation_peak_bytes", "arena_bytes", "recomputes", "page_ins",
+                                  "page_outs", "schedule")})
+    row["schedule_activation_bytes"] = c["peak_bytes"] - c["state_bytes"]
+    r = run_firmware(out, qemu=True, steps=steps, data="random")
+    row.update(ok=r["ok"], error=r.get("error"), paged_bytes_per_step=r.get("paged_bytes_per_step"),
+               instructions_per_step=r.get("instructions_per_step"), flash_bytes=r.get("flash_bytes"),
+               ram_bytes=r.get("ram_bytes"), text_bytes=r.get("text_bytes"), data_bytes=r.get("data_bytes"),
+               bss_bytes=r.get("bss_bytes"), steps=steps)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mcu_cnn,mcu_resnet")
+    ap.add_argument("--budgets", default="100%,90%,80%,70%")
+    ap.add_argument("--target", default="nrf52840")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", default="build/bench/cortex_m.json")
+    a = ap.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="edgetrain-cortex-m-") as work:
+        for model in a.models.split(","):
+            for budget in a.budgets.split(","):
+                rows.append(bench(model, budget, a.target, a.steps, work))
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(rows, f, indent=1)
+    t = Table(title=f"C training firmware on a Cortex-M4F (QEMU mps2-an386, {a.target} budgets), batch 1")
+    cols = ("model", "budget", "budget B", "store-all B", "min B", "state B", "arena B", "sched. act. B",
+            "rec/pin", "paged B/step", "instr/step", "flash B", "RAM B", "ok")
+    for col in cols:
+        t.add_column(col, justify="right")
+    for r in rows:
+        if "arena_bytes" not in r:
+            t.add_row(r["model"], r["budget"], *["-"] * (len(cols) - 3), "error")
+            continue
+        t.add_row(r["model"], r["budget"], str(r["budget_bytes"]), str(r["store_all_peak_bytes"]),
+                  str(r["min_feasible_bytes"]), str(r["state_bytes"]), str(r["arena_bytes"]),
+                  str(r["schedule_activation_bytes"]), f"{r['recomputes']}/{r['page_ins']}",
+                  f"{r['paged_bytes_per_step']:.0f}" if r.get("paged_bytes_per_step") is not None else "-",
+                  f"{r['instructions_per_step']:.4g}" if r.get("instructions_per_step") else "-",
+                  str(r.get("flash_bytes", "-")), str(r.get("ram_bytes", "-")), "yes" if r.get("ok") else "NO")
+    Console(width=200).print(t)
+    for r in rows:
+        if r.get("error"):
+            print(f"{r['model']} {r['budget']}: {r['error']}", file=sys.stderr)
+    print(f"wrote {a.out}")
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Small models for the C code generator's tests (importable as `tests.c_models:<factory>`).
+
+`tiny_cnn` and `tiny_branchy` are small enough that their generated plan.c can be committed as a snapshot
+(tests/snapshots/); together they use every kernel of runtime/c. `evil_names` names its modules like an
+attacker would: the generated C must turn them into harmless identifiers and comments.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TinyCNN(nn.Module):
+    """1x6x6 -> conv3x3(2)+ReLU -> max-pool 2 -> linear(3)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(2 * 3 * 3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.relu(self.conv(x))), 1))
+
+
+class TinyBranchy(nn.Module):
+    """1x4x4 -> conv(2, no bias)+ReLU6 -> [depthwise conv, 1x1 conv] -> concat -> + residual of a conv ->
+    ReLU -> avg-pool 2 -> global average pool -> linear(3): concat, add, gradient sums, relu6, pools."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(1, 2, 3, padding=1, bias=False)
+        self.act = nn.ReLU6()
+        self.dw = nn.Conv2d(2, 2, 3, padding=1, groups=2)
+        self.pw = nn.Conv2d(2, 2, 1)
+        self.skip = nn.Conv2d(2, 4, 1)
+        self.relu = nn.ReLU()
+        self.pool = nn.AvgPool2d(2)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.stem(x))
+        y = torch.cat([self.dw(x), self.pw(x)], dim=1) + self.skip(x)
+        y = self.gap(self.pool(self.relu(y)))
+        return self.fc(y.view(y.size(0), -1))
+
+
+class TinyDropout(nn.Module):
+    """Dropout has no C kernel: --emit c must refuse this model, naming the line below."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(36, 8)
+        self.drop = nn.Dropout(0.5)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(torch.relu(self.fc1(torch.flatten(x, 1)))))
+
+
+EVIL = "x; system('echo pwned > /tmp/edgetrain-pwned')"  # torch.fx cannot trace a name with double quotes
+EVIL_2 = "*/ int main(void) { return 1; } /* ??/"
+
+
+class EvilNames(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_module(EVIL, nn.Conv2d(1, 2, 3, padding=1))
+        self.add_module(EVIL_2, nn.Linear(2 * 6 * 6, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(getattr(self, EVIL)(x))
+        return getattr(self, EVIL_2)(torch.flatten(x, 1))
+
+
+def _zoo_like(cls, shape):
+    def make(**kwargs) -> nn.Module:
+        torch.manual_seed(0)
+        return cls(**kwargs)
+
+    make.input_shape = shape  # type: ignore[attr-defined]
+    make.num_classes = 3  # type: ignore[attr-defined]
+    return make
+
+
+tiny_cnn = _zoo_like(TinyCNN, (1, 6, 6))
+tiny_branchy = _zoo_like(TinyBranchy, (1, 4, 4))
+evil_names = _zoo_like(EvilNames, (1, 6, 6))
+tiny_dropout = _zoo_like(TinyDropout, (1, 6, 6))

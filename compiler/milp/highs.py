@@ -35,6 +35,9 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     h.setOptionValue("mip_abs_gap", 0.0)  # energies can be ~1e-6 J: an absolute gap would hide a relative one
     if threads:
+        # HiGHS keeps one global thread scheduler per process; a solve asking for another thread count than
+        # the first one would not run at all (status "not set") unless the scheduler is rebuilt.
+        highspy.Highs.resetGlobalScheduler(True)
         h.setOptionValue("threads", int(threads))
     lp = highspy.HighsLp()
     lp.num_col_ = m.n_vars

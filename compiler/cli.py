@@ -87,6 +87,27 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="what a schedule does")
     i.add_argument("dir")
     i.add_argument("--json", action="store_true")
+    w = sub.add_parser("sweep", help="solve every (budget, deadline, scheduler) combination; CSV and JSON results")
+    w.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
+    w.add_argument("--target", required=True)
+    w.add_argument("--budgets", default="100%,80%,60%,40%,min",
+                   help="comma-separated budgets: sizes (2MB), percentages (60%%) or min (the smallest feasible)")
+    w.add_argument("--deadlines", default="none,1.0,1.2,1.5",
+                   help="comma-separated deadlines: none, multiples of the store-all time (1.2) or seconds (0.5s)")
+    w.add_argument("--schedulers", default="poet,checkmate,paging,dtr,checkpoint")
+    w.add_argument("--time-limit", type=float, default=60.0, help="solver time limit per solve, seconds")
+    w.add_argument("--batch-size", type=_positive_int, default=8)
+    w.add_argument("--input-shape", type=_shape)
+    w.add_argument("--solver", default="auto", choices=["auto", "highs", "gurobi", "scipy", "cpsat"])
+    w.add_argument("--jobs", type=_positive_int, default=2, help="solves at once (local process pool)")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--out", required=True, help="results folder; a rerun into it resumes the sweep")
+    w.add_argument("--json", action="store_true")
+    pl = sub.add_parser("plot", help="figures of a sweep (PNG and SVG) in DIR/plots/")
+    pl.add_argument("dir")
+    pl.add_argument("--solve", metavar="KEY", help="the solve to draw schedule matrices and memory for "
+                    "(default: POET at the tightest budget); keys are in results.csv")
+    pl.add_argument("--json", action="store_true")
     return p
 
 
@@ -139,6 +160,24 @@ def _cmd_inspect(a) -> dict:
     return summarize(a.dir)
 
 
+def _cmd_sweep(a) -> dict:
+    from .sweep import SweepOptions, run_sweep
+
+    opts = SweepOptions(model=a.model, target=a.target, out=a.out, budgets=a.budgets, deadlines=a.deadlines,
+                        schedulers=a.schedulers, time_limit=a.time_limit, batch_size=a.batch_size, jobs=a.jobs,
+                        solver=a.solver, seed=a.seed, input_shape=a.input_shape)
+    if a.json or not sys.stderr.isatty():
+        return run_sweep(opts)
+    with _console().status("sweeping") as status:
+        return run_sweep(opts, progress=lambda msg: status.update(msg))
+
+
+def _cmd_plot(a) -> dict:
+    from .plot import plot_sweep
+
+    return plot_sweep(a.dir, solve=a.solve)
+
+
 def _print_human(cmd: str, r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -175,6 +214,20 @@ def _print_human(cmd: str, r: dict) -> None:
                       f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
         if not r["ok"]:
             con.print(f"[red]{r.get('error')}")
+    elif cmd == "sweep":
+        t = Table(title=f"{r['model']} on {r['target']}, batch {r['batch_size']}: {r['combinations']} combinations "
+                        f"({r['solved']} solved now, {r['skipped']} from earlier runs)")
+        for col in ("budget", "deadline", "scheduler", "status", "energy (J)", "time (s)", "peak", "solver"):
+            t.add_column(col)
+        for x in r["rows"]:
+            sol = "-" if x.get("solver_name") in (None, "none") else f"{x['solver_name']} {x['solver_status']}"
+            t.add_row(x["budget"], x["deadline"], x["scheduler"], x["status"],
+                      "-" if x["energy_j"] is None else f"{x['energy_j']:.6g}",
+                      "-" if x["time_s"] is None else f"{x['time_s']:.6g}", _mb(x["peak_bytes"]), sol)
+        con.print(t)
+        con.print(f"wrote {r['results_csv']}, {r['results_json']}")
+    elif cmd == "plot":
+        con.print(f"wrote {len(r['files'])} files to {r['plots']}" + (f" (solve {r['solve']})" if r["solve"] else ""))
     elif cmd == "run":
         con.print(f"{r['steps']} steps on {r['device']}, losses {[round(x, 4) for x in r['losses']]}")
         con.print(f"measured peak {_mb(r['measured_peak_bytes'])} (predicted {_mb(r['predicted_peak_bytes'])}, "
@@ -209,7 +262,8 @@ def _print_human(cmd: str, r: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     a = _parser().parse_args(argv)
-    handlers = {"compile": _cmd_compile, "run": _cmd_run, "inspect": _cmd_inspect}
+    handlers = {"compile": _cmd_compile, "run": _cmd_run, "inspect": _cmd_inspect, "sweep": _cmd_sweep,
+                "plot": _cmd_plot}
     try:
         result = handlers[a.cmd](a)
     except (EdgetrainError, ValueError) as e:  # targets' and data's errors derive from ValueError or ours

@@ -120,16 +120,25 @@ def dtr(g: TrainingGraph, lv: Liveness, budget_bytes: int) -> Decisions | None:
         if not all(bring(i) for i in lv.needs[t]):
             return None
         protected = set(lv.needs[t]) | set(recs) | {j for i in recs for j in lv.inputs_of[i]}
-        over = lv.static[t] + sum(size[i] for i in have) - budget_bytes
-        while over > 0:
+        recs.sort(key=order.__getitem__)
+
+        def peak() -> int:
+            """The stage's peak: while node t runs, or while a recompute with a workspace runs before it."""
+            held = sum(size[i] for i in resident)
+            top, done = lv.static[t] + held + sum(size[i] for i in recs), held
+            for i in recs:
+                done += size[i]
+                top = max(top, lv.before_node(g, t) + done + g.node(i).workspace_bytes)
+            return top
+
+        while peak() > budget_bytes:
             cands = sorted((resident - protected) - pinned, key=lambda i: (h(i, t, resident), i))
             if not cands:
                 return None
             resident.discard(cands[0])
             have.discard(cands[0])
-            over -= size[cands[0]]
         d.resident[t] = set(resident)
-        d.recompute[t] = sorted(recs, key=order.__getitem__)
+        d.recompute[t] = list(recs)
         d.page_in[t] = []
         for i in lv.needs[t]:
             last_use[i] = t

@@ -35,6 +35,11 @@ class Liveness:
         """What no schedule can avoid besides activations: state plus the largest gradient workspace."""
         return self.state_bytes + self.max_workspace_bytes
 
+    def before_node(self, g, t: int) -> int:
+        """Fixed bytes during stage t before node t runs (its output and workspace do not exist yet):
+        what recomputes and page-ins of the stage stand on."""
+        return self.static[t] - g.nodes[t].workspace_bytes - g.nodes[t].bytes
+
     @property
     def B0(self) -> int:
         """The first backward stage."""

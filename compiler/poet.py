@@ -122,6 +122,19 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
             if t <= lv.window_end[i]:
                 terms += [(j, float(lv.size[i]) * v) for j, v in held(t, i)]
         m.add_row(terms, hi=float(budget_bytes - lv.static[t]))
+    # A recompute with a workspace (max-pool's pooled values) peaks while it runs, before node t does: one
+    # more row for that instant (page-ins, then recomputes in forward order, are already resident).
+    order = {name: k for k, name in enumerate(lv.decision)}
+    for (t, i), r in R.items():
+        w = node[i].workspace_bytes
+        if not w:
+            continue
+        terms = [(r, float(w))]
+        for k in lv.decision:
+            if t <= lv.window_end[k]:
+                terms += [(j, float(lv.size[k])) for j, v in held(t, k)
+                          if (t, k) not in R or j != R[t, k] or order[k] <= order[i]]
+        m.add_row(terms, hi=float(budget_bytes - lv.before_node(g, t)))
     base_time = sum(n.time_s for n in g.nodes)
     base_energy = sum(n.energy_j for n in g.nodes)
     if deadline_s is not None:

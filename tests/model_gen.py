@@ -6,7 +6,8 @@ for the end-to-end tests, loadable by the compiler as `tests/model_gen.py:random
 
 Only ops the frontend supports are used: Conv2d (random channels, kernel, stride, padding, groups, bias),
 BatchNorm2d, ReLU (sometimes in place, never on a tensor another branch reads), ReLU6, MaxPool2d, AvgPool2d,
-Dropout, residual `+` of two same-shaped branches, torch.cat of branches along channels, Flatten + Linear head.
+Dropout, residual `+` of two same-shaped branches, torch.cat of branches along channels, Flatten + Linear head
+(in the cat family sometimes a multi-scale head: flattened branches of different strides joined by torch.cat).
 Spatial sizes stay small (4..12) so that each example traces, solves and runs in well under a second.
 """
 from __future__ import annotations
@@ -163,7 +164,17 @@ def gen_spec(choose: Choose, family: str | None = None) -> dict:
             shape = (total, oh, ow)
     c, h, w = shape
     spec["head"] = {"dropout": _pick(choose, [0.0, 0.0, 0.2]), "hidden": _pick(choose, [0, 0, 8]),
-                    "classes": choose(2, 10), "features": c * h * w}
+                    "classes": choose(2, 10), "features": c * h * w, "flatcat": []}
+    if family == "cat" and choose(0, 2) == 0:
+        # A multi-scale head: branches of their own strides, each flattened, joined by torch.cat(dim=1). The
+        # gradient of each branch is a narrow view of the 2-d gradient, reshaped back to 4-d.
+        features = 0
+        for _ in range(choose(2, 3)):
+            s = choose(1, 2)
+            layers, co = _branch(choose, c, h, w, batch, s, None, allow_identity=True)
+            spec["head"]["flatcat"].append(layers)
+            features += co * ((h - 1) // s + 1) * ((w - 1) // s + 1)
+        spec["head"]["features"] = features
     return spec
 
 
@@ -227,6 +238,15 @@ class Concat(nn.Module):
         return self.post(torch.cat([b(x) for b in self.branches], dim=1))
 
 
+class FlatCat(nn.Module):
+    def __init__(self, branches: list, c: int) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList(_layers(b, c)[0] if b else nn.Identity() for b in branches)
+
+    def forward(self, x):
+        return torch.cat([b(x).flatten(1) for b in self.branches], dim=1)
+
+
 class RandomNet(nn.Module):
     def __init__(self, spec: dict) -> None:
         super().__init__()
@@ -247,7 +267,7 @@ class RandomNet(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         head = spec["head"]
         self.num_classes = head["classes"]
-        layers: list[nn.Module] = [nn.Flatten()]
+        layers: list[nn.Module] = [FlatCat(head["flatcat"], c) if head.get("flatcat") else nn.Flatten()]
         if head["dropout"]:
             layers.append(nn.Dropout(head["dropout"]))
         if head["hidden"]:

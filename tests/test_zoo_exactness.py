@@ -21,7 +21,7 @@ def test_zoo_model_fits_budget_and_matches_autograd(tmp_path, model, budget):
     c = compile_model(CompileOptions(model=model, target="rpi4", budget=budget, out=out, batch_size=BATCH[model],
                                      time_limit=8.0))
     assert c["peak_bytes"] <= c["budget_bytes"]
-    assert c["solver"]["status"] in ("optimal", "time_limit")
+    assert c["solver"]["status"] in ("optimal", "time_limit", "feasible")
     if budget != "100%" and c["budget_bytes"] < c["store_all_peak_bytes"]:
         assert c["recomputes"] + c["page_ins"] > 0, "a budget below store-all must recompute or page"
     r = run_plan(out, steps=2, check=True)

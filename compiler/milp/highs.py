@@ -78,8 +78,21 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         name = "error"
     objective = m.objective(values) if values is not None else None
     bound = info.mip_dual_bound / scale + m.offset if np.isfinite(info.mip_dual_bound) else None
+    claimed = info.objective_function_value / scale + m.offset
+    if (warm_start is not None and objective is not None
+            and abs(objective - claimed) > 1e-9 * max(abs(objective), abs(claimed), 1e-300)):
+        # Seen with highspy 1.16: warm-started, HiGHS can report the optimum's objective and bound but hand
+        # back the warm start's values. Solve again from scratch with the time left, and keep the better.
+        left = time_limit - seconds
+        if left > 0.05:
+            cold = solve(m, time_limit=left, mip_gap=mip_gap, warm_start=None, threads=threads)
+            cold.seconds += seconds
+            if cold.values is not None and cold.objective <= objective:
+                return cold
     gap = None
     if objective is not None and bound is not None:
         gap = max(0.0, (objective - bound) / max(abs(objective), 1e-12))
+    if name == "optimal" and (gap is None or gap > mip_gap * (1 + 1e-6) + 1e-12):
+        name = "feasible"  # the solver claimed optimality, but the values it returned do not prove it
     return SolveResult(solver="highs", status=name, values=values, objective=objective, bound=bound, gap=gap,
                        seconds=seconds, variables=m.n_vars, constraints=m.n_rows, binaries=sum(m.integer))

@@ -25,7 +25,7 @@ def objective_scale(cost: np.ndarray) -> float:
 @dataclass
 class SolveResult:
     solver: str
-    status: str  # optimal | time_limit | infeasible | error
+    status: str  # optimal | time_limit | feasible (a solution, optimality not proven) | infeasible | error
     values: np.ndarray | None  # the incumbent, if any
     objective: float | None
     bound: float | None

@@ -99,7 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--batch-size", type=_positive_int, default=8)
     w.add_argument("--input-shape", type=_shape)
     w.add_argument("--solver", default="auto", choices=["auto", "highs", "gurobi", "scipy", "cpsat"])
-    w.add_argument("--jobs", type=_positive_int, default=2, help="solves at once (local process pool)")
+    w.add_argument("--jobs", type=_positive_int, default=2,
+                   help="solves at once (local process pool; with --executor ray, the CPUs of a local Ray instance)")
+    w.add_argument("--executor", default="local", choices=["local", "ray"],
+                   help="local: a process pool; ray: tasks on a Ray cluster (pip install ray)")
+    w.add_argument("--ray-address", help="with --executor ray: the cluster to join (ray.init(address=...)); "
+                   "default: a local Ray instance")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--out", required=True, help="results folder; a rerun into it resumes the sweep")
     w.add_argument("--json", action="store_true")
@@ -165,7 +170,8 @@ def _cmd_sweep(a) -> dict:
 
     opts = SweepOptions(model=a.model, target=a.target, out=a.out, budgets=a.budgets, deadlines=a.deadlines,
                         schedulers=a.schedulers, time_limit=a.time_limit, batch_size=a.batch_size, jobs=a.jobs,
-                        solver=a.solver, seed=a.seed, input_shape=a.input_shape)
+                        solver=a.solver, seed=a.seed, input_shape=a.input_shape, executor=a.executor,
+                        ray_address=a.ray_address)
     if a.json or not sys.stderr.isatty():
         return run_sweep(opts)
     with _console().status("sweeping") as status:

@@ -58,6 +58,8 @@ class SweepOptions:
     solver: str = "auto"
     seed: int = 0
     input_shape: tuple[int, ...] | None = None
+    executor: str = "local"  # local: a process pool; ray: tasks on a Ray cluster
+    ray_address: str | None = None  # None: a local Ray instance (started here unless one is running)
 
 
 def split_list(text: str | list[str]) -> list[str]:
@@ -95,6 +97,8 @@ def _check_specs(opts: SweepOptions) -> None:
             raise ValueError(f"unknown scheduler {s!r} in --schedulers; choose from {', '.join(SCHEDULERS)}")
     if opts.jobs < 1:
         raise ValueError("--jobs must be at least 1")
+    if opts.executor not in ("local", "ray"):
+        raise ValueError(f"unknown executor {opts.executor!r}; choose local or ray")
 
 
 # -- workers ---------------------------------------------------------------------------------------------
@@ -109,7 +113,64 @@ def _worker_init(graph_json: str, target_dict: dict) -> None:
     from .liveness import analyze
 
     g = TrainingGraph.from_json(json.loads(graph_json))
-    _W.update(graph=g, lv=analyze(g), target=Target(**target_dict))
+    _W.update(graph=g, lv=analyze(g), target=Target(**target_dict), ident=(hash(graph_json), repr(target_dict)))
+
+
+def _pool_worker_init(graph_json: str, target_dict: dict) -> None:
+    """A pool worker: exits when the sweep that started it dies (a killed parent leaves no orphans solving)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="edgetrain-parent-watch").start()
+    _worker_init(graph_json, target_dict)
+
+
+def _ray_task(graph_json: str, target_dict: dict, task: dict) -> dict:
+    """One solve as a Ray task; a worker process rebuilds the graph only when it changes."""
+    if _W.get("ident") != (hash(graph_json), repr(target_dict)):
+        _worker_init(graph_json, target_dict)
+    return _solve_task(task)
+
+
+def _run_ray(opts: SweepOptions, graph_json: str, target_dict: dict, todo: list[dict], record) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise EdgetrainError("--executor ray needs Ray: pip install 'edgetrain[ray]' (or pip install ray)") from None
+    started = False
+    if not ray.is_initialized():
+        kw = {"address": opts.ray_address} if opts.ray_address else {"num_cpus": opts.jobs}
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kw)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=1)(_ray_task)
+        gref, tref = ray.put(graph_json), ray.put(target_dict)
+        by_ref = {remote.remote(gref, tref, t): t for t in todo}
+        pending = list(by_ref)
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=1)
+            for ref in finished:
+                task = by_ref[ref]
+                try:
+                    res = ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - a task that died: record, go on
+                    res = {"key": task["key"], "status": "error", "error": f"Ray task failed: {e}",
+                           "error_type": type(e).__name__}
+                record(task, res)
+    except BaseException:
+        for ref in list(by_ref) if "by_ref" in locals() else []:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _solve_task(task: dict) -> dict:
@@ -154,6 +215,19 @@ def read_rows(out: str) -> list[dict]:
                 rows.pop(r["key"], None)
                 rows[r["key"]] = r
     return list(rows.values())
+
+
+def _repair_rows(out: str) -> None:
+    """Drop a torn last line (a sweep killed mid-write), so the next appended row starts on its own line."""
+    path = os.path.join(out, "rows.jsonl")
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def _append_row(out: str, row: dict) -> None:
@@ -250,6 +324,7 @@ def run_sweep(opts: SweepOptions, progress=None) -> dict:
                               "scheduler": s, "time_limit": opts.time_limit, "solver": opts.solver})
     if len(set(order)) != len(order):
         raise ValueError("two combinations map to the same key; remove duplicate budgets, deadlines or schedulers")
+    _repair_rows(opts.out)
     done = {r["key"] for r in read_rows(opts.out)}
     todo = [t for t in tasks if t["key"] not in done]
     run_id = uuid.uuid4().hex[:12]
@@ -285,7 +360,9 @@ def run_sweep(opts: SweepOptions, progress=None) -> dict:
             progress(f"{task['key']}: {row['status']} {e}")
 
     if todo:
-        if opts.jobs == 1:
+        if opts.executor == "ray":
+            _run_ray(opts, graph_json, target.to_dict(), todo, record)
+        elif opts.jobs == 1:
             _worker_init(graph_json, target.to_dict())
             for t in todo:
                 record(t, _solve_task(t))
@@ -294,7 +371,7 @@ def run_sweep(opts: SweepOptions, progress=None) -> dict:
             ctx = multiprocessing.get_context("spawn")
             by_future = {}
             with ProcessPoolExecutor(max_workers=min(opts.jobs, len(todo)), mp_context=ctx,
-                                     initializer=_worker_init, initargs=(graph_json, target.to_dict())) as pool:
+                                     initializer=_pool_worker_init, initargs=(graph_json, target.to_dict())) as pool:
                 try:
                     by_future = {pool.submit(_solve_task, t): t for t in todo}
                     pending = set(by_future)
@@ -319,7 +396,7 @@ def run_sweep(opts: SweepOptions, progress=None) -> dict:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     return {
         "out": opts.out, "model": resolved.spec, "target": target.name, "batch_size": opts.batch_size,
-        "combinations": len(tasks), "solved": len(todo), "skipped": len(tasks) - len(todo), "run_id": run_id,
+        "executor": opts.executor, "combinations": len(tasks), "solved": len(todo), "skipped": len(tasks) - len(todo), "run_id": run_id,
         "status_counts": counts, "min_feasible_bytes": smallest, "store_all_energy_j": sa.energy_j,
         "store_all_time_s": sa.time_s, "wall_s": time.perf_counter() - t_start,
         "results_csv": os.path.join(opts.out, "results.csv"), "results_json": os.path.join(opts.out, "results.json"),

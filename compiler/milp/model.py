@@ -73,7 +73,10 @@ class SparseMILP:
 
     def add_row(self, terms: list[tuple[int, float]], lo: float = -math.inf, hi: float = math.inf) -> int:
         r = len(self.rows_lo)
-        for c, v in terms:
+        merged: dict[int, float] = {}
+        for c, v in terms:  # a variable named twice in a row is one entry (solvers reject duplicates)
+            merged[c] = merged.get(c, 0.0) + float(v)
+        for c, v in merged.items():
             self._ri.append(r)
             self._ci.append(c)
             self._v.append(float(v))

@@ -95,7 +95,8 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         "edgetrain": __version__,
         "model": {"spec": resolved.spec, "kwargs": resolved.kwargs, "input_shape": list(graph.input_shape[1:]),
                   "num_classes": graph.num_classes, "loss": graph.loss},
-        "target": target.to_dict(),
+        # Without the profile's file path: a schedule must not depend on where the checkout lies.
+        "target": {k: v for k, v in target.to_dict().items() if k != "path"},
         "budget": {"spec": budget.text, "bytes": budget_bytes, "min_feasible_bytes": min_budget(lv),
                    "fixed_bytes": lv.fixed_bytes, "activation_peak_bytes": activation_peak,
                    "deadline_s": deadline_s},

@@ -3,20 +3,14 @@ from __future__ import annotations
 
 import os
 
-import jinja2
 import torch
 from safetensors.torch import save_file
 
 from compiler.schedule import content_hash  # the schedule format, not a solver
 
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("codegen", "templates"),
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-    autoescape=False,
-)
+from .templating import environment
+
+_ENV = environment("templates")
 
 
 def _py(value) -> str:
@@ -63,7 +57,7 @@ def render_python_plan(schedule: dict, out_dir: str, schedule_file: str = "sched
 
 
 def write_weights(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], out_dir: str) -> str:
-    """Initial weights as safetensors: `param/<name>` and `buffer/<name>` (no pickle)."""
+    """Initial weights as safetensors: `param/<name>` and `buffer/<name>`."""
     tensors = {f"param/{k}": v.detach().contiguous().clone() for k, v in params.items()}
     tensors.update({f"buffer/{k}": v.detach().contiguous().clone() for k, v in buffers.items()})
     path = os.path.join(out_dir, "weights.safetensors")

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 
-import jinja2
 import numpy as np
 from safetensors.numpy import load_file
 
 from compiler.errors import BudgetError, UnsupportedModelError  # messages for the user, not a solver
 from compiler.schedule import content_hash  # the schedule format
 
+from ..templating import environment
 from .arena import Lifetime, Packing, pack
 from .names import Namer, c_comment
 
@@ -34,14 +34,7 @@ RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c") + t
                                "global_avgpool", "linear", "maxpool2d", "relu", "relu6", "sgd"))
 INSTRUCTIONS_PER_TICK = 40  # QEMU -icount shift=0: 1 ns per instruction; the CMSDK timer counts at 25 MHz
 
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("codegen", "templates/c"),
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-    autoescape=False,
-)
+_ENV = environment("templates/c")
 
 
 def c_float(v: float) -> str:

@@ -1,4 +1,4 @@
-"""The page store: tensors paged out to real files (safetensors, never pickle), verified when paged in.
+"""The page store: tensors paged out to real files (safetensors only), verified when paged in.
 
 Each tensor goes to `<dir>/<safe name>.safetensors` with, in the file's metadata, its name and a SHA-256
 of its raw bytes; `page_in` recomputes the checksum and refuses a file that does not match.

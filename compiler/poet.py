@@ -12,6 +12,7 @@ Deadline: the same with times, paging included.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,6 +142,13 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
         terms = [(j, node[i].time_s) for (t, i), j in R.items()]
         terms += [(j, target.page_out_time_s(lv.size[i])) for i, j in PO.items()]
         terms += [(j, target.page_in_time_s(lv.size[i])) for (t, i), j in P.items()]
-        m.add_row(terms, hi=deadline_s - base_time)
+        # Seconds can be ~1e-11 per recompute on a Jetson, far below a solver's feasibility tolerance (~1e-7):
+        # scale the row (by a power of two, exactly) so its smallest time is about 1.
+        positive = [v for _, v in terms if v > 0]
+        scale = 1.0
+        if positive:
+            scale = math.ldexp(1.0, -math.frexp(min(positive))[1])
+            scale = min(scale, math.ldexp(1.0, 20 - math.frexp(max(positive))[1]))  # keep the largest <= ~1e6
+        m.add_row([(j, v * scale) for j, v in terms], hi=(deadline_s - base_time) * scale)
     m.offset = base_energy
     return PoetModel(milp=m, K=K, PO=PO, S=S, R=R, P=P, base_energy_j=base_energy, base_time_s=base_time)

@@ -356,6 +356,30 @@ def test_optimal_poet_schedule_is_the_solvers_optimum():
         poet.name, poet.solver, poet.report.energy_j, checkmate.report.energy_j)
 
 
+# max-pool(1, stride 2) -> residual(conv | conv + BN) -> linear, batch 1, 4x4, on a Jetson (found by property 5).
+DEADLINE_RES = {"family": "residual", "batch": 1, "input": [1, 4, 4], "blocks": [
+    {"kind": "chain", "layers": [{"op": "maxpool", "k": 1, "s": 2, "p": 0}]},
+    {"kind": "residual",
+     "main": [{"op": "conv", "cout": 1, "k": 1, "s": 1, "p": 0, "groups": 1, "bias": False}],
+     "short": [{"op": "conv", "cout": 1, "k": 1, "s": 1, "p": 0, "groups": 1, "bias": False}, {"op": "bn"}],
+     "post": []}],
+    "head": {"dropout": 0.0, "hidden": 0, "classes": 2, "features": 4, "flatcat": []}}
+
+
+def test_deadline_row_survives_solver_tolerances():
+    """On a Jetson a recompute takes ~1e-11 s: a deadline row in seconds is below HiGHS's feasibility tolerance
+    (1e-7), so the MILP returns a schedule over the deadline and run_scheduler raises ValidationError instead of
+    a schedule that meets it or a BudgetError."""
+    c = case_of(DEADLINE_RES, "jetson-nano")
+    deadline = c.store_all.time_s
+    try:
+        s = run_scheduler(c.g, c.lv, c.target, c.smallest, deadline_s=deadline, time_limit=TIME_LIMIT)
+    except BudgetError:
+        assert c.store_all.peak_bytes > c.smallest
+        return
+    assert s.report.time_s <= deadline * (1 + REL)
+
+
 # -- end to end: compile, run 2 steps, check against autograd --------------------------------------------------
 # Each model is compiled twice and run: by POET at min_budget + 10% of the gap to store-all (which must recompute
 # or page: only store-all holds everything, and it does not fit), and by Chen's checkpointing at its own peak,

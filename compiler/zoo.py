@@ -163,24 +163,54 @@ class BasicBlock(nn.Module):
         return self.relu(out + self.downsample(x))
 
 
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (carrying the stride), 1x1 expand by 4, with a shortcut (ResNet-50's block)."""
+
+    expansion = 4
+
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        cout = width * self.expansion
+        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + self.downsample(x))
+
+
 class ResNet(nn.Module):
     """CIFAR ResNet: 3x3 stride-1 stem and no stem max-pool, so 32x32 inputs keep their detail."""
 
-    def __init__(self, blocks: Sequence[int], num_classes: int = 10) -> None:
+    def __init__(self, blocks: Sequence[int], num_classes: int = 10, block: type = BasicBlock) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
         stages: list[nn.Module] = []
         cin = 64
-        for i, (cout, n) in enumerate(zip((64, 128, 256, 512), blocks)):
+        expansion = getattr(block, "expansion", 1)
+        for i, (width, n) in enumerate(zip((64, 128, 256, 512), blocks)):
             stride = 1 if i == 0 else 2
-            layer = [BasicBlock(cin, cout, stride)] + [BasicBlock(cout, cout, 1) for _ in range(n - 1)]
+            layer = [block(cin, width, stride)]
+            cin = width * expansion
+            layer += [block(cin, width, 1) for _ in range(n - 1)]
             stages.append(nn.Sequential(*layer))
-            cin = cout
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, num_classes)
+        self.fc = nn.Linear(512 * expansion, num_classes)
         _init_weights(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,6 +221,11 @@ class ResNet(nn.Module):
 
 def resnet18(num_classes: int = 10) -> nn.Module:
     return ResNet((2, 2, 2, 2), num_classes)
+
+
+def resnet50(num_classes: int = 10) -> nn.Module:
+    """ResNet-50 in its CIFAR shape: Bottleneck blocks [3, 4, 6, 3]."""
+    return ResNet([3, 4, 6, 3], num_classes, block=Bottleneck)
 
 
 # -- MobileNetV2 (CIFAR) -------------------------------------------------------------------------
@@ -381,6 +416,7 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("vgg16", vgg16, _CIFAR, 10, "VGG-16 with BatchNorm, CIFAR variant"),
         ZooEntry("vgg19", vgg19, _CIFAR, 10, "VGG-19 with BatchNorm, CIFAR variant"),
         ZooEntry("resnet18", resnet18, _CIFAR, 10, "ResNet-18, CIFAR variant (3x3 stem, no stem pool)"),
+        ZooEntry("resnet50", resnet50, _CIFAR, 10, "ResNet-50, CIFAR variant (Bottleneck [3,4,6,3])"),
         ZooEntry("mobilenetv2", mobilenetv2, _CIFAR, 10, "MobileNetV2, CIFAR variant (stride-1 stem), width_mult"),
         ZooEntry("mcu_cnn", mcu_cnn, _MNIST, 10, "Cortex-M CNN: 3x(conv3x3+ReLU+maxpool), linear; no BN"),
         ZooEntry("mcu_resnet", mcu_resnet, _MNIST, 10, "Cortex-M residual CNN: stride-2 stem, 2 residual blocks, GAP, linear; no BN"),

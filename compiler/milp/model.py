@@ -8,7 +8,7 @@ import numpy as np
 
 
 def objective_scale(cost: np.ndarray) -> float:
-    """A power of two (so exact) that brings the largest |cost| into [2^9, 2^10).
+    """A power of two (so exact) that brings the largest |cost| into [1, 2).
 
     POET's costs are energies from ~1e-6 J to a few J. Unscaled, a solver's optimality tolerances (HiGHS's
     dual feasibility 1e-7 and absolute MIP gap 1e-6, Gurobi's OptimalityTol 1e-6) are as large as the
@@ -18,7 +18,9 @@ def objective_scale(cost: np.ndarray) -> float:
     top = float(np.abs(cost).max()) if len(cost) else 0.0
     if top == 0.0 or not np.isfinite(top):
         return 1.0
-    return math.ldexp(1.0, 10 - math.frexp(top)[1])
+    # Measured (ResNet-18, Orin, 40%, 20 s): largest cost in [1, 2) reached a 0.17% gap; unscaled 2.5%; scaled
+    # into [512, 1024) 7.5%. HiGHS's primal heuristics are tuned for objective coefficients of order one.
+    return math.ldexp(1.0, 1 - math.frexp(top)[1])
 
 
 

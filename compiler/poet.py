@@ -115,8 +115,9 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
     # Memory: forward stages hold a decision tensor past its last forward use only if it is kept.
     for t in range(0, B0):
         terms = [(K[i], float(lv.size[i])) for i in lv.decision if lv.end[i] < t]
-        if terms:
-            m.add_row(terms, hi=float(budget_bytes - lv.static[t]))
+        # Always a row, even with no variable: a stage whose fixed memory alone exceeds the budget makes the
+        # model infeasible for anyone calling build() directly, as the validator would.
+        m.add_row(terms, hi=float(budget_bytes - lv.static[t]))
     for t in range(B0, lv.T):
         terms = []
         for i in lv.decision:

@@ -100,3 +100,13 @@ def test_milp_peak_equals_validator_peak_and_fits(resnet):
     s = run_scheduler(g, lv, TARGET, budget, time_limit=20)
     assert s.report.peak_bytes <= budget
     assert s.report.energy_j <= validate(g, _steps(g, lv, page_all(g, lv, retain=True)), TARGET, None).energy_j + 1e-12
+
+
+def test_milp_is_infeasible_when_a_forward_stage_alone_exceeds_the_budget(resnet):
+    """The forward-stage memory rows exist even without variables (one memory model for direct build() users)."""
+    from compiler.milp import highs
+    from compiler.poet import build
+
+    g, lv = resnet
+    budget = max(lv.static[: lv.B0]) - 1
+    assert highs.solve(build(g, lv, TARGET, budget).milp, time_limit=20).status == "infeasible"

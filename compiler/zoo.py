@@ -140,6 +140,13 @@ def vgg19(num_classes: int = 10) -> nn.Module:
 # -- ResNet-18 (CIFAR) ---------------------------------------------------------------------------
 
 
+def _shortcut(cin: int, cout: int, stride: int) -> nn.Module:
+    """A residual block's shortcut: identity, or a 1x1 conv+BN when the shape changes."""
+    if stride == 1 and cin == cout:
+        return nn.Identity()
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+
 class BasicBlock(nn.Module):
     """Two 3x3 convs with a shortcut; a 1x1 conv+BN shortcut when the shape changes."""
 
@@ -151,11 +158,7 @@ class BasicBlock(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.conv2 = nn.Conv2d(cout, cout, 3, stride=1, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample: nn.Module = nn.Identity()
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)
-            )
+        self.downsample = _shortcut(cin, cout, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
@@ -178,11 +181,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(cout)
         self.relu = nn.ReLU(inplace=True)
-        self.downsample: nn.Module = nn.Identity()
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)
-            )
+        self.downsample = _shortcut(cin, cout, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.bn1(self.conv1(x)))

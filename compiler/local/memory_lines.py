@@ -102,13 +102,9 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
-def measure_step_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[int], batch: int,
-                       classes: int = 10, *, lr: float = 0.01, momentum: float = 0.9,
-                       seed: int = 0) -> StepBytes:
-    """Run one real local-learning SGD step (layer -> head -> cross-entropy) and count its bytes.
-
-    The modules are trained in place (one step, on random data); pass copies to keep them unchanged.
-    """
+def _one_step_setup(layer: nn.Module, head: nn.Module, in_shape: Sequence[int], batch: int, classes: int,
+                    lr: float, momentum: float, seed: int):
+    """Random batch, SGD over layer + head, both in training mode: what both byte counters measure."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn((batch, *in_shape), generator=gen)
     y = torch.randint(0, classes, (batch,), generator=gen)
@@ -116,6 +112,17 @@ def measure_step_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[int
     opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
     layer.train()
     head.train()
+    return x, y, params, opt
+
+
+def measure_step_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[int], batch: int,
+                       classes: int = 10, *, lr: float = 0.01, momentum: float = 0.9,
+                       seed: int = 0) -> StepBytes:
+    """Run one real local-learning SGD step (layer -> head -> cross-entropy) and count its bytes.
+
+    The modules are trained in place (one step, on random data); pass copies to keep them unchanged.
+    """
+    x, y, params, opt = _one_step_setup(layer, head, in_shape, batch, classes, lr, momentum, seed)
 
     held: dict[int, torch.Tensor] = {}
 
@@ -152,13 +159,7 @@ def profiler_peak_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[in
     """Peak bytes of one local-learning step from ``torch.profiler`` memory events (module docstring)."""
     from torch.profiler import ProfilerActivity, profile
 
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn((batch, *in_shape), generator=gen)
-    y = torch.randint(0, classes, (batch,), generator=gen)
-    params = [p for m in (layer, head) for p in m.parameters()]
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
-    layer.train()
-    head.train()
+    x, y, params, opt = _one_step_setup(layer, head, in_shape, batch, classes, lr, momentum, seed)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:
         opt.zero_grad(set_to_none=True)

@@ -7,6 +7,8 @@ import sys
 
 from .errors import EdgetrainError
 from .ir import SGDConfig
+from .local.cli_local import (add_compile_options, add_train_parser, compile_local_cmd, inspect_local, print_local,
+                              train_cmd)
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -67,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                         "runtime/c (Cortex-M: plan.c/plan.h, drivers, Makefile)")
     c.add_argument("--out", required=True)
     c.add_argument("--json", action="store_true")
+    add_compile_options(c)
     r = sub.add_parser("run", help="execute a compiled plan")
     r.add_argument("dir")
     r.add_argument("--steps", type=_positive_int, default=1)
@@ -108,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--out", required=True, help="results folder; a rerun into it resumes the sweep")
     w.add_argument("--json", action="store_true")
+    add_train_parser(sub)
     pl = sub.add_parser("plot", help="figures of a sweep (PNG and SVG) in DIR/plots/")
     pl.add_argument("dir")
     pl.add_argument("--solve", metavar="KEY", help="the solve to draw schedule matrices and memory for "
@@ -128,6 +132,12 @@ def _mb(n: int | None) -> str:
 
 def _cmd_compile(a) -> dict:
     from .compile import CompileOptions, compile_model
+
+    if a.mode == "local":
+        if a.json or not sys.stderr.isatty():
+            return compile_local_cmd(a)
+        with _console().status("compiling (local learning)") as status:
+            return compile_local_cmd(a, progress=lambda msg: status.update(msg))
 
     opts = CompileOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, scheduler=a.scheduler,
                           deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
@@ -160,9 +170,15 @@ def _cmd_run(a) -> dict:
 
 
 def _cmd_inspect(a) -> dict:
+    from . import schedule as schedule_format
     from .inspect_schedule import summarize
 
-    return summarize(a.dir)
+    body = schedule_format.load(a.dir)
+    return inspect_local(body) if body.get("mode") == "local" else summarize(a.dir)
+
+
+def _cmd_train(a) -> dict:
+    return train_cmd(a, _console())
 
 
 def _cmd_sweep(a) -> dict:
@@ -189,7 +205,9 @@ def _print_human(cmd: str, r: dict) -> None:
     from rich.table import Table
 
     con = Console()
-    if cmd == "compile":
+    if r.get("mode") == "local" or cmd == "train":
+        print_local(cmd, r, con)
+    elif cmd == "compile":
         s = r["solver"]
         if s.get("notice"):
             con.print(f"[yellow]{s['notice']}")
@@ -269,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     a = _parser().parse_args(argv)
     handlers = {"compile": _cmd_compile, "run": _cmd_run, "inspect": _cmd_inspect, "sweep": _cmd_sweep,
-                "plot": _cmd_plot}
+                "plot": _cmd_plot,
+                "train": _cmd_train}
     try:
         result = handlers[a.cmd](a)
     except (EdgetrainError, ValueError) as e:  # targets' and data's errors derive from ValueError or ours

@@ -93,6 +93,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     rep = result.report
     body = {
         "edgetrain": __version__,
+        "mode": "poet",
         "model": {"spec": resolved.spec, "kwargs": resolved.kwargs, "input_shape": list(graph.input_shape[1:]),
                   "num_classes": graph.num_classes, "loss": graph.loss},
         # Without the profile's file path: a schedule must not depend on where the checkout lies.

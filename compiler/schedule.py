@@ -16,7 +16,8 @@ import jsonschema
 from .errors import ScheduleFormatError
 
 FORMAT = "edgetrain.schedule"
-FORMAT_VERSION = 1
+# 2: a `mode` field ("poet" or "local") and the local-learning section (`local`: layers, heads, partition).
+FORMAT_VERSION = 2
 FILENAME = "schedule.json"
 
 
@@ -29,12 +30,15 @@ def _checksum(body: dict) -> str:
     return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
 
 
-PLAN_FIELDS = ("format", "version", "edgetrain", "model", "target", "budget", "graph", "steps", "seed")
+PLAN_FIELDS = {
+    "poet": ("format", "version", "edgetrain", "mode", "model", "target", "budget", "graph", "steps", "seed"),
+    "local": ("format", "version", "edgetrain", "mode", "model", "target", "budget", "local", "seed"),
+}
 
 
 def content_hash(body: dict) -> str:
     """Hash of what a generated plan is made of (not the solver's wall time), so plans are reproducible."""
-    canon = json.dumps({k: body[k] for k in PLAN_FIELDS}, sort_keys=True, separators=(",", ":"))
+    canon = json.dumps({k: body[k] for k in PLAN_FIELDS[body["mode"]]}, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
 
 

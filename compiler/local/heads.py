@@ -7,15 +7,15 @@ classifier is not a layer: the last layer's head plays its role.
 
 Head (paper: conv beta_n -> downsampling F_n -> linear gamma_n) for a layer whose output is (C, H, W)::
 
-    Conv2d(C, h, 3, padding=1) -> ReLU(inplace) -> AdaptiveAvgPool2d(s) -> Flatten -> Linear(h*s*s, classes)
+    Conv2d(C, h, 3, padding=1) -> ReLU -> AdaptiveAvgPool2d(s) -> Flatten -> Linear(h*s*s, classes)
 
 Sizing rule (AAN-LL: the head adapts to its layer so that its memory stays small next to the layer's):
 
 * head channels ``h = clamp(C // 4, 8, 128)``, then halved (not below 8) while the head's activation
   bytes exceed ``frac`` (default 0.30) of the layer's output bytes. The head's activation bytes per sample
-  are what its backward keeps beyond the layer's output, which the layer holds anyway: the conv output
-  (``h*H*W``, shared with the in-place ReLU), the pooled map (``h*s*s``) and the logits (``classes``), in
-  float32. With ``h = C/4`` the conv output alone is 1/4 of the layer output, so the halving only acts
+  are what its backward keeps beyond the layer's output, which the layer holds anyway: the ReLU's output
+  (``h*H*W``; the conv output itself is not saved), the pooled map (``h*s*s``) and the logits
+  (``classes``), in float32. With ``h = C/4`` the conv output alone is 1/4 of the layer output, so the halving only acts
   on the tiny deep layers where pooled map + logits matter.
 * pooled size ``s`` = the largest of 4, 2, 1 with ``s <= H`` and ``h*s*s <= 512`` (the linear's fan-in
   is at most 512 features, so ``h*s*s*classes`` linear weights stay at most 5k for 10 classes);
@@ -91,14 +91,13 @@ def head_spec(out_shape: tuple[int, int, int], classes: int = 10, *, frac: float
 
 
 def make_head(spec: HeadSpec) -> nn.Sequential:
-    h, s = spec.head_channels, spec.pool
-    return nn.Sequential(
-        nn.Conv2d(spec.in_channels, h, 3, padding=1),
-        nn.ReLU(inplace=True),
-        nn.AdaptiveAvgPool2d(s),
-        nn.Flatten(),
-        nn.Linear(h * s * s, spec.classes),
-    )
+    """The head as modules, built from its spec (:func:`compiler.local.spec.head_layer_spec`), exactly as the
+    runtime builds it, so the profiled head is the trained one."""
+    from runtime.python.local_layers import build
+
+    from .spec import head_layer_spec
+
+    return build(head_layer_spec(spec))
 
 
 @dataclass

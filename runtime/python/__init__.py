@@ -19,7 +19,8 @@ PLAN_KEYS = ("weights", "optimizer", "seed")
 
 
 def load_plan(plan_dir) -> ModuleType:
-    """Import `<plan_dir>/plan.py`; it must define `train_step(rt)` and a dict `PLAN` (weights, optimizer, seed)."""
+    """Import `<plan_dir>/plan.py`; it must define a dict `PLAN` (weights, optimizer, seed) and `train_step(rt)`,
+    or `train(splits, workdir, epochs)` for a local-learning plan (`PLAN["mode"] == "local"`)."""
     plan_dir = Path(plan_dir)
     path = plan_dir / "plan.py"
     if not path.is_file():
@@ -28,11 +29,12 @@ def load_plan(plan_dir) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"edgetrain_plan_{tag}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if not callable(getattr(module, "train_step", None)):
-        raise PlanError(f"{path}: defines no train_step(rt)")
     plan = getattr(module, "PLAN", None)
     if not isinstance(plan, dict):
         raise PlanError(f"{path}: defines no PLAN dict")
+    entry = "train" if plan.get("mode") == "local" else "train_step"
+    if not callable(getattr(module, entry, None)):
+        raise PlanError(f"{path}: defines no {entry}()")
     missing = [k for k in PLAN_KEYS if k not in plan]
     if missing:
         raise PlanError(f"{path}: PLAN lacks {', '.join(missing)}")

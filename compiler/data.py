@@ -1,8 +1,12 @@
-"""Datasets shared by the project: seeded random batches and Fashion-MNIST read from disk.
+"""Datasets shared by the project: seeded random batches, Fashion-MNIST read from disk, and
+scikit-learn's 8x8 digits.
 
 Nothing here downloads anything: the machines edgetrain is built and tested on have no network
 beyond package registries, so Fashion-MNIST comes from the Debian package
-``dataset-fashion-mnist`` (``make data`` installs it) and is parsed from its IDX files directly.
+``dataset-fashion-mnist`` (``make data`` installs it) and is parsed from its IDX files directly;
+the digits (1797 images) ship inside the scikit-learn wheel.
+
+:func:`load_dataset` is the one entry point by name; it adapts the images to a model's input shape.
 """
 
 from __future__ import annotations
@@ -23,10 +27,15 @@ __all__ = [
     "DatasetMissingError",
     "FASHION_MNIST_DIR",
     "FASHION_MNIST_CLASSES",
+    "DATASETS",
+    "DIGITS_CLASSES",
     "adapt_images",
+    "digits",
     "fashion_mnist",
     "fashion_mnist_batches",
+    "load_dataset",
     "random_batches",
+    "train_val_split",
 ]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -134,8 +143,104 @@ def adapt_images(
     if channels == 3:
         x = x.expand(-1, 3, -1, -1).contiguous()  # contiguous: callers may write into the batch
     elif channels != 1:
-        raise ValueError(f"Fashion-MNIST is greyscale: a model may take 1 or 3 channels, not {channels}")
+        raise ValueError(f"the datasets are greyscale: a model may take 1 or 3 channels, not {channels}")
     return x
+
+
+# -- scikit-learn digits ------------------------------------------------------------------------
+
+DIGITS_CLASSES = 10
+_DIGITS_MAX = 16.0  # load_digits' pixels are counts 0..16 (4x4 blocks of a 32x32 bitmap)
+
+
+def digits(
+    split: str = "train",
+    *,
+    resize_to: int | tuple[int, int] | None = None,
+    channels: int = 1,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+) -> Batch:
+    """scikit-learn's 1797 handwritten 8x8 digits as ``(images, labels)``; a small real dataset for
+    quick end-to-end runs.
+
+    images: float32 in [0, 1] (pixel / 16), shape (N, channels, 8, 8) unless ``resize_to`` asks for a
+    bilinear resize. labels: int64 in [0, 10). The train/test split is stratified by label and depends
+    on ``seed`` and ``test_fraction`` alone, so "train" and "test" with the same arguments partition
+    the 1797 images.
+    """
+    if split not in _PREFIX:
+        raise ValueError(f"split must be one of {sorted(_PREFIX)}, got {split!r}")
+    images, labels = _load_digits()
+    train_idx, test_idx = _stratified_split(labels, test_fraction, seed)
+    idx = train_idx if split == "train" else test_idx
+    x = torch.from_numpy(images[idx] / _DIGITS_MAX).to(torch.float32).unsqueeze(1)
+    return adapt_images(x, channels=channels, size=resize_to), torch.from_numpy(labels[idx])
+
+
+@functools.lru_cache(maxsize=1)
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        raise DatasetMissingError(
+            "the digits dataset comes with scikit-learn, which is not installed: pip install scikit-learn"
+        ) from exc
+    bunch = load_digits()
+    images = np.asarray(bunch.images, dtype=np.float64)
+    labels = np.asarray(bunch.target, dtype=np.int64)
+    images.flags.writeable = False
+    labels.flags.writeable = False
+    return images, labels
+
+
+# -- by name, and a validation split ------------------------------------------------------------
+
+# name -> (loader, native (C, H, W))
+DATASETS = {
+    "fashion-mnist": (fashion_mnist, (1, 28, 28)),
+    "digits": (digits, (1, 8, 8)),
+}
+
+
+def load_dataset(name: str, split: str = "train", *, input_shape: Sequence[int] | None = None) -> Batch:
+    """A dataset split by name, adapted to a model taking ``input_shape`` (C, H, W): bilinear resize and
+    grey channel repeated for C = 3 (e.g. 3x32x32 for the CIFAR-shaped zoo models). None: native shape.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
+    loader, native = DATASETS[name]
+    channels, height, width = _chw(input_shape if input_shape is not None else native)
+    return loader(split, resize_to=(height, width), channels=channels)
+
+
+def train_val_split(
+    x: torch.Tensor, y: torch.Tensor, val_fraction: float = 0.1, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x_train, y_train, x_val, y_val)``: a stratified, seeded split (the same arguments give the
+    same split on every machine). Early-exit selection needs validation data the heads never trained on.
+    """
+    if len(x) != len(y):
+        raise ValueError(f"train_val_split: {len(x)} images but {len(y)} labels")
+    train_idx, val_idx = _stratified_split(np.asarray(y), val_fraction, seed)
+    tr, va = torch.from_numpy(train_idx), torch.from_numpy(val_idx)
+    return x[tr], y[tr], x[va], y[va]
+
+
+def _stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted (keep, held-out) indices: ``round(fraction * n_c)`` of each class c held out, drawn by a
+    seeded permutation; numpy's PCG64 stream is fixed for a given seed across platforms and versions."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"split fraction must be in (0, 1), got {fraction}")
+    rng = np.random.default_rng(seed)
+    held: list[np.ndarray] = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        held.append(rng.permutation(members)[: int(round(fraction * len(members)))])
+    held_idx = np.sort(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+    mask = np.ones(len(labels), dtype=bool)
+    mask[held_idx] = False
+    return np.flatnonzero(mask), held_idx
 
 
 def _chw(input_shape: Sequence[int]) -> tuple[int, int, int]:

@@ -115,3 +115,75 @@ def test_idx_parser_rejects_a_wrong_magic(tmp_path):
     _write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", 0x0801, np.zeros(3))
     with pytest.raises(ValueError, match="magic"):
         fashion_mnist("test", root=tmp_path)
+
+
+# -- scikit-learn digits, load_dataset, train_val_split ------------------------------------------
+
+
+def test_digits_splits_partition_the_1797_images():
+    x, y = data.digits("train")
+    xt, yt = data.digits("test")
+    assert len(x) + len(xt) == 1797 and len(xt) == pytest.approx(0.2 * 1797, abs=10)
+    assert x.shape[1:] == (1, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert 0.0 <= min(x.min(), xt.min()) and max(x.max(), xt.max()) == 1.0   # 16/16
+    assert sorted(set(y.tolist())) == list(range(10)) and sorted(set(yt.tolist())) == list(range(10))
+    # stratified: every class has ~20% of its images in the test split
+    counts = torch.bincount(torch.cat([y, yt]), minlength=10)
+    assert (torch.bincount(yt, minlength=10) - 0.2 * counts).abs().max() <= 1
+    # the two splits partition the data set: the same multiset of images, none twice, none lost
+    from collections import Counter
+
+    from sklearn.datasets import load_digits
+    raw = torch.from_numpy(load_digits().images).float() / 16
+    assert Counter(map(tuple, torch.cat([x, xt]).reshape(-1, 64).tolist())) == \
+        Counter(map(tuple, raw.reshape(-1, 64).tolist()))
+
+
+def test_digits_is_deterministic_and_seeded():
+    a, b = data.digits("test", seed=3), data.digits("test", seed=3)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    c = data.digits("test", seed=4)
+    assert not torch.equal(a[0], c[0])
+    x, _ = data.digits("train", resize_to=32, channels=3)
+    assert x.shape[1:] == (3, 32, 32) and torch.equal(x[:, 0], x[:, 1])
+    assert 0.0 <= x.min() and x.max() <= 1.0
+    with pytest.raises(ValueError, match="split"):
+        data.digits("validation")
+    with pytest.raises(ValueError, match="fraction"):
+        data.digits("train", test_fraction=1.5)
+
+
+@pytest.mark.parametrize("shape", [None, (1, 8, 8), (1, 28, 28), (3, 32, 32)])
+def test_load_dataset_adapts_to_the_model_input(shape):
+    x, y = data.load_dataset("digits", "test", input_shape=shape)
+    assert x.shape[1:] == (shape or (1, 8, 8)) and len(x) == len(y) == len(data.digits("test")[1])
+    assert 0.0 <= x.min() and x.max() <= 1.0
+
+
+@needs_fashion_mnist
+def test_load_dataset_fashion_mnist():
+    x, y = data.load_dataset("fashion-mnist", "test", input_shape=(3, 32, 32))
+    assert x.shape == (10000, 3, 32, 32) and y.shape == (10000,)
+
+
+def test_load_dataset_unknown_name_lists_the_names():
+    with pytest.raises(ValueError, match="fashion-mnist, digits"):
+        data.load_dataset("cifar10", "train")
+    with pytest.raises(ValueError, match=r"\(C, H, W\)"):
+        data.load_dataset("digits", "train", input_shape=(8, 8))
+
+
+def test_train_val_split_is_stratified_deterministic_and_disjoint():
+    x, y = data.digits("train")
+    xs = torch.arange(len(x)).view(-1, 1, 1, 1)  # each "image" is its row number, to trace it
+    a = data.train_val_split(xs, y, 0.25, seed=1)
+    b = data.train_val_split(xs, y, 0.25, seed=1)
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+    x_tr, y_tr, x_va, y_va = a
+    assert len(x_tr) + len(x_va) == len(x) and len(x_va) == pytest.approx(0.25 * len(x), abs=10)
+    assert sorted(torch.cat([x_tr, x_va]).flatten().tolist()) == list(range(len(x)))  # disjoint, complete
+    assert torch.equal(y_va, y[x_va.flatten()])  # labels travel with their images
+    assert set(y_va.tolist()) == set(range(10))
+    assert not torch.equal(data.train_val_split(xs, y, 0.25, seed=2)[3], y_va)
+    with pytest.raises(ValueError, match="labels"):
+        data.train_val_split(x, y[:-1], 0.25)

@@ -9,9 +9,10 @@ from hypothesis import given, settings, strategies as st
 from compiler import zoo
 from compiler.local.heads import head_spec, make_head, split_layers
 from compiler.local.memory_lines import (
-    fit_line, measure_step_bytes, profile_layers, profiler_peak_bytes,
+    fit_line, max_batch_under, measure_model_step_bytes, measure_step_bytes, model_memory_line,
+    profile_layers, profiler_peak_bytes,
 )
-from compiler.local.partition import partition
+from compiler.local.partition import PartitionError, partition
 
 
 def test_fit_line_exact_and_noisy():
@@ -100,3 +101,50 @@ def test_main_prints_lines_and_blocks(capsys):
     main(["vgg11", "--budget-mb", "64"])
     out = capsys.readouterr().out
     assert "features.25" in out and "block 0: batch" in out and "R2" in out
+
+
+# -- backprop baseline: the whole model's step, same counting rules ----------------------------------
+
+
+def test_model_counter_matches_layer_counter_on_layer_plus_head():
+    # A model that *is* one layer + its head: both counters must give the same bytes (same rules, same code).
+    torch.manual_seed(0)
+    tl = split_layers(zoo.build("small_cnn"), (1, 28, 28))[1]
+    head = make_head(head_spec(tl.out_shape))
+    a = measure_step_bytes(copy.deepcopy(tl.module), copy.deepcopy(head), tl.in_shape, 8)
+    b = measure_model_step_bytes(torch.nn.Sequential(copy.deepcopy(tl.module), copy.deepcopy(head)),
+                                 tl.in_shape, 8)
+    assert (a.static, a.batch_io, a.saved, a.backward_grad) == (b.static, b.batch_io, b.saved, b.backward_grad)
+    assert a.loss == pytest.approx(b.loss)
+
+
+def test_model_counter_holds_more_than_any_local_step():
+    torch.manual_seed(0)
+    model = zoo.build("small_cnn")
+    whole = measure_model_step_bytes(copy.deepcopy(model), (1, 28, 28), 8)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
+    assert whole.static == 3 * 4 * n_params + n_buffers
+    layers = split_layers(model, (1, 28, 28))
+    saved_local = [measure_step_bytes(copy.deepcopy(tl.module), make_head(head_spec(tl.out_shape)),
+                                      tl.in_shape, 8).saved for tl in layers]
+    # backprop keeps every layer's activations at once; local learning one layer's (+ a small head)
+    assert whole.saved > max(saved_local)
+
+
+def test_model_memory_line_is_linear_and_max_batch_respects_budget():
+    torch.manual_seed(0)
+    model = zoo.build("small_cnn")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    line = model_memory_line(model, (1, 28, 28), (2, 4, 8, 16))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched
+    assert line.r2 > 0.99 and line.slope > 0 and line.n_points == 4
+    held_out = measure_model_step_bytes(copy.deepcopy(model), (1, 28, 28), 32).peak
+    assert abs(line.predict(32) - held_out) / held_out < 0.05
+    budget = line.predict(40) + line.slope / 2          # room for 40 samples, not 41
+    b = max_batch_under(line, budget, cap=256)
+    assert b == 40 and line.predict(b) <= budget < line.predict(b + 1)
+    assert measure_model_step_bytes(copy.deepcopy(model), (1, 28, 28), b).peak <= budget * 1.01
+    assert max_batch_under(line, budget, cap=16) == 16
+    with pytest.raises(PartitionError, match="batch 1"):
+        max_batch_under(line, line.predict(1) - 1)

@@ -20,6 +20,11 @@ What is counted (a saved-tensors-hooks byte counter; deterministic, no allocator
 
 So ``peak = static + batch + held-for-backward + largest activation gradient``.
 
+Backprop baseline: :func:`measure_model_step_bytes` counts one ordinary end-to-end SGD step of a whole
+model by the same rules (same code path), :func:`model_memory_line` fits its line and
+:func:`max_batch_under` picks the largest batch under a budget with Algorithm 1's feasible-batch rule, so
+the baseline and the local-learning blocks are compared at the same budget.
+
 Cross-check, :func:`profiler_peak_bytes`: the same step under ``torch.profiler`` with
 ``profile_memory=True``; the profiler's memory timeline (tensors pre-existing at the start, created,
 destroyed, as the allocator saw them) is replayed and its running maximum is the peak. It sees real
@@ -34,18 +39,18 @@ the CPU stand-in and the quantity the partitioner's budget is checked against.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from .heads import head_spec, make_head, split_layers
-from .partition import Line
+from .partition import DEFAULT_CAP, Line, feasible_batch
 
 __all__ = [
     "LineFit", "StepBytes", "LayerProfile", "fit_line", "measure_step_bytes", "profiler_peak_bytes",
-    "profile_layers",
+    "profile_layers", "measure_model_step_bytes", "model_memory_line", "max_batch_under",
     "DEFAULT_BATCHES", "DEFAULT_HELD_OUT",
 ]
 
@@ -102,28 +107,27 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
-def _one_step_setup(layer: nn.Module, head: nn.Module, in_shape: Sequence[int], batch: int, classes: int,
+def _one_step_setup(modules: Sequence[nn.Module], in_shape: Sequence[int], batch: int, classes: int,
                     lr: float, momentum: float, seed: int):
-    """Random batch, SGD over layer + head, both in training mode: what both byte counters measure."""
+    """Random batch, SGD over ``modules``, all in training mode: what every byte counter measures."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn((batch, *in_shape), generator=gen)
     y = torch.randint(0, classes, (batch,), generator=gen)
-    params = [p for m in (layer, head) for p in m.parameters()]
+    params = list(dict.fromkeys(p for m in modules for p in m.parameters()))  # shared params once
     opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
-    layer.train()
-    head.train()
+    for m in modules:
+        m.train()
     return x, y, params, opt
 
 
-def measure_step_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[int], batch: int,
-                       classes: int = 10, *, lr: float = 0.01, momentum: float = 0.9,
-                       seed: int = 0) -> StepBytes:
-    """Run one real local-learning SGD step (layer -> head -> cross-entropy) and count its bytes.
+def _counted_step(modules: Sequence[nn.Module], forward: Callable[[torch.Tensor], Sequence[torch.Tensor]],
+                  x: torch.Tensor, y: torch.Tensor, params: list[nn.Parameter],
+                  opt: torch.optim.Optimizer) -> StepBytes:
+    """One real SGD step counted by the rules of the module docstring.
 
-    The modules are trained in place (one step, on random data); pass copies to keep them unchanged.
+    ``forward(x)`` returns the tensors the step holds besides autograd's saved ones, logits last (the
+    layer counter: layer output and logits; the whole-model counter: the logits).
     """
-    x, y, params, opt = _one_step_setup(layer, head, in_shape, batch, classes, lr, momentum, seed)
-
     held: dict[int, torch.Tensor] = {}
 
     def pack(t: torch.Tensor):
@@ -132,13 +136,13 @@ def measure_step_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[int
 
     opt.zero_grad(set_to_none=True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = layer(x)
-        logits = head(out)
-        loss = nn.functional.cross_entropy(logits, y)
-    for t in (out, logits, loss):
+        outs = list(forward(x))
+        loss = nn.functional.cross_entropy(outs[-1], y)
+    for t in (*outs, loss):
         held.setdefault(t.untyped_storage().data_ptr(), t)
     held.pop(x.untyped_storage().data_ptr(), None)  # counted with the batch
-    for t in (*params, *(b for m in (layer, head) for b in m.buffers())):
+    buffers = [b for m in modules for b in m.buffers()]
+    for t in (*params, *buffers):
         held.pop(t.untyped_storage().data_ptr(), None)  # weights saved by conv/linear: counted as static
     saved = sum(_nbytes(t) for t in held.values())
     floats = [_nbytes(t) for t in held.values() if t.is_floating_point()]
@@ -150,8 +154,36 @@ def measure_step_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[int
     static += sum(_nbytes(p.grad) for p in params if p.grad is not None)
     static += sum(_nbytes(s["momentum_buffer"]) for s in opt.state.values()
                   if s.get("momentum_buffer") is not None)
-    static += sum(_nbytes(b) for m in (layer, head) for b in m.buffers())
-    return StepBytes(batch, static, _nbytes(x) + _nbytes(y), saved, backward_grad, float(loss.detach()))
+    static += sum(_nbytes(b) for b in dict.fromkeys(buffers))
+    return StepBytes(x.shape[0], static, _nbytes(x) + _nbytes(y), saved, backward_grad, float(loss.detach()))
+
+
+def measure_step_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[int], batch: int,
+                       classes: int = 10, *, lr: float = 0.01, momentum: float = 0.9,
+                       seed: int = 0) -> StepBytes:
+    """Run one real local-learning SGD step (layer -> head -> cross-entropy) and count its bytes.
+
+    The modules are trained in place (one step, on random data); pass copies to keep them unchanged.
+    """
+    x, y, params, opt = _one_step_setup((layer, head), in_shape, batch, classes, lr, momentum, seed)
+
+    def forward(inp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = layer(inp)
+        return out, head(out)
+
+    return _counted_step((layer, head), forward, x, y, params, opt)
+
+
+def measure_model_step_bytes(model: nn.Module, in_shape: Sequence[int], batch: int, classes: int = 10, *,
+                             lr: float = 0.01, momentum: float = 0.9, seed: int = 0) -> StepBytes:
+    """The backprop counterpart of :func:`measure_step_bytes`: one ordinary end-to-end SGD step of the
+    whole model (model -> cross-entropy), counted by the same rules.
+
+    Every activation of the network is held for backward at once here, which is what local learning
+    avoids. The model is trained in place (one step, on random data); pass a copy to keep it unchanged.
+    """
+    x, y, params, opt = _one_step_setup((model,), in_shape, batch, classes, lr, momentum, seed)
+    return _counted_step((model,), lambda inp: (model(inp),), x, y, params, opt)
 
 
 def profiler_peak_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[int], batch: int,
@@ -159,7 +191,7 @@ def profiler_peak_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[in
     """Peak bytes of one local-learning step from ``torch.profiler`` memory events (module docstring)."""
     from torch.profiler import ProfilerActivity, profile
 
-    x, y, params, opt = _one_step_setup(layer, head, in_shape, batch, classes, lr, momentum, seed)
+    x, y, params, opt = _one_step_setup((layer, head), in_shape, batch, classes, lr, momentum, seed)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:
         opt.zero_grad(set_to_none=True)
@@ -234,6 +266,31 @@ def profile_layers(model: nn.Module, in_shape: Sequence[int] = (3, 32, 32), clas
         profiles.append(LayerProfile(tl.name, tl.in_shape, tl.out_shape, spec.head_channels, pts, fit,
                                      held_out, peaks[-1], fit.predict(held_out), detail))
     return profiles
+
+
+def model_memory_line(model: nn.Module, in_shape: Sequence[int], batches: Iterable[int] = DEFAULT_BATCHES,
+                      classes: int = 10) -> LineFit:
+    """Backprop baseline's memory line: :func:`measure_model_step_bytes` peaks at ``batches``, fitted.
+
+    Each measurement trains a deep copy, so ``model`` is left untouched.
+    """
+    import copy
+
+    batches = list(batches)
+    peaks = [measure_model_step_bytes(copy.deepcopy(model), in_shape, b, classes).peak for b in batches]
+    return fit_line(batches, peaks)
+
+
+def max_batch_under(line: LineFit | Line, budget_bytes: float, cap: int = DEFAULT_CAP,
+                    name: str = "model") -> int:
+    """Largest batch (at most ``cap``) whose line value fits ``budget_bytes``: Algorithm 1's rule for one
+    layer, so the backprop baseline and the local-learning blocks are held to the same budget.
+
+    Raises :class:`~compiler.local.partition.PartitionError` when not even batch 1 fits.
+    """
+    if isinstance(line, LineFit):
+        line = line.to_line(name)
+    return feasible_batch(line, budget_bytes, cap)[0]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

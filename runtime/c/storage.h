@@ -12,10 +12,12 @@
  * never trains on corrupt data. A block of another id or size, or a truncated one, gives ET_ERR_FORMAT.
  *
  * Implementations (link exactly one):
- *   storage_stdio.c     host files through C stdio, one file per id in the directory given to
- *                       et_storage_init() - the host build and the tests.
- *   storage_semihost.c  host files through ARM semihosting (QEMU, a debug probe), straight SVC/BKPT calls
- *                       with no newlib stdio, hence no heap: the Cortex-M build under QEMU.
+ *   storage_file.c      files, one per id in the directory given to et_storage_init(): the checks, the
+ *                       counters, the header and its CRC check, over one raw-I/O back end (et_file_*
+ *                       below), linked with it:
+ *     storage_stdio.c     through C stdio - the host build and the tests.
+ *     storage_semihost.c  through ARM semihosting (QEMU, a debug probe), straight BKPT calls with no
+ *                         newlib stdio, hence no heap: the Cortex-M build under QEMU.
  *   a board port        SPI NOR flash, an SD card, external PSRAM ...: see runtime/c/README.md. It only
  *                       has to store and return the bytes of et_block_* below; the CRC check is shared.
  *
@@ -40,6 +42,8 @@
 /* Longest directory name et_storage_init() accepts (the file name adds ET_BLOCK_NAME_BYTES). */
 #define ET_STORAGE_DIR_MAX 200u
 #define ET_BLOCK_NAME_BYTES 21u     /* "/et_page_XXXXXXXX.bin" */
+/* Room for the longest path et_block_file_name() writes for such a directory, NUL included. */
+#define ET_STORAGE_PATH_BYTES (ET_STORAGE_DIR_MAX + ET_BLOCK_NAME_BYTES + 2u)
 
 /* Select where pages go (a directory that exists; "" or "." for the current one). Resets the counters. */
 int et_storage_init(const char *dir);
@@ -72,5 +76,18 @@ int et_block_check(const unsigned char header[ET_BLOCK_HEADER_BYTES], uint32_t i
  * which has room for `cap` bytes. ET_OK or ET_ERR_ARG if it does not fit.
  */
 int et_block_file_name(char *out, size_t cap, const char *dir, uint32_t id);
+
+/* ---- The raw I/O under storage_file.c (storage_stdio.c or storage_semihost.c) ---------------------- */
+
+/* Create or replace file `path` with `header` followed by `src[0..bytes)`. ET_OK or ET_ERR_IO. */
+int et_file_write(const char *path, const unsigned char header[ET_BLOCK_HEADER_BYTES], const void *src,
+                  uint32_t bytes);
+
+/*
+ * Read file `path`, which must hold exactly ET_BLOCK_HEADER_BYTES + `bytes` bytes, into `header` and
+ * `dst[0..bytes)`, unchecked (storage_file.c verifies the CRC). ET_OK, ET_ERR_NOT_FOUND (cannot be
+ * opened), ET_ERR_FORMAT (another length), ET_ERR_IO.
+ */
+int et_file_read(const char *path, unsigned char header[ET_BLOCK_HEADER_BYTES], void *dst, uint32_t bytes);
 
 #endif /* ET_STORAGE_H */

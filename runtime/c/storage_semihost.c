@@ -1,5 +1,6 @@
 /*
- * storage_semihost.c - the page store on host files through ARM semihosting (see storage.h).
+ * storage_semihost.c - the raw file I/O of the page store through ARM semihosting (see storage.h):
+ * linked with storage_file.c, which does the rest.
  *
  * Under `qemu-system-arm -semihosting-config enable=on,target=native` (or a debug probe with semihosting
  * enabled) these calls open, read and write files on the host, relative to the emulator's working
@@ -25,10 +26,6 @@
 /* SYS_OPEN modes: indices into the fopen mode strings "r","rb","r+","r+b","w","wb",... */
 #define OPEN_RB 1
 #define OPEN_WB 5
-
-static char g_dir[ET_STORAGE_DIR_MAX + 1u];
-static int g_ready;
-static uint32_t g_bytes_out, g_bytes_in;
 
 /* One semihosting request: r0 = operation, r1 = address of its argument block; the answer comes in r0. */
 static int semihost(int op, uintptr_t *args)
@@ -88,45 +85,12 @@ static int sh_flen(int handle)
     return semihost(SYS_FLEN, a);
 }
 
-int et_storage_init(const char *dir)
+int et_file_write(const char *path, const unsigned char header[ET_BLOCK_HEADER_BYTES], const void *src,
+                  uint32_t bytes)
 {
-    size_t len;
+    const int h = sh_open(path, OPEN_WB);
+    int ok;
 
-    if (dir == NULL)
-        return ET_ERR_ARG;
-    len = strlen(dir);
-    if (len > ET_STORAGE_DIR_MAX)
-        return ET_ERR_ARG;
-    memcpy(g_dir, dir, len + 1u);
-    g_ready = 1;
-    g_bytes_out = 0u;
-    g_bytes_in = 0u;
-    return ET_OK;
-}
-
-void et_storage_counters(uint32_t *bytes_out, uint32_t *bytes_in)
-{
-    if (bytes_out != NULL)
-        *bytes_out = g_bytes_out;
-    if (bytes_in != NULL)
-        *bytes_in = g_bytes_in;
-}
-
-int et_page_out(uint32_t id, const void *src, uint32_t bytes)
-{
-    char path[ET_STORAGE_DIR_MAX + ET_BLOCK_NAME_BYTES + 2u];
-    unsigned char header[ET_BLOCK_HEADER_BYTES];
-    int h, ok;
-
-    if (!g_ready)
-        return ET_ERR_NOT_INIT;
-    if (src == NULL && bytes > 0u)
-        return ET_ERR_ARG;
-    if (et_block_file_name(path, sizeof path, g_dir, id) != ET_OK)
-        return ET_ERR_ARG;
-    et_block_header(header, id, src, bytes);
-
-    h = sh_open(path, OPEN_WB);
     if (h == -1)
         return ET_ERR_IO;
     ok = sh_write(h, header, ET_BLOCK_HEADER_BYTES);
@@ -134,26 +98,14 @@ int et_page_out(uint32_t id, const void *src, uint32_t bytes)
         ok = sh_write(h, src, bytes);
     if (sh_close(h) != 0)
         ok = 0;
-    if (!ok)
-        return ET_ERR_IO;
-    g_bytes_out += bytes;
-    return ET_OK;
+    return ok ? ET_OK : ET_ERR_IO;
 }
 
-int et_page_in(uint32_t id, void *dst, uint32_t bytes)
+int et_file_read(const char *path, unsigned char header[ET_BLOCK_HEADER_BYTES], void *dst, uint32_t bytes)
 {
-    char path[ET_STORAGE_DIR_MAX + ET_BLOCK_NAME_BYTES + 2u];
-    unsigned char header[ET_BLOCK_HEADER_BYTES];
-    int h, len, rc = ET_OK;
+    const int h = sh_open(path, OPEN_RB);
+    int len, rc = ET_OK;
 
-    if (!g_ready)
-        return ET_ERR_NOT_INIT;
-    if (dst == NULL && bytes > 0u)
-        return ET_ERR_ARG;
-    if (et_block_file_name(path, sizeof path, g_dir, id) != ET_OK)
-        return ET_ERR_ARG;
-
-    h = sh_open(path, OPEN_RB);
     if (h == -1)
         return ET_ERR_NOT_FOUND;
     len = sh_flen(h);
@@ -165,9 +117,5 @@ int et_page_in(uint32_t id, void *dst, uint32_t bytes)
         rc = ET_ERR_IO;
     if (sh_close(h) != 0 && rc == ET_OK)
         rc = ET_ERR_IO;
-    if (rc == ET_OK)
-        rc = et_block_check(header, id, dst, bytes);
-    if (rc == ET_OK)
-        g_bytes_in += bytes;
     return rc;
 }

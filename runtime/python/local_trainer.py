@@ -157,7 +157,7 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
         prog["resumed"] += 1
     seed = int(plan["seed"])
     sources = {s: _Tensors(splits.x(s)) for s in SPLITS}
-    if prog["block"] > 0:
+    if 0 < prog["block"] < len(plan["blocks"]):  # resuming mid-way: the previous block's caches feed this one
         prev = plan["blocks"][prog["block"] - 1]
         sources = {s: _source_after(workdir, prev, layers, splits, s, cache, dev) for s in SPLITS}
     for block in plan["blocks"][prog["block"]:]:

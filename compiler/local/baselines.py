@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from runtime.python.local_layers import build
-from runtime.python.local_trainer import Splits, train_local
+from runtime.python.local_trainer import Splits, scaled_lr, train_local
 
 from ..modelspec import resolve
 from .memory_lines import max_batch_under, measure_model_step_bytes, measure_step_bytes, model_memory_line, fit_line
@@ -61,7 +61,7 @@ def train_backprop(body: dict, splits: Splits, epochs: int, *, cap: int = DEFAUL
     dev = torch.device(device)
     model.to(dev)
     tr = local["training"]
-    opt = torch.optim.SGD(model.parameters(), lr=tr["lr"], momentum=tr["momentum"], weight_decay=tr["weight_decay"])
+    opt = torch.optim.SGD(model.parameters(), lr=scaled_lr(tr, batch), momentum=tr["momentum"], weight_decay=tr["weight_decay"])
     n, wall, timeline = len(splits.train_y), 0.0, []
     for epoch in range(epochs):
         t0 = time.perf_counter()
@@ -75,7 +75,7 @@ def train_backprop(body: dict, splits: Splits, epochs: int, *, cap: int = DEFAUL
         wall += time.perf_counter() - t0
         timeline.append({"epoch": epoch + 1, "wall_s": wall,
                          "test_accuracy": _test_accuracy(model, splits.test_x, splits.test_y, dev)})
-    return {"method": "backprop", "batch": batch, "batches": [batch], "wall_s": wall,
+    return {"method": "backprop", "batch": batch, "batches": [batch], "wall_s": wall, "lr": scaled_lr(tr, batch),
             "test_accuracy": timeline[-1]["test_accuracy"], "timeline": timeline, "peak_bytes": peak,
             "params": sum(p.numel() for p in model.parameters()), "cache_bytes": 0,
             "line": {"slope": line.slope, "intercept": line.intercept, "r2": line.r2}}
@@ -101,7 +101,8 @@ def train_classic(body: dict, weights: dict[str, torch.Tensor], splits: Splits, 
         initial.update({f"head.{i}.{k}": v for k, v in build(h).state_dict().items()})
     tr = local["training"]
     plan = {"content": "classic:" + schedule_content(body), "seed": body["seed"], "cache_dtype": "float32",
-            "optimizer": {"lr": tr["lr"], "momentum": tr["momentum"], "weight_decay": tr["weight_decay"]},
+            "optimizer": {"lr": tr["lr"], "momentum": tr["momentum"], "weight_decay": tr["weight_decay"],
+                          "lr_reference_batch": tr.get("lr_reference_batch")},
             "layers": local["layers"], "heads": heads,
             "blocks": [{"index": i, "layers": [i], "batch": batch} for i in range(len(heads))]}
     res = train_local(plan, splits, workdir, epochs, cache=False, device=device, eval_each_epoch=True,

@@ -42,7 +42,10 @@ class LocalOptions:
     num_classes: int = 10
     profile_batches: tuple[int, ...] = DEFAULT_BATCHES
     held_out_batch: int = DEFAULT_HELD_OUT
-    lr: float = 0.05
+    lr: float = 0.01
+    # The lr is per this many samples, scaled linearly with each block's batch (Goyal et al. 2017), so blocks
+    # with large batches keep the per-sample step size; None: the same lr at every batch.
+    lr_reference_batch: int | None = 32
     momentum: float = 0.9
     weight_decay: float = 5e-4
     cache_dtype: str = "float32"
@@ -117,7 +120,7 @@ def compile_local(opts: LocalOptions, progress=None) -> dict:
             "layers": layer_rows, "heads": head_rows, "partition": part.to_dict(),
             "profile": {"method": "counter", "device": "cpu", "batches": list(opts.profile_batches),
                         "head_frac": HEAD_FRAC},
-            "training": {"lr": opts.lr, "momentum": opts.momentum, "weight_decay": opts.weight_decay,
+            "training": {"lr": opts.lr, "lr_reference_batch": opts.lr_reference_batch, "momentum": opts.momentum, "weight_decay": opts.weight_decay,
                          "cache_dtype": opts.cache_dtype, "val_fraction": opts.val_fraction,
                          "exit_tolerance_points": opts.exit_tolerance_points},
             "full_params": _params(model),

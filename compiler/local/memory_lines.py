@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from runtime.python.local_memory import StepBytes, counted_step
+
 from .heads import head_spec, make_head, split_layers
 from .partition import DEFAULT_CAP, Line, feasible_batch
 
@@ -89,24 +91,6 @@ def fit_line(batches: Sequence[float], nbytes: Sequence[float]) -> LineFit:
     return LineFit(float(slope), float(intercept), float(r2), int(len(b)))
 
 
-@dataclass(frozen=True)
-class StepBytes:
-    batch: int
-    static: int          # params + grads + momentum + buffers
-    batch_io: int        # input batch + labels
-    saved: int           # unique storages kept for backward (+ layer output, logits, loss)
-    backward_grad: int   # one activation gradient in flight
-    loss: float
-
-    @property
-    def peak(self) -> int:
-        return self.static + self.batch_io + self.saved + self.backward_grad
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.untyped_storage().nbytes()
-
-
 def _one_step_setup(modules: Sequence[nn.Module], in_shape: Sequence[int], batch: int, classes: int,
                     lr: float, momentum: float, seed: int):
     """Random batch, SGD over ``modules``, all in training mode: what every byte counter measures."""
@@ -123,39 +107,9 @@ def _one_step_setup(modules: Sequence[nn.Module], in_shape: Sequence[int], batch
 def _counted_step(modules: Sequence[nn.Module], forward: Callable[[torch.Tensor], Sequence[torch.Tensor]],
                   x: torch.Tensor, y: torch.Tensor, params: list[nn.Parameter],
                   opt: torch.optim.Optimizer) -> StepBytes:
-    """One real SGD step counted by the rules of the module docstring.
-
-    ``forward(x)`` returns the tensors the step holds besides autograd's saved ones, logits last (the
-    layer counter: layer output and logits; the whole-model counter: the logits).
-    """
-    held: dict[int, torch.Tensor] = {}
-
-    def pack(t: torch.Tensor):
-        held.setdefault(t.untyped_storage().data_ptr(), t)
-        return t
-
-    opt.zero_grad(set_to_none=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        outs = list(forward(x))
-        loss = nn.functional.cross_entropy(outs[-1], y)
-    for t in (*outs, loss):
-        held.setdefault(t.untyped_storage().data_ptr(), t)
-    held.pop(x.untyped_storage().data_ptr(), None)  # counted with the batch
-    buffers = [b for m in modules for b in m.buffers()]
-    for t in (*params, *buffers):
-        held.pop(t.untyped_storage().data_ptr(), None)  # weights saved by conv/linear: counted as static
-    saved = sum(_nbytes(t) for t in held.values())
-    floats = [_nbytes(t) for t in held.values() if t.is_floating_point()]
-    backward_grad = max(floats) if floats else 0
-    loss.backward()
-    opt.step()
-
-    static = sum(_nbytes(p) for p in params)
-    static += sum(_nbytes(p.grad) for p in params if p.grad is not None)
-    static += sum(_nbytes(s["momentum_buffer"]) for s in opt.state.values()
-                  if s.get("momentum_buffer") is not None)
-    static += sum(_nbytes(b) for b in dict.fromkeys(buffers))
-    return StepBytes(x.shape[0], static, _nbytes(x) + _nbytes(y), saved, backward_grad, float(loss.detach()))
+    """One real SGD step counted by the runtime's rule (``runtime.python.local_memory``: the trainer counts
+    its real steps with the same code, so lines and the trainer's measured peaks agree by construction)."""
+    return counted_step(modules, forward, x, y, opt)[0]
 
 
 def measure_step_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[int], batch: int,

@@ -9,8 +9,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.python.local_layers import build
-
 from .. import zoo
 from ..errors import UnsupportedModelError
 from .heads import HeadSpec

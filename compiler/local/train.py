@@ -97,6 +97,9 @@ def train_dir(plan_dir: str, data: str = "fashion-mnist", epochs: int = 1, *, wo
     }
     if export:
         model = exit_model(res["layers"], res["heads"], k).cpu().eval()
+        if count_params(model) != params[k]:
+            raise EdgetrainError(f"exit model has {count_params(model)} parameters, the schedule says {params[k]}: "
+                                 "plan.py and schedule.json disagree; recompile")
         meta = {"edgetrain.exit_layer": str(k), "edgetrain.schedule": schedule_format.content_hash(body),
                 "edgetrain.specs": json.dumps({"layers": [l["spec"] for l in local["layers"][:k + 1]],
                                                "head": local["heads"][k]["spec"]}, sort_keys=True)}

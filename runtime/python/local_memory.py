@@ -60,24 +60,36 @@ def held_bytes(held: dict[int, torch.Tensor], extra: tuple[torch.Tensor, ...], e
 
 
 def static_bytes(modules, optimizer: torch.optim.Optimizer) -> int:
-    params = [p for m in modules for p in m.parameters()]
+    params = list(dict.fromkeys(p for m in modules for p in m.parameters()))  # a shared parameter once
     n = sum(_nbytes(p) for p in params)
     n += sum(_nbytes(p.grad) for p in params if p.grad is not None)
     n += sum(_nbytes(s["momentum_buffer"]) for s in optimizer.state.values()
              if s.get("momentum_buffer") is not None)
-    return n + sum(_nbytes(b) for m in modules for b in m.buffers())
+    return n + sum(_nbytes(b) for b in dict.fromkeys(b for m in modules for b in m.buffers()))
 
 
-def step_bytes(layer, head, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer) -> tuple[StepBytes, torch.Tensor]:
-    """One real SGD step of ``layer`` + ``head`` on (x, y), counted; returns (bytes, the layer's output)."""
+def counted_step(modules, forward, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer
+                 ) -> tuple[StepBytes, list[torch.Tensor]]:
+    """One real SGD step of ``modules``, counted by the rule above; ``forward(x)`` returns the tensors the step
+    holds besides autograd's saved ones, logits last. Returns (bytes, forward's tensors)."""
     optimizer.zero_grad(set_to_none=True)
     with count_saved() as held:
-        out = layer(x)
-        logits = head(out)
-        loss = torch.nn.functional.cross_entropy(logits, y)
-    weights = tuple(p for m in (layer, head) for p in (*m.parameters(), *m.buffers()))
-    saved, grad = held_bytes(held, (out, logits, loss), (x, *weights))
+        outs = list(forward(x))
+        loss = torch.nn.functional.cross_entropy(outs[-1], y)
+    weights = tuple(t for m in modules for t in (*m.parameters(), *m.buffers()))
+    saved, grad = held_bytes(held, (*outs, loss), (x, *weights))
     loss.backward()
     optimizer.step()
-    static = static_bytes((layer, head), optimizer)
-    return StepBytes(len(x), static, _nbytes(x) + _nbytes(y), saved, grad, float(loss.detach())), out
+    return StepBytes(len(x), static_bytes(modules, optimizer), _nbytes(x) + _nbytes(y), saved, grad,
+                     float(loss.detach())), outs
+
+
+def step_bytes(layer, head, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer
+               ) -> tuple[StepBytes, torch.Tensor]:
+    """One real SGD step of ``layer`` + ``head`` on (x, y), counted; returns (bytes, the layer's output)."""
+    def forward(inp):
+        out = layer(inp)
+        return out, head(out)
+
+    sb, outs = counted_step((layer, head), forward, x, y, optimizer)
+    return sb, outs[0]

@@ -29,7 +29,7 @@ from .activation_cache import ActivationCache, CacheWriter
 from .local_layers import build
 from .local_memory import step_bytes
 
-__all__ = ["Splits", "train_local", "PROGRESS"]
+__all__ = ["Splits", "train_local", "scaled_lr", "PROGRESS"]
 
 PROGRESS = "progress.json"
 SPLITS = ("train", "val", "test")
@@ -124,6 +124,12 @@ def _epoch_order(n: int, seed: int, block: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + block * 1009 + epoch))
 
 
+def scaled_lr(optimizer: dict, batch: int) -> float:
+    """``lr`` is per ``lr_reference_batch`` samples (None: no scaling): the linear scaling rule."""
+    ref = optimizer.get("lr_reference_batch")
+    return optimizer["lr"] * (batch / ref if ref else 1.0)
+
+
 def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache: bool = True,
                 device: str = "cpu", progress: Callable[[str, int, int], None] | None = None,
                 eval_each_epoch: bool = False, initial: dict[str, torch.Tensor] | None = None) -> dict:
@@ -164,6 +170,9 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
         b, idx, batch = block["index"], block["layers"], int(block["batch"])
         n = sources["train"].n
         # Kept in progress.json: a resumed block keeps the peak its first step measured before the kill.
+        for i in idx:  # linear lr scaling with the block's batch (per-sample step size kept)
+            for g in opts[i].param_groups:
+                g["lr"] = scaled_lr(o, batch)
         peak = prog.setdefault("peak", {"counted_bytes": 0, "cuda_max_allocated": None})
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
@@ -204,7 +213,7 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
         # One eval pass per split: every head's accuracy, and the block's outputs cached for the next block.
         t0 = time.perf_counter()
         last = b == len(plan["blocks"]) - 1
-        accs, new_sources, cache_bytes = {}, {}, 0
+        accs, cache_bytes = {}, 0
         for s in SPLITS:
             writer = None
             if cache and not last:

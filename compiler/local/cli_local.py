@@ -18,6 +18,9 @@ def add_compile_options(c: argparse.ArgumentParser) -> None:
                         "(relative) share a block")
     c.add_argument("--cache-dtype", default="float32", choices=["float32", "float16"],
                    help="--mode local: dtype of the cached block outputs on storage")
+    c.add_argument("--profile", default="counter", choices=["counter", "profiler", "cuda"],
+                   help="--mode local: how layer memory is measured: counter (the tensors a step holds; CPU), "
+                        "profiler (torch.profiler memory events; CPU), cuda (torch.cuda.max_memory_allocated)")
 
 
 def add_train_parser(sub) -> None:
@@ -39,7 +42,7 @@ def compile_local_cmd(a, progress=None) -> dict:
     shape = tuple(a.input_shape) if a.input_shape else None
     opts = LocalOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, cap=a.cap, rho=a.rho,
                         input_shape=shape, lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay,
-                        cache_dtype=a.cache_dtype, seed=a.seed)
+                        cache_dtype=a.cache_dtype, seed=a.seed, profile_method=a.profile)
     return compile_local(opts, progress=progress)
 
 

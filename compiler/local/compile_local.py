@@ -42,6 +42,7 @@ class LocalOptions:
     num_classes: int = 10
     profile_batches: tuple[int, ...] = DEFAULT_BATCHES
     held_out_batch: int = DEFAULT_HELD_OUT
+    profile_method: str = "counter"  # counter (CPU, deterministic), profiler (torch.profiler), cuda (allocator)
     lr: float = 0.01
     # The lr is per this many samples, scaled linearly with each block's batch (Goyal et al. 2017), so blocks
     # with large batches keep the per-sample step size; None: the same lr at every batch.
@@ -83,7 +84,12 @@ def compile_local(opts: LocalOptions, progress=None) -> dict:
     if progress:
         progress(f"profiling {len(layers)} layers at batches {list(opts.profile_batches)}")
     profiles = profile_layers(model, in_shape, opts.num_classes, batches=opts.profile_batches,
-                              held_out=opts.held_out_batch)
+                              held_out=opts.held_out_batch, method=opts.profile_method)
+    context = None
+    if opts.profile_method == "cuda":
+        from .memory_lines import cuda_context_bytes
+
+        context = cuda_context_bytes()
     part = partition([p.fit.to_line(p.name) for p in profiles], budget.nbytes, cap=opts.cap, rho=opts.rho)
 
     weights, layer_rows, head_rows = {}, [], []
@@ -118,8 +124,9 @@ def compile_local(opts: LocalOptions, progress=None) -> dict:
                    "deadline_s": None},
         "local": {
             "layers": layer_rows, "heads": head_rows, "partition": part.to_dict(),
-            "profile": {"method": "counter", "device": "cpu", "batches": list(opts.profile_batches),
-                        "head_frac": HEAD_FRAC},
+            "profile": {"method": opts.profile_method, "device": "cuda" if opts.profile_method == "cuda" else "cpu",
+                        "batches": list(opts.profile_batches), "head_frac": HEAD_FRAC,
+                        "cuda_context_bytes": context},
             "training": {"lr": opts.lr, "lr_reference_batch": opts.lr_reference_batch, "momentum": opts.momentum, "weight_decay": opts.weight_decay,
                          "cache_dtype": opts.cache_dtype, "val_fraction": opts.val_fraction,
                          "exit_tolerance_points": opts.exit_tolerance_points},

@@ -52,7 +52,7 @@ from .partition import DEFAULT_CAP, Line, feasible_batch
 
 __all__ = [
     "LineFit", "StepBytes", "LayerProfile", "fit_line", "measure_step_bytes", "profiler_peak_bytes",
-    "profile_layers", "measure_model_step_bytes", "model_memory_line", "max_batch_under",
+    "profile_layers", "cuda_peak_bytes", "cuda_context_bytes", "measure_model_step_bytes", "model_memory_line", "max_batch_under",
     "DEFAULT_BATCHES", "DEFAULT_HELD_OUT",
 ]
 
@@ -164,6 +164,31 @@ def profiler_peak_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[in
     return int(peak)
 
 
+def cuda_context_bytes(device: str = "cuda") -> int:
+    """Device memory in use that the caching allocator does not own: the CUDA context, cuBLAS/cuDNN handles.
+    Reported beside the lines, not in them: it is paid once per process, whatever the batch."""
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free - torch.cuda.memory_reserved(device))
+
+
+def cuda_peak_bytes(layer: nn.Module, head: nn.Module, in_shape: Sequence[int], batch: int,
+                    classes: int = 10, *, lr: float = 0.01, momentum: float = 0.9, seed: int = 0,
+                    device: str = "cuda") -> int:
+    """Peak bytes the caching allocator hands out during one local-learning step on the GPU
+    (``torch.cuda.max_memory_allocated`` after a reset, batch and labels included, the context excluded)."""
+    layer, head = layer.to(device), head.to(device)
+    x, y, params, opt = _one_step_setup((layer, head), in_shape, batch, classes, lr, momentum, seed)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    x, y = x.to(device), y.to(device)
+    opt.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(head(layer(x)), y).backward()
+    opt.step()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device))
+
+
 @dataclass
 class LayerProfile:
     name: str
@@ -194,10 +219,14 @@ def profile_layers(model: nn.Module, in_shape: Sequence[int] = (3, 32, 32), clas
 
     ``layers`` restricts the profile to those layer indices. The model's weights are left untouched
     (each measurement trains a deep copy of the layer). ``method``: "counter" (:func:`measure_step_bytes`,
-    with a per-component breakdown in ``detail``) or "profiler" (:func:`profiler_peak_bytes`).
+    with a per-component breakdown in ``detail``), "profiler" (:func:`profiler_peak_bytes`) or "cuda"
+    (:func:`cuda_peak_bytes`; the CUDA context is :func:`cuda_context_bytes`, reported apart).
     """
-    if method not in ("counter", "profiler"):
-        raise ValueError(f"profile_layers: method must be 'counter' or 'profiler', got {method!r}")
+    if method not in ("counter", "profiler", "cuda"):
+        raise ValueError(f"profile_layers: method must be 'counter', 'profiler' or 'cuda', got {method!r}")
+    if method == "cuda" and not torch.cuda.is_available():
+        raise ValueError("profile_layers: method 'cuda' needs a CUDA device; this torch sees none "
+                         "(use method 'counter' on the CPU)")
     import copy
 
     batches = list(batches)
@@ -213,6 +242,8 @@ def profile_layers(model: nn.Module, in_shape: Sequence[int] = (3, 32, 32), clas
             if method == "counter":
                 detail.append(measure_step_bytes(mod, head, tl.in_shape, b, classes))
                 peaks.append(detail[-1].peak)
+            elif method == "cuda":
+                peaks.append(cuda_peak_bytes(mod, head, tl.in_shape, b, classes))
             else:
                 peaks.append(profiler_peak_bytes(mod, head, tl.in_shape, b, classes))
         pts = list(zip(batches, peaks[:-1]))
@@ -258,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m compiler.local.memory_lines")
     ap.add_argument("model")
     ap.add_argument("--budget-mb", type=float, default=64.0)
-    ap.add_argument("--method", default="counter", choices=("counter", "profiler"))
+    ap.add_argument("--method", default="counter", choices=("counter", "profiler", "cuda"))
     ap.add_argument("--cap", type=int, default=256)
     ap.add_argument("--rho", type=float, default=0.40)
     args = ap.parse_args(argv)

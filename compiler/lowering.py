@@ -120,7 +120,8 @@ def lower(fwd: ForwardGraph, model_name: str, loss: str = "cross_entropy",
             shape=out_shape if needs else None,
             aux_of=n.name if n.aux_bytes else None,
             # The gradients, until SGD applies them; none where the runtime fuses the update into the wgrad.
-            workspace_bytes=sum(fwd.params[p].bytes for p in n.params) if backend.param_grad_workspace else 0,
+            workspace_bytes=(sum(fwd.params[p].bytes for p in n.params) if backend.param_grad_workspace else 0)
+            + (rule_n.bwd_scratch_bytes(in_shapes, n.shape, n.attrs) if rule_n.bwd_scratch_bytes else 0),
             flops=int(flops), forward_of=n.name, source=n.source,
         ))
         for j, k in enumerate(rule_n.grad_inputs):

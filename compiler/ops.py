@@ -59,6 +59,9 @@ class OpRule:
     # Inputs whose gradients the backward kernel returns. More than one (attention, matmul): it returns a tuple
     # of all of them, held as one tensor of their summed size and read through ("item", k) views.
     grad_inputs: tuple[int, ...] = (0,)
+    # Transient bytes of the backward kernel beyond its output (matmul: its results before they are copied
+    # into the operands' layouts).
+    bwd_scratch_bytes: Callable[[list[Shape], Shape, dict], int] | None = None
 
 
 def _add_views(ins, out, a):
@@ -107,7 +110,8 @@ TRANSFORMER_RULES = [
            input_grad_flops=lambda i, o, a: 2 * _attn_core(i, o, a) + 2 * _numel(i[0][:-1]) * i[1][-2],
            aux_bytes=lambda i, o, a: _numel(i[0][:-1]) * 4, grad_inputs=(0, 1, 2)),
     OpRule("matmul", flops=_matmul_core, backward="matmul_bwd", saved=("in0", "in1"),
-           input_grad_flops=lambda i, o, a: 2 * _matmul_core(i, o, a), grad_inputs=(0, 1)),
+           input_grad_flops=lambda i, o, a: 2 * _matmul_core(i, o, a), grad_inputs=(0, 1),
+           bwd_scratch_bytes=lambda i, o, a: 4 * (_numel(i[0]) + _numel(i[1]))),
     OpRule("scale", flops=lambda i, o, a: _numel(o), backward="scale_bwd",
            input_grad_flops=lambda i, o, a: _numel(o)),
     OpRule("slice", flops=lambda i, o, a: _numel(o), backward="slice_bwd",

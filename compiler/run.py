@@ -106,7 +106,7 @@ def run_plan(out_dir: str, *, steps: int = 1, data: str = "random", check: bool 
         "ok": True, "steps": len(batches), "data": data, "device": str(rt.device), "losses": rt.losses,
         "budget_bytes": body["budget"]["bytes"], "predicted_peak_bytes": report.peak_bytes,
         "measured_peak_bytes": rt.ledger.peak_bytes, "cuda_max_memory_allocated": rt.cuda_max_memory_allocated,
-        "paged_bytes": rt.paged_bytes, "wall_s": wall, "checked": check, "max_abs_err": None, "max_rel_err": None,
+        "paged_bytes": rt.paged_bytes, "view_copied_bytes": rt.view_copied_bytes, "wall_s": wall, "checked": check, "max_abs_err": None, "max_rel_err": None,
     }
     if rt.ledger.peak_bytes > body["budget"]["bytes"]:
         result["ok"] = False

@@ -108,16 +108,25 @@ def matmul(ctx, inputs, params, attrs):
     return KernelResult(_fresh(aten.matmul(a, b), a, b))
 
 
+def _like(operand, grad):
+    """`grad` in `operand`'s memory layout (empty_like keeps a permuted layout), so the plan's views that
+    take it back to the operand's base tensor stay views; the kernel's own result is scratch."""
+    out = torch.empty_like(operand)
+    out.copy_(grad)
+    return out
+
+
 def matmul_bwd(ctx, inputs, params, attrs):
     """torch.matmul of two equal-rank operands is mm (2-D) or bmm over the flattened batch dims; these are
     autograd's MmBackward0/BmmBackward0 formulas on the operands matmul reshaped."""
     gy, a, b = inputs
     if a.dim() == 2:
-        return KernelResult((gy.mm(b.t()), a.t().mm(gy)))
-    a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
-    g3 = gy.reshape(-1, *gy.shape[-2:])
-    ga, gb = g3.bmm(b3.transpose(1, 2)), a3.transpose(1, 2).bmm(g3)
-    return KernelResult((ga.view(a.shape), gb.view(b.shape)))
+        ga, gb = gy.mm(b.t()), a.t().mm(gy)
+    else:
+        a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+        g3 = gy.reshape(-1, *gy.shape[-2:])
+        ga, gb = g3.bmm(b3.transpose(1, 2)).view(a.shape), a3.transpose(1, 2).bmm(g3).view(b.shape)
+    return KernelResult((_like(a, ga), _like(b, gb)), scratch=[ga, gb])
 
 
 def scale(ctx, inputs, params, attrs):
@@ -164,10 +173,10 @@ def expand_bwd(ctx, inputs, params, attrs):
     return KernelResult(gy.sum_to_size(tuple(attrs["input_shape"])))
 
 
-def _chain(t, chain, copy_ok: bool):
+def _chain(t, chain):
     for v in chain:
         if v[0] == "reshape":
-            t = t.reshape(tuple(v[1])) if copy_ok else t.view(tuple(v[1]))
+            t = t.reshape(tuple(v[1]))
         elif v[0] == "permute":
             t = t.permute(*[int(d) for d in v[1]])
         else:
@@ -178,13 +187,13 @@ def _chain(t, chain, copy_ok: bool):
 def copy(ctx, inputs, params, attrs):
     """Where torch copies (`.contiguous()` or a reshape of a permuted tensor): the views, then a copy."""
     x = inputs[0]
-    return KernelResult(_chain(x, attrs["view"], False).clone(memory_format=torch.contiguous_format))
+    return KernelResult(_fresh(_chain(x, attrs["view"]).contiguous(), x))
 
 
 def copy_bwd(ctx, inputs, params, attrs):
     """The gradient seen back through the views (reshape copying where autograd's does), contiguous."""
     (gy,) = inputs
-    gx = _chain(gy, attrs["grad_view"], True).contiguous()
+    gx = _chain(gy, attrs["grad_view"]).contiguous()
     return KernelResult(_fresh(gx, gy))
 
 

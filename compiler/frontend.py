@@ -347,6 +347,13 @@ _METHODS: dict[str, Callable] = {
 }
 
 
+def _holds_tensor(value) -> bool:
+    """A tensor, or a tuple/list holding one (x.split(...)): not a constant of the trace."""
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(v) for v in value)
+    return isinstance(value, torch.Tensor)
+
+
 def _trace(model: nn.Module) -> fx.GraphModule:
     try:
         return fx.GraphModule(model, _Tracer().trace(model))
@@ -398,7 +405,7 @@ def trace_forward(model: nn.Module, example: torch.Tensor, input_high: int | Non
             if not isinstance(out, fx.Node) or out.name not in b.refs:
                 raise UnsupportedModelError(f"forward() must return one tensor, got `{out}` ({_node_source(n)}).")
             output = b.refs[out.name]
-        elif n.op in ("call_method", "call_function") and not isinstance(value, torch.Tensor):
+        elif n.op in ("call_method", "call_function") and not _holds_tensor(value):
             continue  # x.size(0), x.shape[1]: constants of this trace, folded into the view shapes
         elif n.op == "call_module":
             m = b.modules[n.target]

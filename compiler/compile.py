@@ -99,8 +99,9 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     body = {
         "edgetrain": __version__,
         "model": {"spec": resolved.spec, "kwargs": resolved.kwargs, "input_shape": list(graph.input_shape[1:]),
-                  "num_classes": graph.num_classes, "loss": graph.loss, "input_dtype": graph.input_dtype,
-                  "input_high": graph.input_high},
+                  "num_classes": graph.num_classes, "loss": graph.loss,
+                  **({"input_dtype": graph.input_dtype, "input_high": graph.input_high}
+                     if graph.input_dtype != "float32" else {})},
         # Without the profile's file path: a schedule must not depend on where the checkout lies.
         "target": {k: v for k, v in target.to_dict().items() if k != "path"},
         "budget": {"spec": budget.text, "bytes": budget_bytes, "min_feasible_bytes": min_budget(lv),

@@ -428,6 +428,12 @@ def trace_forward(model: nn.Module, example: torch.Tensor, input_high: int | Non
     assert output is not None
     params = {k: TensorSpec(tuple(v.shape)) for k, v in model.named_parameters()}
     used = {p for nd in b.nodes for p in nd.params}
+    shared = sorted(used - set(params))  # named_parameters() lists a tied parameter once
+    if shared:
+        raise UnsupportedModelError(
+            f"parameters {shared[:5]} are shared with another module (tied weights, e.g. an LM head tied to "
+            "the token embedding): SGD would update them twice. Give each module its own parameter."
+        )
     unused = sorted(set(params) - used)
     if unused:
         raise UnsupportedModelError(

@@ -240,8 +240,8 @@ class TrainingGraph:
             "num_classes": self.num_classes,
             "loss": self.loss,
             "optimizer": asdict(self.optimizer),
-            "input_dtype": self.input_dtype,
-            "input_high": self.input_high,
+            # Token-id inputs only, so image models' schedules (and their content hashes) stay as they were.
+            **({"input_dtype": self.input_dtype, "input_high": self.input_high} if self.input_dtype != "float32" else {}),
             "params": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.params.items()},
             "buffers": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.buffers.items()},
             "nodes": [n.to_json() for n in self.nodes],

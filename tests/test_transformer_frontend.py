@@ -120,6 +120,12 @@ def test_unsupported_transformer_constructs_are_named_with_their_line(tmp_path, 
     assert f"transformer_models.py:{line}" in msg and "Supported:" in msg and "Embedding" in msg
 
 
+def test_tied_embedding_is_refused():
+    with pytest.raises(UnsupportedModelError) as e:
+        _graph("tests.transformer_models:tied_head")
+    assert "head.weight" in str(e.value) and "tied" in str(e.value)
+
+
 # -- the C backend refuses them --------------------------------------------------------------------------
 
 def test_emit_c_refuses_transformer_ops(tmp_path, capsys):

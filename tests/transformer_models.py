@@ -89,3 +89,19 @@ def split_qkv() -> nn.Module:
 
 def torch_mha() -> nn.Module:
     return TorchMHA()
+
+
+class TiedHead(nn.Module):
+    input_shape, input_dtype, input_high, num_classes = (8,), "int64", 50, 50
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.head = nn.Embedding(50, 8), nn.Linear(8, 50, bias=False)
+        self.head.weight = self.tok.weight  # GPT-2's tied embedding: refused
+
+    def forward(self, ids):
+        return self.head(self.tok(ids))
+
+
+def tied_head() -> nn.Module:
+    return TiedHead()

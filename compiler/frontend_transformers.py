@@ -11,6 +11,7 @@ import operator
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class TransformerHandlers:
@@ -65,7 +66,7 @@ class TransformerHandlers:
         self.softmax(n, self.ref(n.args[0], n), m.dim)
 
     def f_softmax(self, n, *_):
-        if self.arg(n, 3 if n.op == "call_function" else 2, "dtype") is not None:
+        if self.arg(n, 3 if n.target is F.softmax else 2, "dtype") is not None:
             raise self.fail(n, "softmax with a dtype")
         self.softmax(n, self.ref(n.args[0], n), self.const(n, self.arg(n, 1, "dim")))
 

@@ -7,6 +7,8 @@ habits are kept on purpose because the compiler must cope with them: ``nn.ReLU(i
 one ReLU module called twice per block (ResNet, as torchvision writes it), and ``x.view`` instead of
 a Flatten module (MobileNetV2).
 
+Transformers (token-id inputs) live in ``zoo_transformers.py`` and are registered here.
+
 Initialisation uses only torch's RNG, so ``torch.manual_seed(s); build(name)`` is deterministic.
 """
 

@@ -38,7 +38,7 @@ def test_transformer_fits_budget_and_matches_autograd(tmp_path, model, target, b
     assert r["view_copied_bytes"] == 0, "an operand view had to copy: its bytes were not in the schedule"
 
 
-def test_recompute_schedules_recompute_attention(tmp_path):
+def test_recompute_schedule_recomputes_transformer_ops(tmp_path):
     """The recompute-heavy schedule really recomputes (incl. layer norm, whose statistics come from the
     first compute), so exactness above covers recomputed transformer ops."""
     out = str(tmp_path / "plan")
@@ -47,3 +47,16 @@ def test_recompute_schedules_recompute_attention(tmp_path):
     assert c["recomputes"] > 0
     plan = open(f"{out}/plan.py").read()
     assert "rt.recompute(" in plan and "'layer_norm'" in plan
+
+
+def test_dropout_in_a_decoder_is_replayed_exactly(tmp_path):
+    """Dropout after each FFN (p=0.1): the runtime draws each mask from its seed, step and module, and the
+    reference draws the same masks."""
+    out = str(tmp_path / "plan")
+    c = compile_model(CompileOptions(model="gpt_tiny", target="jetson-agx-orin", budget="50%", out=out,
+                                     batch_size=4, time_limit=8.0, model_kwargs={"dropout": 0.1}))
+    plan = open(f"{out}/plan.py").read()
+    assert c["recomputes"] > 0 and "'dropout'" in plan
+    r = run_plan(out, steps=2, check=True)
+    assert r["ok"], r.get("error")
+    assert r["max_abs_err"] == 0.0 and r["measured_peak_bytes"] == r["predicted_peak_bytes"] == c["peak_bytes"]

@@ -61,8 +61,13 @@ def build_graph(opts: CompileOptions, target):
     if not shape:
         raise UnsupportedModelError(f"the input shape of {opts.model!r} is unknown; pass --input-shape C,H,W")
     model = resolved.module.train()
-    example = torch.randn(opts.batch_size, *shape, generator=torch.Generator().manual_seed(opts.seed))
-    graph = lower(trace_forward(model, example), opts.model, opts.loss, opts.optimizer, backend=get_backend(opts.emit))
+    gen = torch.Generator().manual_seed(opts.seed)
+    if resolved.input_dtype == "int64":  # token ids
+        example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
+    else:
+        example = torch.randn(opts.batch_size, *shape, generator=gen)
+    fwd = trace_forward(model, example, resolved.input_high)
+    graph = lower(fwd, opts.model, opts.loss, opts.optimizer, backend=get_backend(opts.emit))
     measured = None
     if getattr(target, "measured", False):
         from .profiler import profile_nodes
@@ -95,7 +100,9 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         "edgetrain": __version__,
         "mode": "poet",
         "model": {"spec": resolved.spec, "kwargs": resolved.kwargs, "input_shape": list(graph.input_shape[1:]),
-                  "num_classes": graph.num_classes, "loss": graph.loss},
+                  "num_classes": graph.num_classes, "loss": graph.loss,
+                  **({"input_dtype": graph.input_dtype, "input_high": graph.input_high}
+                     if graph.input_dtype != "float32" else {})},
         # Without the profile's file path: a schedule must not depend on where the checkout lies.
         "target": {k: v for k, v in target.to_dict().items() if k != "path"},
         "budget": {"spec": budget.text, "bytes": budget_bytes, "min_feasible_bytes": min_budget(lv),

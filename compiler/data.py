@@ -57,9 +57,13 @@ class DatasetMissingError(EdgetrainError, FileNotFoundError):
 
 
 def random_batches(
-    input_shape: Sequence[int], num_classes: int, batch_size: int, steps: int, seed: int = 0
+    input_shape: Sequence[int], num_classes: int, batch_size: int, steps: int, seed: int = 0, *,
+    input_high: int | None = None, label_shape: Sequence[int] = (),
 ) -> Iterator[Batch]:
     """``steps`` batches of standard-normal float32 inputs and uniform int64 labels.
+
+    With ``input_high`` the inputs are uniform int64 token ids in [0, input_high) instead; labels have
+    the shape (batch, *label_shape) (a language model: one label per position).
 
     A private generator makes the stream depend on ``seed`` alone, not on whatever else has used
     torch's global RNG (model init, dropout), so a compiled plan and its autograd reference can be
@@ -68,8 +72,11 @@ def random_batches(
     _check_positive(batch_size=batch_size, num_classes=num_classes)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        x = torch.randn((batch_size, *input_shape), generator=gen, dtype=torch.float32)
-        y = torch.randint(0, num_classes, (batch_size,), generator=gen, dtype=torch.int64)
+        if input_high is None:
+            x = torch.randn((batch_size, *input_shape), generator=gen, dtype=torch.float32)
+        else:
+            x = torch.randint(0, input_high, (batch_size, *input_shape), generator=gen, dtype=torch.int64)
+        y = torch.randint(0, num_classes, (batch_size, *label_shape), generator=gen, dtype=torch.int64)
         yield x, y
 
 

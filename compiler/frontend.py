@@ -22,7 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import UnsupportedModelError
-from .ir import Node, TensorRef, TensorSpec
+from .frontend_transformers import TransformerHandlers
+from .ir import Node, TensorRef, TensorSpec, inverse_view, view_shape
 from .ops import OPS
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -38,6 +39,8 @@ class ForwardGraph:
     input_shape: tuple[int, ...]
     output_shape: tuple[int, ...]
     module_of: dict[str, str] = field(default_factory=dict)  # node name -> module qualname
+    input_dtype: str = "float32"  # "int64": token ids
+    input_high: int | None = None  # token ids lie in [0, input_high)
 
 
 def _user_frame(frames: list[tuple[str, int, str]]) -> str:
@@ -60,9 +63,12 @@ def _node_source(node: fx.Node) -> str:
 
 SUPPORTED = (
     "modules: Conv2d, Linear, ReLU, ReLU6, BatchNorm2d (training mode), MaxPool2d, AvgPool2d, "
-    "AdaptiveAvgPool2d, Flatten, Dropout, Identity; functions: + / torch.add (same shapes), torch.cat, "
-    "torch.flatten, F.relu, F.relu6, F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d; methods: "
-    ".view, .reshape, .flatten, .size, .relu, .contiguous"
+    "AdaptiveAvgPool2d, Flatten, Dropout, Identity, Embedding, LayerNorm, GELU, Tanh, Softmax; functions: "
+    "+ / torch.add (same shapes, or one operand broadcast), torch.cat, torch.flatten, F.relu, F.relu6, "
+    "F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.gelu, torch.tanh, F.softmax, "
+    "F.scaled_dot_product_attention (no mask, no dropout), torch.matmul / @ / torch.bmm (equal ranks), "
+    "* or / by a constant, torch.arange, indexing with ints and slices; methods: .view, .reshape, "
+    ".flatten, .size, .relu, .contiguous, .transpose, .permute, .unsqueeze, .matmul, .softmax"
 )
 
 
@@ -95,7 +101,7 @@ def _pair(v) -> list[int]:
     return [int(v), int(v)] if isinstance(v, int) else [int(x) for x in v]
 
 
-class _Builder:
+class _Builder(TransformerHandlers):
     """Maps fx nodes to registry ops. One small method per construct, looked up in tables below."""
 
     def __init__(self, gm: fx.GraphModule, values: dict[str, Any]) -> None:
@@ -125,10 +131,7 @@ class _Builder:
         return self.refs[a.name]
 
     def ref_shape(self, r: TensorRef) -> tuple[int, ...]:
-        for v in reversed(r.view):
-            if v[0] == "reshape":
-                return tuple(v[1])
-        return self.shapes[r.name]
+        return view_shape(self.shapes[r.name], r.view)
 
     def emit(self, n: fx.Node, op: str, inputs: list[TensorRef], *, name: str | None = None,
              params: tuple[str, ...] = (), buffers: tuple[str, ...] = (), attrs: dict | None = None,
@@ -155,14 +158,23 @@ class _Builder:
             self.refs[n.name] = r
         return r
 
-    def alias(self, n: fx.Node, src: TensorRef, reshape: bool) -> None:
-        if reshape:
-            shp = self.shape(n)
-            view = src.view[:-1] if src.view and src.view[-1][0] == "reshape" else src.view
-            base_shape = self.shapes[src.name]
-            self.refs[n.name] = TensorRef(src.name, view if shp == base_shape else view + (("reshape", shp),))
-        else:
-            self.refs[n.name] = src
+    def alias(self, n: fx.Node, src: TensorRef, reshape: bool, may_copy: bool = True) -> None:
+        """`n` is `src` seen through a reshape (or unchanged). Where torch copied instead (a reshape or
+        `.contiguous()` of a permuted tensor), the copy is a node of its own, so its bytes are counted."""
+        shp = self.shape(n)
+        view = src.view[:-1] if reshape and src.view and src.view[-1][0] == "reshape" else src.view
+        view = view if shp == view_shape(self.shapes[src.name], view) else view + (("reshape", shp),)
+        arg = n.args[0]
+        if may_copy and isinstance(arg, fx.Node) and self.values[n.name].untyped_storage().data_ptr() != \
+                self.values[arg.name].untyped_storage().data_ptr():
+            self.emit(n, "copy", [TensorRef(src.name)], attrs={
+                "view": [list(v) for v in view], "grad_view": [list(v) for v in inverse_view(self.shapes[src.name], view)]})
+            return
+        self.refs[n.name] = TensorRef(src.name, view)
+
+    def permute(self, n: fx.Node, src: TensorRef, dims: list[int]) -> None:
+        dims = [d % len(dims) for d in dims]
+        self.refs[n.name] = src if dims == sorted(dims) else TensorRef(src.name, src.view + (("permute", tuple(dims)),))
 
     def claim_module(self, n: fx.Node) -> str:
         q = str(n.target)
@@ -189,8 +201,9 @@ class _Builder:
     def m_linear(self, n, m: nn.Linear):
         q = self.claim_module(n)
         x = self.ref(n.args[0], n)
-        if len(self.ref_shape(x)) != 2:
-            raise self.fail(n, f"Linear on a {len(self.ref_shape(x))}-d input", "Flatten to (batch, features) first.")
+        if len(self.ref_shape(x)) > 2 and not self.values[n.args[0].name].is_contiguous():
+            raise self.fail(n, f"Linear on a non-contiguous {len(self.ref_shape(x))}-d input",
+                            "Call .contiguous() (or .reshape) on it first.")
         params = (f"{q}.weight",) + ((f"{q}.bias",) if m.bias is not None else ())
         self.module_of[n.name] = q
         self.emit(n, "linear", [x], params=params, attrs={"bias": m.bias is not None})
@@ -235,7 +248,7 @@ class _Builder:
         q = self.claim_module(n)
         x = self.ref(n.args[0], n)
         if m.p == 0.0:
-            return self.alias(n, x, reshape=False)
+            return self.alias(n, x, reshape=False, may_copy=False)
         self.module_of[n.name] = q
         # The seed id depends on the module's name only, so a reference model can draw the same mask.
         self.emit(n, "dropout", [x], attrs={"p": float(m.p), "seed_id": zlib.crc32(q.encode())})
@@ -250,16 +263,22 @@ class _Builder:
         self.alias(n, self.ref(n.args[0], n), reshape=True)
 
     def m_identity(self, n, m):
-        self.alias(n, self.ref(n.args[0], n), reshape=False)
+        self.alias(n, self.ref(n.args[0], n), reshape=False, may_copy=False)
 
     # -- functions and methods ------------------------------------------------------------------------
     def f_add(self, n, *_):
         a, b = n.args[0], n.args[1]
         if n.kwargs.get("alpha", 1) != 1 or not all(isinstance(v, fx.Node) for v in (a, b)):
             raise self.fail(n, f"`{n.target}` with a constant or alpha", "Residual adds of two tensors only.")
-        if tuple(self.values[a.name].shape) != tuple(self.values[b.name].shape):
-            raise self.fail(n, "broadcasting add", "Both operands must have the same shape.")
-        self.emit(n, "add", [self.ref(a, n), self.ref(b, n)])
+        out = self.shape(n)
+        refs = [self.ref(a, n), self.ref(b, n)]
+        for k, t in enumerate((a, b)):  # a broadcast operand: expanded to a tensor of its own
+            if tuple(self.values[t.name].shape) != out:
+                if tuple(self.values[(b, a)[k].name].shape) != out:
+                    raise self.fail(n, "an add where both operands broadcast", "One must have the output's shape.")
+                refs[k] = self.emit(n, "expand", [refs[k]], name=f"{n.name}_expand", shape=out,
+                                    attrs={"shape": list(out)})
+        self.emit(n, "add", refs)
 
     def f_cat(self, n, *_):
         tensors = n.args[0]
@@ -303,19 +322,36 @@ _MODULES: dict[type, Callable] = {
     nn.MaxPool2d: _Builder.m_maxpool, nn.AvgPool2d: _Builder.m_avgpool,
     nn.AdaptiveAvgPool2d: _Builder.m_adaptive, nn.Dropout: _Builder.m_dropout, nn.ReLU: _Builder.m_relu,
     nn.ReLU6: _Builder.m_relu6, nn.Flatten: _Builder.m_flatten, nn.Identity: _Builder.m_identity,
+    nn.Embedding: _Builder.m_embedding, nn.LayerNorm: _Builder.m_layernorm, nn.GELU: _Builder.m_gelu,
+    nn.Tanh: _Builder.m_tanh, nn.Softmax: _Builder.m_softmax,
 }
 _FUNCTIONS: dict[Any, Callable] = {
     operator.add: _Builder.f_add, operator.iadd: _Builder.f_add, torch.add: _Builder.f_add,
     torch.cat: _Builder.f_cat, torch.concat: _Builder.f_cat, torch.flatten: _Builder.f_view,
     torch.reshape: _Builder.f_view, F.relu: _Builder.f_relu, torch.relu: _Builder.f_relu,
     F.relu6: _Builder.f_relu6, F.max_pool2d: _Builder.f_maxpool, F.avg_pool2d: _Builder.f_avgpool,
-    F.adaptive_avg_pool2d: _Builder.f_adaptive,
+    F.adaptive_avg_pool2d: _Builder.f_adaptive, F.gelu: _Builder.f_gelu, torch.tanh: _Builder.f_tanh,
+    F.tanh: _Builder.f_tanh, F.softmax: _Builder.f_softmax, torch.softmax: _Builder.f_softmax,
+    F.scaled_dot_product_attention: _Builder.f_sdpa, torch.matmul: _Builder.f_matmul,
+    operator.matmul: _Builder.f_matmul, torch.bmm: _Builder.f_matmul, operator.mul: _Builder.f_scale,
+    torch.mul: _Builder.f_scale, operator.truediv: _Builder.f_scale, torch.div: _Builder.f_scale,
+    torch.arange: _Builder.f_arange, operator.getitem: _Builder.f_getitem, torch.transpose: _Builder.f_transpose,
+    torch.permute: _Builder.f_permute, torch.unsqueeze: _Builder.f_view,
 }
 _METHODS: dict[str, Callable] = {
     "view": _Builder.f_view, "reshape": _Builder.f_view, "flatten": _Builder.f_view,
     "contiguous": _Builder.f_same, "relu": _Builder.f_relu, "add": _Builder.f_add, "add_": _Builder.f_add,
-    "relu_": _Builder.f_relu,
+    "relu_": _Builder.f_relu, "transpose": _Builder.f_transpose, "permute": _Builder.f_permute,
+    "unsqueeze": _Builder.f_view, "matmul": _Builder.f_matmul, "bmm": _Builder.f_matmul,
+    "softmax": _Builder.f_softmax, "tanh": _Builder.f_tanh, "mul": _Builder.f_scale, "div": _Builder.f_scale,
 }
+
+
+def _holds_tensor(value) -> bool:
+    """A tensor, or a tuple/list holding one (x.split(...)): not a constant of the trace."""
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(v) for v in value)
+    return isinstance(value, torch.Tensor)
 
 
 def _trace(model: nn.Module) -> fx.GraphModule:
@@ -332,8 +368,9 @@ def _trace(model: nn.Module) -> fx.GraphModule:
         raise UnsupportedModelError(f"torch.fx cannot trace the model at {where}: {type(e).__name__}: {e}") from None
 
 
-def trace_forward(model: nn.Module, example: torch.Tensor) -> ForwardGraph:
-    """Trace `model` and lower its forward pass to registry ops, with shapes from one run on `example`."""
+def trace_forward(model: nn.Module, example: torch.Tensor, input_high: int | None = None) -> ForwardGraph:
+    """Trace `model` and lower its forward pass to registry ops, with shapes from one run on `example`
+    (int64 token ids in [0, input_high) for a transformer)."""
     gm = _trace(model)
     shadow = copy.deepcopy(gm).train()  # the shape run must not touch the user's batch-norm statistics
     rec = _Recorder(shadow)
@@ -348,6 +385,10 @@ def trace_forward(model: nn.Module, example: torch.Tensor) -> ForwardGraph:
             f"{type(e).__name__}: {first_line}. Check --input-shape against what the model expects."
         ) from None
     b = _Builder(gm, rec.values)
+    in_dtype = {torch.float32: "float32", torch.int64: "int64"}.get(example.dtype)
+    if in_dtype is None:
+        raise UnsupportedModelError(f"the model input has dtype {example.dtype}; edgetrain takes float32 data or "
+                                    "int64 token ids")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         raise UnsupportedModelError(f"forward() takes {len(placeholders)} tensor inputs; edgetrain supports exactly one.")
@@ -355,7 +396,7 @@ def trace_forward(model: nn.Module, example: torch.Tensor) -> ForwardGraph:
     for n in gm.graph.nodes:
         value = rec.values.get(n.name)
         if n.op == "placeholder":
-            b.nodes.append(Node(name="input", kind="input", op="input", shape=tuple(example.shape),
+            b.nodes.append(Node(name="input", kind="input", op="input", shape=tuple(example.shape), dtype=in_dtype,
                                 source="the data batch"))
             b.refs[n.name] = TensorRef("input")
             b.shapes["input"] = tuple(example.shape)
@@ -364,7 +405,7 @@ def trace_forward(model: nn.Module, example: torch.Tensor) -> ForwardGraph:
             if not isinstance(out, fx.Node) or out.name not in b.refs:
                 raise UnsupportedModelError(f"forward() must return one tensor, got `{out}` ({_node_source(n)}).")
             output = b.refs[out.name]
-        elif n.op in ("call_method", "call_function") and not isinstance(value, torch.Tensor):
+        elif n.op in ("call_method", "call_function") and not _holds_tensor(value):
             continue  # x.size(0), x.shape[1]: constants of this trace, folded into the view shapes
         elif n.op == "call_module":
             m = b.modules[n.target]
@@ -387,6 +428,12 @@ def trace_forward(model: nn.Module, example: torch.Tensor) -> ForwardGraph:
     assert output is not None
     params = {k: TensorSpec(tuple(v.shape)) for k, v in model.named_parameters()}
     used = {p for nd in b.nodes for p in nd.params}
+    shared = sorted(used - set(params))  # named_parameters() lists a tied parameter once
+    if shared:
+        raise UnsupportedModelError(
+            f"parameters {shared[:5]} are shared with another module (tied weights, e.g. an LM head tied to "
+            "the token embedding): SGD would update them twice. Give each module its own parameter."
+        )
     unused = sorted(set(params) - used)
     if unused:
         raise UnsupportedModelError(
@@ -397,4 +444,5 @@ def trace_forward(model: nn.Module, example: torch.Tensor) -> ForwardGraph:
                for k, v in model.named_buffers()}
     out_shape = tuple(rec.values[[n for n in gm.graph.nodes if n.op == "output"][0].args[0].name].shape)
     return ForwardGraph(nodes=b.nodes, output=output, params=params, buffers=buffers,
-                        input_shape=tuple(example.shape), output_shape=out_shape, module_of=b.module_of)
+                        input_shape=tuple(example.shape), output_shape=out_shape, module_of=b.module_of,
+                        input_dtype=in_dtype, input_high=input_high if in_dtype == "int64" else None)

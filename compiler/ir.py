@@ -23,7 +23,8 @@ Kind = Literal["input", "labels", "forward", "loss", "backward", "grad_sum"]
 class TensorRef:
     """An operand: the tensor of node `name`, seen through a chain of views.
 
-    Views are ("reshape", shape) or ("narrow", dim, start, length).
+    Views are ("reshape", shape), ("narrow", dim, start, length), ("permute", dims) or ("item", k) (element
+    k of a node that produces a tuple: the gradients of an op with several differentiable inputs).
     """
 
     name: str
@@ -39,6 +40,40 @@ class TensorRef:
     def from_json(d: dict) -> "TensorRef":
         view = tuple(tuple([v[0]] + [tuple(x) if isinstance(x, list) else x for x in v[1:]]) for v in d.get("view", []))
         return TensorRef(d["t"], view)
+
+
+def view_shape(base: tuple[int, ...], view: tuple) -> tuple[int, ...]:
+    """The shape of a tensor of shape `base` seen through a view chain (an "item" view needs the item's
+    shape as `base`)."""
+    shape = tuple(base)
+    for v in view:
+        if v[0] == "reshape":
+            shape = tuple(v[1])
+        elif v[0] == "narrow":
+            shape = shape[: v[1]] + (v[3],) + shape[v[1] + 1:]
+        elif v[0] == "permute":
+            shape = tuple(shape[d] for d in v[1])
+    return shape
+
+
+def inverse_view(base: tuple[int, ...], view: tuple) -> tuple:
+    """The views that take a tensor seen through `view` back to the shape `base`: each view undone in
+    reverse (a reshape to the shape before it, the inverse permutation); consecutive reshapes merged."""
+    before = [tuple(base)]
+    for k in range(len(view) - 1):
+        before.append(view_shape(before[-1], view[k:k + 1]))
+    inverse: list[tuple] = []
+    for v, shape in zip(reversed(view), reversed(before)):
+        if v[0] == "reshape":
+            step = ("reshape", tuple(shape))
+        elif v[0] == "permute":
+            step = ("permute", tuple(sorted(range(len(v[1])), key=lambda d: v[1][d])))
+        else:
+            raise ValueError(f"the gradient of view {v!r} is not a view")
+        if inverse and step[0] == "reshape" and inverse[-1][0] == "reshape":
+            inverse.pop()
+        inverse.append(step)
+    return tuple(inverse)
 
 
 @dataclass
@@ -122,6 +157,8 @@ class TrainingGraph:
     num_classes: int
     loss: str  # "cross_entropy" | "mse"
     optimizer: SGDConfig = field(default_factory=SGDConfig)
+    input_dtype: str = "float32"  # "int64": token ids in [0, input_high), which no gradient reaches
+    input_high: int | None = None
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -203,6 +240,8 @@ class TrainingGraph:
             "num_classes": self.num_classes,
             "loss": self.loss,
             "optimizer": asdict(self.optimizer),
+            # Token-id inputs only, so image models' schedules (and their content hashes) stay as they were.
+            **({"input_dtype": self.input_dtype, "input_high": self.input_high} if self.input_dtype != "float32" else {}),
             "params": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.params.items()},
             "buffers": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.buffers.items()},
             "nodes": [n.to_json() for n in self.nodes],
@@ -219,4 +258,6 @@ class TrainingGraph:
             num_classes=d["num_classes"],
             loss=d["loss"],
             optimizer=SGDConfig(**d["optimizer"]),
+            input_dtype=d.get("input_dtype", "float32"),
+            input_high=d.get("input_high"),
         )

@@ -12,31 +12,25 @@ scratch): `compiler.backends` describes each, and `lower` applies the chosen one
 from __future__ import annotations
 
 import dataclasses
+from math import prod
 
 from .backends import PYTHON, Backend
 from .frontend import ForwardGraph
-from .ir import Node, SGDConfig, TensorRef, TrainingGraph
+from .ir import Node, SGDConfig, TensorRef, TrainingGraph, inverse_view, view_shape
 from .ops import GRAD_SUM, OPS, grad_sum_flops, sgd_flops
 
 LOSSES = ("cross_entropy", "mse")
 
 
-def _base_shape(shapes: dict[str, tuple], r: TensorRef) -> tuple:
-    return shapes[r.name]
-
-
 def _view_shape(shapes: dict[str, tuple], r: TensorRef) -> tuple:
-    for v in reversed(r.view):
-        if v[0] == "reshape":
-            return tuple(v[1])
-    return shapes[r.name]
+    return view_shape(shapes[r.name], r.view)
 
 
 def _to_base(shapes: dict[str, tuple], grad: TensorRef, operand: TensorRef) -> TensorRef:
     """A gradient computed in the shape `operand` is seen in, re-viewed in the shape of its base tensor."""
-    if operand.view:
-        return TensorRef(grad.name, grad.view + (("reshape", shapes[operand.name]),))
-    return grad
+    if not operand.view:
+        return grad
+    return TensorRef(grad.name, grad.view + inverse_view(shapes[operand.name], operand.view))
 
 
 def _for_backend(n: Node, backend: Backend) -> Node:
@@ -57,13 +51,19 @@ def lower(fwd: ForwardGraph, model_name: str, loss: str = "cross_entropy",
     fwd = dataclasses.replace(fwd, nodes=list(nodes))
     shapes: dict[str, tuple] = {n.name: n.shape for n in nodes}  # type: ignore[misc]
     logits_shape = _view_shape(shapes, fwd.output)
-    labels_shape = (logits_shape[0],) if loss == "cross_entropy" else logits_shape
+    labels_shape = logits_shape[:-1] if loss == "cross_entropy" else logits_shape
     nodes.append(Node(name="labels", kind="labels", op="labels", shape=labels_shape,
                       dtype=backend.index_dtype if loss == "cross_entropy" else "float32", source="the data batch"))
     shapes["labels"] = labels_shape
+    logits, labels = fwd.output, TensorRef("labels")
+    if loss == "cross_entropy" and len(logits_shape) > 2:  # per-token classes (an LM): over all B*T positions
+        rows = prod(logits_shape[:-1])
+        logits = TensorRef(logits.name, logits.view + (("reshape", (rows, logits_shape[-1])),))
+        labels = TensorRef("labels", (("reshape", (rows,)),))
+    loss_shape = _view_shape(shapes, logits)
     rule = OPS[loss]
-    in_shapes = [logits_shape, labels_shape]
-    nodes.append(Node(name="loss", kind="loss", op=loss, inputs=(fwd.output, TensorRef("labels")), shape=(),
+    in_shapes = [loss_shape, _view_shape(shapes, labels)]
+    nodes.append(Node(name="loss", kind="loss", op=loss, inputs=(logits, labels), shape=(),
                       flops=rule.flops(in_shapes, (), {}), source="the loss"))
     backend.check_node(nodes[-1])
 
@@ -75,11 +75,11 @@ def lower(fwd: ForwardGraph, model_name: str, loss: str = "cross_entropy",
             needs_grad.get(r.name, False) for k, r in enumerate(n.inputs) if k not in rule_n.nondiff_inputs)
 
     contributions: dict[str, list[TensorRef]] = {n.name: [] for n in fwd.nodes}
-    nodes.append(Node(name="bwd.loss", kind="backward", op=rule.backward, inputs=(fwd.output, TensorRef("labels")),
-                      shape=logits_shape, flops=rule.input_grad_flops(in_shapes, (), {}), forward_of="loss",
+    nodes.append(Node(name="bwd.loss", kind="backward", op=rule.backward, inputs=(logits, labels),
+                      shape=loss_shape, flops=rule.input_grad_flops(in_shapes, (), {}), forward_of="loss",
                       source="the loss"))
-    shapes["bwd.loss"] = logits_shape
-    contributions[fwd.output.name].append(_to_base(shapes, TensorRef("bwd.loss"), fwd.output))
+    shapes["bwd.loss"] = loss_shape
+    contributions[fwd.output.name].append(_to_base(shapes, TensorRef("bwd.loss"), logits))
 
     for n in reversed(fwd.nodes):
         if not needs_grad[n.name] or not contributions[n.name]:
@@ -100,33 +100,40 @@ def lower(fwd: ForwardGraph, model_name: str, loss: str = "cross_entropy",
                 if needs_grad.get(r.name, False):
                     contributions[r.name].append(_to_base(shapes, TensorRef(gy.name, gy.view + view), r))
             continue
-        x = n.inputs[0]
-        needs_input_grad = needs_grad.get(x.name, False) and 0 not in rule_n.nondiff_inputs
-        if rule_n.backward is None or not (needs_input_grad or n.params):
+        wrt = [k for k in rule_n.grad_inputs if k not in rule_n.nondiff_inputs]
+        needs = [k for k in wrt if needs_grad.get(n.inputs[k].name, False)]
+        if rule_n.backward is None or not (needs or n.params):
             continue
         saved = []
         for s in rule_n.saved:
             saved.append(TensorRef(n.name) if s == "out" else n.inputs[int(s[2:])])
-        flops = rule_n.input_grad_flops(in_shapes, n.shape, n.attrs) if needs_input_grad else 0  # type: ignore[misc]
+        flops = rule_n.input_grad_flops(in_shapes, n.shape, n.attrs) if needs else 0  # type: ignore[misc]
         if n.params:
             flops += rule_n.param_grad_flops(in_shapes, n.shape, n.attrs)  # type: ignore[misc]
             flops += sgd_flops([fwd.params[p].shape for p in n.params])
         name = f"bwd.{n.name}"
+        multi = len(rule_n.grad_inputs) > 1  # a tuple of every input gradient, held as one tensor
+        out_shape = (sum(prod(in_shapes[k]) for k in rule_n.grad_inputs),) if multi else in_shapes[0]
         nodes.append(Node(
             name=name, kind="backward", op=rule_n.backward, inputs=(gy, *saved), params=n.params,
-            attrs={**n.attrs, "input_shape": list(in_shapes[0]), "needs_input_grad": needs_input_grad},
-            shape=in_shapes[0] if needs_input_grad else None,
+            attrs={**n.attrs, "input_shape": list(in_shapes[0]), "needs_input_grad": bool(needs)},
+            shape=out_shape if needs else None,
             aux_of=n.name if n.aux_bytes else None,
             # The gradients, until SGD applies them; none where the runtime fuses the update into the wgrad.
-            workspace_bytes=sum(fwd.params[p].bytes for p in n.params) if backend.param_grad_workspace else 0,
+            workspace_bytes=(sum(fwd.params[p].bytes for p in n.params) if backend.param_grad_workspace else 0)
+            + (rule_n.bwd_scratch_bytes(in_shapes, n.shape, n.attrs) if rule_n.bwd_scratch_bytes else 0),
             flops=int(flops), forward_of=n.name, source=n.source,
         ))
-        shapes[name] = in_shapes[0]
-        if needs_input_grad:
-            contributions[x.name].append(_to_base(shapes, TensorRef(name), x))
+        for j, k in enumerate(rule_n.grad_inputs):
+            if k not in needs:
+                continue
+            grad = TensorRef(name, (("item", j),)) if multi else TensorRef(name)
+            contributions[n.inputs[k].name].append(_to_base(shapes, grad, n.inputs[k]))
+        shapes[name] = out_shape
 
     return TrainingGraph(model=model_name, nodes=nodes, params=dict(fwd.params), buffers=dict(fwd.buffers),
-                         input_shape=fwd.input_shape, num_classes=logits_shape[-1], loss=loss, optimizer=optimizer)
+                         input_shape=fwd.input_shape, num_classes=logits_shape[-1], loss=loss, optimizer=optimizer,
+                         input_dtype=fwd.input_dtype, input_high=fwd.input_high)
 
 
 def apply_costs(graph: TrainingGraph, target, measured_s: dict[str, float] | None = None) -> None:

@@ -20,6 +20,18 @@ class ResolvedModel:
     input_shape: tuple[int, ...] | None  # (C, H, W) without the batch
     num_classes: int | None
     kwargs: dict = field(default_factory=dict)
+    input_dtype: str = "float32"  # "int64": token ids in [0, input_high)
+    input_high: int | None = None
+
+
+def _input_facts(model: nn.Module, obj=None) -> dict:
+    """A model's own word on its input (transformers carry input_shape, input_dtype, input_high)."""
+    facts = {}
+    for key in ("input_shape", "num_classes", "input_dtype", "input_high"):
+        v = getattr(model, key, None) or getattr(obj, key, None)
+        if v is not None:
+            facts[key] = tuple(v) if key == "input_shape" else v
+    return facts
 
 
 def _load_file(path: str):
@@ -42,7 +54,9 @@ def resolve(spec: str, **kwargs) -> ResolvedModel:
             raise ModelSpecError(f"unknown model {spec!r}: not a zoo name ({', '.join(sorted(zoo.ZOO))}); "
                                  "give a file as path/file.py:factory or a module as package.module:attr")
         e = zoo.ZOO[spec]
-        return ResolvedModel(spec, zoo.build(spec, **kwargs), tuple(e.input_shape), e.num_classes, kwargs)
+        model = zoo.build(spec, **kwargs)
+        facts = {"input_shape": tuple(e.input_shape), "num_classes": e.num_classes, **_input_facts(model)}
+        return ResolvedModel(spec, model, kwargs=kwargs, **facts)
     where, attr = spec.rsplit(":", 1)
     if where.endswith(".py"):
         mod = _load_file(where)
@@ -57,6 +71,5 @@ def resolve(spec: str, **kwargs) -> ResolvedModel:
     model = obj if isinstance(obj, nn.Module) else obj(**kwargs) if callable(obj) else None
     if not isinstance(model, nn.Module):
         raise ModelSpecError(f"{spec!r} is neither an nn.Module nor a callable returning one")
-    shape = getattr(model, "input_shape", None) or getattr(obj, "input_shape", None)
-    classes = getattr(model, "num_classes", None) or getattr(obj, "num_classes", None)
-    return ResolvedModel(spec, model, tuple(shape) if shape else None, classes, kwargs)
+    facts = {"input_shape": None, "num_classes": None, **_input_facts(model, obj)}
+    return ResolvedModel(spec, model, kwargs=kwargs, **facts)

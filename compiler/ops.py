@@ -56,6 +56,12 @@ class OpRule:
     scratch_bytes: Callable[[list[Shape], Shape, dict], int] | None = None
     out_dtype: str = "float32"
     is_loss: bool = False
+    # Inputs whose gradients the backward kernel returns. More than one (attention, matmul): it returns a tuple
+    # of all of them, held as one tensor of their summed size and read through ("item", k) views.
+    grad_inputs: tuple[int, ...] = (0,)
+    # Transient bytes of the backward kernel beyond its output (matmul: its results before they are copied
+    # into the operands' layouts).
+    bwd_scratch_bytes: Callable[[list[Shape], Shape, dict], int] | None = None
 
 
 def _add_views(ins, out, a):
@@ -69,6 +75,51 @@ def _cat_views(ins, out, a):
         start += s[dim]
     return views
 
+
+def _ln_rows(i, o, a) -> int:
+    return _numel(o) // _numel(tuple(a["normalized_shape"]))
+
+
+def _attn_core(i, o, a) -> int:
+    """QK^T and PV: 2 * 2*B*H*T*S*d multiply-adds, plus the softmax over B*H*T*S scores."""
+    b_h_t, s, d = _numel(i[0][:-1]), i[1][-2], i[0][-1]
+    return 4 * b_h_t * s * d + 5 * b_h_t * s
+
+
+def _matmul_core(i, o, a) -> int:
+    return 2 * _numel(o) * i[0][-1]
+
+
+# Transformer ops (kernels: runtime/python/transformer_kernels.py).
+TRANSFORMER_RULES = [
+    OpRule("embedding", flops=lambda i, o, a: _numel(o), backward="embedding_bwd", saved=("in0",),
+           param_grad_flops=lambda i, o, a: _numel(o), nondiff_inputs=(0,)),
+    OpRule("arange", flops=lambda i, o, a: _numel(o), out_dtype="int64"),
+    OpRule("layer_norm", flops=lambda i, o, a: 8 * _numel(o), backward="layer_norm_bwd", saved=("in0",),
+           input_grad_flops=lambda i, o, a: 9 * _numel(o), param_grad_flops=lambda i, o, a: 3 * _numel(o),
+           aux_bytes=lambda i, o, a: 2 * _ln_rows(i, o, a) * 4),  # aux: the saved mean and rstd per row
+    OpRule("gelu", flops=lambda i, o, a: 8 * _numel(o), backward="gelu_bwd", saved=("in0",),
+           input_grad_flops=lambda i, o, a: 10 * _numel(o)),
+    OpRule("tanh", flops=lambda i, o, a: 4 * _numel(o), backward="tanh_bwd", saved=("out",),
+           input_grad_flops=lambda i, o, a: 3 * _numel(o)),
+    OpRule("softmax", flops=lambda i, o, a: 5 * _numel(o), backward="softmax_bwd", saved=("out",),
+           input_grad_flops=lambda i, o, a: 4 * _numel(o)),
+    # Flash attention: the backward reads q, k, v, out and the logsumexp (aux), recomputes the scores, and
+    # returns the gradients of q, k and v.
+    OpRule("sdpa", flops=_attn_core, backward="sdpa_bwd", saved=("in0", "in1", "in2", "out"),
+           input_grad_flops=lambda i, o, a: 2 * _attn_core(i, o, a) + 2 * _numel(i[0][:-1]) * i[1][-2],
+           aux_bytes=lambda i, o, a: _numel(i[0][:-1]) * 4, grad_inputs=(0, 1, 2)),
+    OpRule("matmul", flops=_matmul_core, backward="matmul_bwd", saved=("in0", "in1"),
+           input_grad_flops=lambda i, o, a: 2 * _matmul_core(i, o, a), grad_inputs=(0, 1),
+           bwd_scratch_bytes=lambda i, o, a: 4 * (_numel(i[0]) + _numel(i[1]))),
+    OpRule("scale", flops=lambda i, o, a: _numel(o), backward="scale_bwd",
+           input_grad_flops=lambda i, o, a: _numel(o)),
+    OpRule("slice", flops=lambda i, o, a: _numel(o), backward="slice_bwd",
+           input_grad_flops=lambda i, o, a: _numel(i[0])),
+    OpRule("expand", flops=lambda i, o, a: _numel(o), backward="expand_bwd",
+           input_grad_flops=lambda i, o, a: _numel(o)),
+    OpRule("copy", flops=lambda i, o, a: _numel(o), backward="copy_bwd", input_grad_flops=lambda i, o, a: _numel(o)),
+]
 
 _RULES = [
     OpRule("input", flops=lambda i, o, a: 0),
@@ -128,7 +179,7 @@ _RULES = [
            input_grad_flops=lambda i, o, a: 3 * _numel(i[0]), nondiff_inputs=(1,), is_loss=True),
 ]
 
-OPS: dict[str, OpRule] = {r.name: r for r in _RULES}
+OPS: dict[str, OpRule] = {r.name: r for r in _RULES + TRANSFORMER_RULES}
 
 # Backward-only kernels the lowering emits, with their FLOPs (element-wise sums).
 GRAD_SUM = "grad_sum"

@@ -16,6 +16,7 @@ import torch
 
 from runtime.python.kernels import KERNELS, KernelContext
 from runtime.python.sgd import sgd_update
+from runtime.python.views import ViewError, apply_views
 
 from .errors import EdgetrainError
 from .ir import TensorRef, TrainingGraph
@@ -24,15 +25,11 @@ _DTYPES = {"float32": torch.float32, "int64": torch.int64}
 _MIN_S = 1e-9  # a time is never zero: the solver would treat the node as free
 
 
-def _view(t: torch.Tensor, ref: TensorRef) -> torch.Tensor:
-    for v in ref.view:
-        if v[0] == "reshape":
-            t = t.reshape(tuple(v[1]))
-        elif v[0] == "narrow":
-            t = t.narrow(int(v[1]), int(v[2]), int(v[3]))
-        else:
-            raise EdgetrainError(f"profiler: unknown view {v!r} on '{ref.name}'")
-    return t
+def _view(t, ref: TensorRef) -> torch.Tensor:
+    try:
+        return apply_views(t, ref.view)[0]
+    except ViewError as e:
+        raise EdgetrainError(f"profiler: {e} on '{ref.name}'") from None
 
 
 def _state(graph: TrainingGraph, gen: torch.Generator):
@@ -52,6 +49,8 @@ def _state(graph: TrainingGraph, gen: torch.Generator):
 def _batch(graph: TrainingGraph, node, gen: torch.Generator) -> torch.Tensor:
     if node.kind == "labels" and node.dtype == "int64":
         return torch.randint(0, max(1, graph.num_classes), node.shape, generator=gen, dtype=torch.int64)
+    if node.dtype == "int64":  # token ids
+        return torch.randint(0, max(1, graph.input_high or 1), node.shape, generator=gen, dtype=torch.int64)
     return torch.randn(node.shape, generator=gen, dtype=_DTYPES[node.dtype])
 
 

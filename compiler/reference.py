@@ -44,6 +44,13 @@ def load_weights(model: nn.Module, path: str) -> None:
             b.copy_(tensors[f"buffer/{k}"])
 
 
+def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Classes along the last dim; per-token logits (B, T, V) are averaged over all B*T positions."""
+    if logits.dim() > 2:
+        logits, labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    return F.cross_entropy(logits, labels)
+
+
 def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
                     device: torch.device, first_step: int = 0) -> tuple[nn.Module, list[float]]:
     spec = schedule["model"]
@@ -56,7 +63,7 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     o = schedule["graph"]["optimizer"]
     opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o["momentum"], weight_decay=o["weight_decay"],
                           foreach=False)
-    loss_fn = F.cross_entropy if spec["loss"] == "cross_entropy" else F.mse_loss
+    loss_fn = _cross_entropy if spec["loss"] == "cross_entropy" else F.mse_loss
     losses = []
     for k, (x, y) in enumerate(batches):
         clock[0] = first_step + k

@@ -34,7 +34,11 @@ def _batches(body: dict, data: str, steps: int, seed: int) -> list:
             n = body["graph"]["nodes"]
             out_shape = next(x for x in n if x["kind"] == "labels")["shape"]
             return [(torch.randn(*shape, generator=g), torch.randn(*out_shape, generator=g)) for _ in range(steps)]
-        return list(random_batches(tuple(shape[1:]), body["model"]["num_classes"], shape[0], steps, seed))
+        labels = next(x for x in body["graph"]["nodes"] if x["kind"] == "labels")["shape"]
+        return list(random_batches(tuple(shape[1:]), body["model"]["num_classes"], shape[0], steps, seed,
+                                   input_high=body["graph"].get("input_high"), label_shape=tuple(labels[1:])))
+    if body["graph"].get("input_dtype", "float32") != "float32":
+        raise EdgetrainError(f"--data {data} holds images; this model takes token ids: use --data random")
     if data == "fashion-mnist":
         return list(fashion_mnist_batches(tuple(shape[1:]), shape[0], steps, seed))
     raise EdgetrainError(f"unknown data {data!r}; choose random or fashion-mnist")
@@ -102,7 +106,7 @@ def run_plan(out_dir: str, *, steps: int = 1, data: str = "random", check: bool 
         "ok": True, "steps": len(batches), "data": data, "device": str(rt.device), "losses": rt.losses,
         "budget_bytes": body["budget"]["bytes"], "predicted_peak_bytes": report.peak_bytes,
         "measured_peak_bytes": rt.ledger.peak_bytes, "cuda_max_memory_allocated": rt.cuda_max_memory_allocated,
-        "paged_bytes": rt.paged_bytes, "wall_s": wall, "checked": check, "max_abs_err": None, "max_rel_err": None,
+        "paged_bytes": rt.paged_bytes, "view_copied_bytes": rt.view_copied_bytes, "wall_s": wall, "checked": check, "max_abs_err": None, "max_rel_err": None,
     }
     if rt.ledger.peak_bytes > body["budget"]["bytes"]:
         result["ok"] = False

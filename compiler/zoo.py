@@ -7,6 +7,8 @@ habits are kept on purpose because the compiler must cope with them: ``nn.ReLU(i
 one ReLU module called twice per block (ResNet, as torchvision writes it), and ``x.view`` instead of
 a Flatten module (MobileNetV2).
 
+Transformers (token-id inputs) live in ``zoo_transformers.py`` and are registered here.
+
 Initialisation uses only torch's RNG, so ``torch.manual_seed(s); build(name)`` is deterministic.
 """
 
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from .errors import ModelSpecError
+from .zoo_transformers import transformer_entries
 
 __all__ = ["ZOO", "ZooEntry", "UnknownModelError", "build", "names"]
 
@@ -390,9 +393,11 @@ def mcu_resnet(num_classes: int = 10) -> nn.Module:
 class ZooEntry:
     name: str
     factory: Callable[..., nn.Module]
-    input_shape: tuple[int, int, int]  # (C, H, W) of one sample
+    input_shape: tuple[int, ...]  # (C, H, W) of one sample; (T,) token ids for a transformer
     num_classes: int
     description: str
+    input_dtype: str = "float32"  # "int64": token ids in [0, input_high); a built model may refine these
+    input_high: int | None = None
 
 
 class UnknownModelError(ModelSpecError, KeyError):
@@ -421,6 +426,7 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("mcu_resnet", mcu_resnet, _MNIST, 10, "Cortex-M residual CNN: stride-2 stem, 2 residual blocks, GAP, linear; no BN"),
     )
 }
+ZOO.update({e.name: e for e in transformer_entries(ZooEntry)})
 
 
 def names() -> list[str]:

@@ -111,7 +111,7 @@ SIGMOID = """\
     make.input_shape = (3, 2, 2)
 """
 
-GELU = """\
+SILU = """\
     import torch.nn as nn
 
 
@@ -119,7 +119,7 @@ GELU = """\
         def __init__(self):
             super().__init__()
             self.conv = nn.Conv2d(3, 4, 3, padding=1)
-            self.act = nn.GELU()
+            self.act = nn.SiLU()
             self.fc = nn.Linear(4 * 4 * 4, 2)
 
         def forward(self, x):
@@ -137,7 +137,7 @@ GELU = """\
 
 @pytest.mark.parametrize("name, body, op, fx_node, needle", [
     ("sig_model", SIGMOID, "torch.sigmoid", "sigmoid", "torch.sigmoid(self.fc(x))"),
-    ("gelu_model", GELU, "GELU", "act", "self.act(self.conv(x))"),
+    ("silu_model", SILU, "SiLU", "act", "self.act(self.conv(x))"),
 ])
 def test_unsupported_op_names_op_node_source_and_what_is_supported(capsys, tmp_path, name, body, op, fx_node, needle):
     path, spec = _write_model(tmp_path, name, body)

@@ -18,6 +18,7 @@ from .kernels import KERNELS, KernelContext, KernelResult
 from .ledger import Ledger
 from .sgd import sgd_update
 from .storage import FileStore
+from .views import ViewError, apply_views
 
 LOSS_OPS = frozenset({"cross_entropy", "mse"})
 INPUT, LABELS = "input", "labels"
@@ -71,6 +72,7 @@ class Runtime:
         self._freed_at: dict[str, str] = {}
         self._paged_out: set[str] = set()
         self._step_loss: float | None = None
+        self.view_copied_bytes = 0  # reshapes that had to copy (a plan the compiler got right has none)
 
     # -- properties -----------------------------------------------------------------------------------
     @property
@@ -126,20 +128,13 @@ class Runtime:
         if isinstance(ref, str):
             ref = {"t": ref}
         t = self._require(ref["t"])
-        if isinstance(t, tuple):
+        if isinstance(t, tuple) and not ref.get("view"):
             raise PlanError(f"{self._what}: '{ref['t']}' is an aux tuple, not an operand")
-        copied = 0
-        for v in ref.get("view", ()):
-            if v[0] == "reshape":
-                try:
-                    t = t.view(tuple(v[1]))
-                except RuntimeError:  # not expressible as a view of this layout: a real copy, counted
-                    t = t.reshape(tuple(v[1]))
-                    copied += nbytes(t)
-            elif v[0] == "narrow":
-                t = t.narrow(int(v[1]), int(v[2]), int(v[3]))
-            else:
-                raise PlanError(f"{self._what}: unknown view {v!r} on '{ref['t']}'")
+        try:
+            t, copied = apply_views(t, ref.get("view", ()))
+        except ViewError as e:
+            raise PlanError(f"{self._what}: {e} on '{ref['t']}'") from None
+        self.view_copied_bytes += copied
         return t, copied
 
     def _lookup(self, table: dict, names, kind: str) -> list[Tensor]:
@@ -198,8 +193,9 @@ class Runtime:
         with torch.no_grad():
             res = kernel(ctx, ins, ps, dict(attrs or {}))
         self._check_result(res, ins + ps + bufs, len(ps))
-        if res.out is not None:
-            self._hold(name, res.out, nbytes(res.out))
+        if res.out is not None:  # a tuple: the input gradients of an op with several differentiable inputs
+            out = tuple(res.out) if isinstance(res.out, (tuple, list)) else res.out
+            self._hold(name, out, sum(map(nbytes, out)) if isinstance(out, tuple) else nbytes(out))
         if first and res.aux is not None:
             self._hold(f"{name}.aux", tuple(res.aux), sum(nbytes(a) for a in res.aux))
         work = sum(nbytes(g) for g in res.grads) + sum(nbytes(s) for s in res.scratch) + copied
@@ -214,10 +210,12 @@ class Runtime:
     def _check_result(self, res: KernelResult, operands: list[Tensor], n_params: int) -> None:
         if res.grads and len(res.grads) != n_params:
             raise PlanError(f"{self._what}: kernel gave {len(res.grads)} gradients for {n_params} params")
-        if res.out is not None and res.out.numel():
-            ptr = _storage_ptr(res.out)
-            if any(_storage_ptr(t) == ptr for t in operands):
-                raise PlanError(f"{self._what}: kernel output aliases an operand")
+        outs = res.out if isinstance(res.out, (tuple, list)) else [res.out]
+        for out in outs:
+            if out is not None and out.numel():
+                ptr = _storage_ptr(out)
+                if any(_storage_ptr(t) == ptr for t in operands):
+                    raise PlanError(f"{self._what}: kernel output aliases an operand")
 
     # -- paging and freeing ---------------------------------------------------------------------------
     def page_out(self, name: str) -> None:

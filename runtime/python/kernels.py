@@ -81,9 +81,13 @@ def linear(ctx, inputs, params, attrs):
 
 
 def linear_bwd(ctx, inputs, params, attrs):
-    """F.linear on 2-D x is addmm(b, x, w.t()) (mm without bias); these are autograd's mm formulas."""
+    """F.linear on 2-D x is addmm(b, x, w.t()) (mm without bias); these are autograd's mm formulas.
+
+    On a contiguous N-D x, F.linear is the same mm on x viewed as (rows, features), viewed back after."""
     gy, x = inputs
     w = params[0]
+    if x.dim() > 2:
+        x, gy = x.view(-1, x.shape[-1]), gy.reshape(-1, gy.shape[-1])
     gx = None
     if _grad_mask(attrs):
         # mm_mat1_backward: a column-major x gets its gradient computed transposed.
@@ -91,6 +95,7 @@ def linear_bwd(ctx, inputs, params, attrs):
             gx = w.t().mm(gy.t()).t()
         else:
             gx = gy.mm(w)
+        gx = gx.view(attrs["input_shape"])
     gw = gy.t().mm(x)  # mm_mat2_backward for mat2 = w.t() (column-major), transposed back
     grads = [gw]
     if attrs.get("bias"):
@@ -330,9 +335,11 @@ def mse_bwd(ctx, inputs, params, attrs):
     return KernelResult(aten.mse_loss_backward(one, pred, target, MEAN))
 
 
-KERNELS: dict[str, Kernel] = {f.__name__: f for f in (
+from .transformer_kernels import TRANSFORMER_KERNELS  # noqa: E402  (they use the helpers above)
+
+KERNELS: dict[str, Kernel] = {**TRANSFORMER_KERNELS, **{f.__name__: f for f in (
     conv2d, conv2d_bwd, linear, linear_bwd, relu, relu_bwd, relu6, relu6_bwd, batch_norm, batch_norm_bwd,
     maxpool_argmax, maxpool_gather, maxpool_bwd, avg_pool2d, avg_pool2d_bwd, adaptive_avg_pool2d,
     adaptive_avg_pool2d_bwd, add, cat, grad_sum, dropout, dropout_bwd, cross_entropy, cross_entropy_bwd,
     mse, mse_bwd,
-)}
+)}}

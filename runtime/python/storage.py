@@ -1,7 +1,9 @@
 """The page store: tensors paged out to real files (safetensors only), verified when paged in.
 
 Each tensor goes to `<dir>/<safe name>.safetensors` with, in the file's metadata, its name and a SHA-256
-of its raw bytes; `page_in` recomputes the checksum and refuses a file that does not match.
+of its raw bytes; `page_in` recomputes the checksum and refuses a file that does not match. A tensor whose
+memory is a permutation of a dense layout (attention's output) is stored in memory order with the
+permutation, and comes back with its strides: the plan's views of it must stay views.
 """
 from __future__ import annotations
 
@@ -39,6 +41,16 @@ def safe_file_name(name: str) -> str:
     return f"{stem}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
+def _memory_order(t: Tensor) -> tuple[Tensor, list[int] | None]:
+    """`t` with its dims permuted into memory order (contiguous, no copy) and the permutation; a tensor
+    that is no permutation of a dense layout is copied contiguous (its strides are not kept)."""
+    if t.is_contiguous():
+        return t, None
+    perm = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
+    p = t.permute(*perm)
+    return (p, perm) if p.is_contiguous() else (t.contiguous(), None)
+
+
 class FileStore:
     def __init__(self, directory: str | os.PathLike) -> None:
         self.dir = Path(directory)
@@ -52,12 +64,11 @@ class FileStore:
 
     def page_out(self, name: str, tensor: Tensor) -> Path:
         path = self.path_of(name)
-        t = tensor.detach()
-        if not t.is_contiguous():
-            t = t.contiguous()
+        t, perm = _memory_order(tensor.detach())
         digest = tensor_sha256(t)
         tmp = path.with_name(path.name + ".tmp")
-        save_file({_KEY: t}, str(tmp), metadata={"name": name, "sha256": digest})
+        meta = {"name": name, "sha256": digest, **({"permute": ",".join(map(str, perm))} if perm else {})}
+        save_file({_KEY: t}, str(tmp), metadata=meta)
         os.replace(tmp, path)  # a reader never sees half a file; old mappings keep the old inode
         self._written[name] = digest
         self.bytes_out += t.numel() * t.element_size()
@@ -83,6 +94,9 @@ class FileStore:
         if name in self._written and self._written[name] != digest:
             raise PageStoreError(f"page-in of '{name}': {path} is not the version this store paged out")
         self.bytes_in += t.numel() * t.element_size()
+        if meta.get("permute"):
+            perm = [int(d) for d in meta["permute"].split(",")]
+            t = t.permute(*sorted(range(len(perm)), key=perm.__getitem__))
         return t.to(device) if torch.device(device) != t.device else t
 
     def discard(self, name: str) -> None:

@@ -77,7 +77,7 @@ def _heuristic(g, lv, scheduler: str, target, budget_bytes: int, deadline_s: flo
 
 def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, scheduler: str = "poet",
                   deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4,
-                  solver: str = "auto") -> Scheduled:
+                  solver: str = "auto", threads: int | None = None) -> Scheduled:
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
@@ -97,7 +97,11 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     none = {"name": "none", "status": "not run", "gap": None, "seconds": 0.0}
 
     fitting: list[Scheduled] = []
-    for name, d in candidates(g, lv, paging).items():
+    options = candidates(g, lv, paging)
+    greedy = dtr(g, lv, budget_bytes)  # budget-aware, so often the best start when the others do not fit
+    if greedy is not None:
+        options["dtr"] = greedy
+    for name, d in options.items():
         try:
             s = _finish(g, lv, name, d, target, budget_bytes, none)
         except ValidationError:
@@ -116,7 +120,7 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     warm = model.vector(best.decisions) if best is not None else None
     if warm is not None and not model.milp.is_feasible(warm):
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
-    res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap)
+    res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap, threads=threads)
     info = res.to_json()  # the backend that ran, the one requested, and after a fallback a one-line notice
     info["warm_start"] = best.name if warm is not None else None
     chosen = None

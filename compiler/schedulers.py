@@ -16,6 +16,7 @@ from .liveness import Liveness
 from .milp.registry import solve_with
 from .poet import build as build_poet
 from .validator import Report, validate
+from .warmstart import greedy_keep
 
 SCHEDULERS = ("poet", "checkmate", "paging", "dtr", "checkpoint", "store-all")
 _MILPS = {"poet": True, "checkmate": False}  # scheduler -> paging allowed
@@ -101,6 +102,9 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     greedy = dtr(g, lv, budget_bytes)  # budget-aware, so often the best start when the others do not fit
     if greedy is not None:
         options["dtr"] = greedy
+    kept = greedy_keep(g, lv, target, budget_bytes, paging=paging, retain=True)  # pages too, where DTR cannot
+    if kept is not None:
+        options["greedy-keep"] = kept
     for name, d in options.items():
         try:
             s = _finish(g, lv, name, d, target, budget_bytes, none)

@@ -13,6 +13,7 @@ from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
 from .errors import BudgetError, ValidationError
 from .ir import TrainingGraph
 from .liveness import Liveness
+from .lns import solve_phased
 from .milp.registry import solve_with
 from .poet import build as build_poet
 from .validator import Report, validate
@@ -78,7 +79,9 @@ def _heuristic(g, lv, scheduler: str, target, budget_bytes: int, deadline_s: flo
 
 def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, scheduler: str = "poet",
                   deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4,
-                  solver: str = "auto", threads: int | None = None) -> Scheduled:
+                  solver: str = "auto", threads: int | None = None, lns: float = 0.0) -> Scheduled:
+    """`lns`: the share of `time_limit` given to large-neighbourhood search when the first 30% of the time
+    does not prove the gap (see lns.solve_phased); 0 solves once, for the whole time limit."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
@@ -124,7 +127,12 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     warm = model.vector(best.decisions) if best is not None else None
     if warm is not None and not model.milp.is_feasible(warm):
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
-    res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap, threads=threads)
+    if lns > 0:
+        res = solve_phased(solver, model, lv, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm,
+                           threads=threads, lns=lns)
+    else:
+        res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap,
+                         threads=threads)
     info = res.to_json()  # the backend that ran, the one requested, and after a fallback a one-line notice
     info["warm_start"] = best.name if warm is not None else None
     chosen = None

@@ -129,7 +129,7 @@ def table(rows: list[dict], title: str) -> Table:
             if b["energy_j"] is None:
                 cells.append(b["status"])
             elif r["energy_j"]:
-                cells.append(f"+{100 * (b['energy_j'] / r['energy_j'] - 1):.2f}%")
+                cells.append(f"{100 * (b['energy_j'] / r['energy_j'] - 1):+.2f}%")  # < 0: within POET's gap
             else:
                 cells.append(f"{b['energy_j']:.4g} J")
         t.add_row(r["model"], r["budget"], f"{r['budget_bytes'] / 1e6:.2f}", f"{r['ref_vars']:,}", f"{r['vars']:,}",

@@ -87,9 +87,11 @@ def reads(lv: Liveness, can_recompute: dict[str, bool]) -> dict[str, set[int]]:
 
 
 def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s: float | None = None, *,
-          paging: bool = True, recompute: bool = True, prune: bool = True, held_once: str = "needs") -> PoetModel:
+          paging: bool = True, recompute: bool = True, prune: bool = True, held_once: str = "needs",
+          sources: bool = True) -> PoetModel:
     """The MILP. `prune` leaves out dominated page-ins; `held_once` ("none", "needs", "all") says where rows
-    say a tensor is held at most once (see below). Both keep the optimum; they exist to measure them."""
+    say a tensor is held at most once (see below); `sources` adds, per tensor, "held at its first reader only
+    if kept, recomputed by then, or stored". All keep the optimum; the switches exist to measure them."""
     m = SparseMILP()
     B0 = lv.B0
     node = {n.name: n for n in g.nodes}
@@ -135,6 +137,15 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
     for t in range(B0, lv.T):
         for i in lv.needs[t]:
             m.add_row(held(t, i), lo=1.0, hi=1.0 if held_once != "none" else math.inf)
+    if sources:
+        first = {}
+        for t in range(B0, lv.T):
+            for i in lv.needs[t]:
+                first.setdefault(i, t)
+        for i, t in first.items():
+            terms = [(K[i], 1.0)] + ([(PO[i], 1.0)] if i in PO else [])
+            terms += [(R[s, i], 1.0) for s in range(B0, t + 1) if (s, i) in R]
+            m.add_row(terms, lo=1.0)
     if held_once == "all":
         for i in lv.decision:
             for t in range(B0, lv.window_end[i] + 1):

@@ -34,11 +34,13 @@ class Step:
 
 
 def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str], *,
-              retain: bool = True, prefer_recompute: bool = True, kept_for_recompute: bool = True) -> Decisions:
+              retain: bool = True, prefer_recompute: bool = True, kept_for_recompute: bool = True,
+              page_first: frozenset[str] | set[str] = frozenset()) -> Decisions:
     """A policy: keep `keep`, store `page_out`; at each backward stage bring back what the node needs
     (page in if stored, else recompute, recursively) and, if `retain`, hold it while later stages read it.
     Kept tensors stay while they may feed a recompute (`kept_for_recompute`, checkpoints) or else only
     while a later stage reads them (plain backprop frees a saved tensor after its last reader).
+    Tensors in `page_first` are paged in when stored, whatever `prefer_recompute` says.
     """
     B0 = lv.B0
     d = Decisions(keep=set(keep), page_out=set(page_out))
@@ -54,7 +56,7 @@ def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str]
             return
         can_page = i in page_out
         can_rec = lv.recomputable(i) and t <= lv.recompute_until[i]
-        if can_rec and (prefer_recompute or not can_page):
+        if can_rec and (prefer_recompute or not can_page) and not (can_page and i in page_first):
             for j in lv.inputs_of[i]:
                 bring(j, t, pins, recs, have)
             recs.append(i)

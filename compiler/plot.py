@@ -1,6 +1,7 @@
 """`edgetrain plot DIR`: figures of a sweep (see `sweep.py`), PNG and SVG, in DIR/plots/.
 
-- energy_vs_budget: energy per training step against the budget, one line per scheduler (deadline none);
+- energy_vs_budget: energy per training step against the budget, one line per scheduler, one panel per
+  deadline of the sweep;
 - time_vs_budget: the same for the step's time;
 - schedule_<key>: for one solve, POET-style stage x tensor matrices derived from its steps: compute /
   recompute, kept in RAM, in storage, page-in, page-out (the tensors are the decision tensors, forward order);
@@ -45,31 +46,50 @@ def _save(fig, plots: str, name: str) -> list[str]:
     return out
 
 
+def deadline_panels(meta: dict, rows: list[dict]) -> list[str]:
+    """The deadlines to draw, one panel each: the sweep's order, those with at least one row ("none" if no row)."""
+    seen = {r["deadline"] for r in rows}
+    order = [d for d in meta.get("deadlines", []) if d in seen]
+    order += sorted(seen - set(order))
+    return order or ["none"]
+
+
+def _deadline_title(d: str) -> str:
+    if d == "none":
+        return "no deadline"
+    return f"deadline {d}" if d.endswith("s") else f"deadline {d}x store-all time"
+
+
 def _versus_budget(plt, meta, rows, field: str, ylabel: str, title: str, baseline: float | None):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    deadlines = deadline_panels(meta, rows)
+    fig, axes = plt.subplots(1, len(deadlines), figsize=(4.2 + 3.6 * len(deadlines), 4.5), sharey=True,
+                             squeeze=False)
     scheds = [s for s in meta.get("schedulers", []) if any(r["scheduler"] == s for r in rows)]
     scheds += sorted({r["scheduler"] for r in rows} - set(scheds))
-    drawn = 0
-    for s in scheds:
-        pts = sorted((r["budget_bytes"] / 1e6, r[field]) for r in rows
-                     if r["scheduler"] == s and r["deadline"] == "none" and r["status"] == "ok"
-                     and r.get(field) is not None)
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
-            drawn += 1
-    if baseline is not None:
-        ax.axhline(baseline, color="gray", ls=":", lw=1, label="store-all")
+    colors = {s: f"C{k % 10}" for k, s in enumerate(scheds)}  # one color per scheduler across the panels
     mf = meta.get("min_feasible_bytes")
-    if mf:
-        ax.axvline(mf / 1e6, color="red", ls="--", lw=1, label="smallest feasible budget")
-    ax.set_xlabel("memory budget (MB)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(f"{title}: {meta['model']} on {meta['target']}, batch {meta['batch_size']} (no deadline)")
-    ax.grid(alpha=0.3)
-    if drawn or baseline is not None:
-        ax.legend(fontsize=8)
-    if not drawn:
-        ax.text(0.5, 0.5, "no solved combination without a deadline", transform=ax.transAxes, ha="center")
+    for ax, dl in zip(axes[0], deadlines):
+        drawn = 0
+        for s in scheds:
+            pts = sorted((r["budget_bytes"] / 1e6, r[field]) for r in rows
+                         if r["scheduler"] == s and r["deadline"] == dl and r["status"] == "ok"
+                         and r.get(field) is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s, color=colors[s])
+                drawn += 1
+        if baseline is not None:
+            ax.axhline(baseline, color="gray", ls=":", lw=1, label="store-all")
+        if mf:
+            ax.axvline(mf / 1e6, color="red", ls="--", lw=1, label="smallest feasible budget")
+        ax.set_xlabel("memory budget (MB)")
+        ax.set_title(_deadline_title(dl), fontsize=10)
+        ax.grid(alpha=0.3)
+        if drawn or baseline is not None:
+            ax.legend(fontsize=7)
+        if not drawn:
+            ax.text(0.5, 0.5, "no solved combination", transform=ax.transAxes, ha="center")
+    axes[0][0].set_ylabel(ylabel)
+    fig.suptitle(f"{title}: {meta['model']} on {meta['target']}, batch {meta['batch_size']}", fontsize=11)
     return fig
 
 

@@ -4,7 +4,7 @@ Unlike the reference formulation (5T^2 + T|E| binaries over all stages and nodes
 where a choice exists: a decision tensor i has K_i (held from the forward pass into backward) and PO_i
 (written to storage right after its forward compute), and for each backward stage t of its window
 [B0, E_i]: S[t,i] (held entering t; S[B0,i] is K_i), R[t,i] (recomputed at t, only up to the SGD update
-of its own parameters) and P[t,i] (paged in at t). Memory rows are exact for the step order of
+of its own parameters) and P[t,i] (paged in at t, only where something may read it). Memory rows are exact for the step order of
 `decisions.build_steps`: the peak of a stage is reached while its node runs, and frees happen at the end.
 
 Energy = sum R*E_comp + PO*E_out + P*E_in (+ the constant energy of computing every node once).
@@ -72,12 +72,32 @@ class PoetModel:
         return x
 
 
+def reads(lv: Liveness, can_recompute: dict[str, bool]) -> dict[str, set[int]]:
+    """Per decision tensor, the backward stages where something may read it: its own backward readers, and
+    every stage where a tensor it feeds may be recomputed."""
+    out: dict[str, set[int]] = {i: set() for i in lv.decision}
+    for t in range(lv.B0, lv.T):
+        for i in lv.needs[t]:
+            out[i].add(t)
+    for c in lv.decision:
+        if can_recompute[c]:
+            for i in lv.inputs_of[c]:
+                out[i].update(range(lv.B0, lv.recompute_until[c] + 1))
+    return out
+
+
 def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s: float | None = None, *,
-          paging: bool = True, recompute: bool = True) -> PoetModel:
+          paging: bool = True, recompute: bool = True, prune: bool = True, held_once: str = "needs",
+          sources: bool = True) -> PoetModel:
+    """The MILP. `prune` leaves out dominated page-ins; `held_once` ("none", "needs", "all") says where rows
+    say a tensor is held at most once (see below); `sources` adds, per tensor, "held at its first reader only
+    if kept, recomputed by then, or stored". All keep the optimum; the switches exist to measure them."""
     m = SparseMILP()
     B0 = lv.B0
     node = {n.name: n for n in g.nodes}
     K, PO, S, R, P = {}, {}, {}, {}, {}
+    can_recompute = {i: recompute and lv.recomputable(i) for i in lv.decision}
+    read_at = reads(lv, can_recompute)
     for i in lv.decision:
         size = lv.size[i]
         K[i] = m.add_var(f"K[{i}]")
@@ -86,9 +106,11 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
         for t in range(B0, lv.window_end[i] + 1):
             if t > B0:
                 S[t, i] = m.add_var(f"S[{t},{i}]")
-            if recompute and lv.recomputable(i) and t <= lv.recompute_until[i]:
+            if can_recompute[i] and t <= lv.recompute_until[i]:
                 R[t, i] = m.add_var(f"R[{t},{i}]", cost=node[i].energy_j)
-            if paging:
+            # A page-in where nothing can read the tensor is dominated: paging it in at its next read instead
+            # costs the same and holds less memory at every instant in between.
+            if paging and (t in read_at[i] or not prune):
                 P[t, i] = m.add_var(f"P[{t},{i}]", cost=target.page_in_energy_j(size))
 
     def held(t: int, i: str) -> list[tuple[int, float]]:
@@ -109,9 +131,26 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
             if (t, i) in R:
                 for j in lv.inputs_of[i]:
                     m.add_row([(R[t, i], 1.0)] + [(c, -v) for c, v in held(t, j)], hi=0.0)
+    # Held at most once: a recompute or page-in of a tensor already held only adds cost and memory, so no
+    # optimum has one; saying so cuts those points from the LP relaxation. "needs": where a node reads the
+    # tensor, "held >= 1" becomes "== 1" (no extra row); "all": a row at every stage of its window.
     for t in range(B0, lv.T):
         for i in lv.needs[t]:
-            m.add_row(held(t, i), lo=1.0)
+            m.add_row(held(t, i), lo=1.0, hi=1.0 if held_once != "none" else math.inf)
+    if sources:
+        first = {}
+        for t in range(B0, lv.T):
+            for i in lv.needs[t]:
+                first.setdefault(i, t)
+        for i, t in first.items():
+            terms = [(K[i], 1.0)] + ([(PO[i], 1.0)] if i in PO else [])
+            terms += [(R[s, i], 1.0) for s in range(B0, t + 1) if (s, i) in R]
+            m.add_row(terms, lo=1.0)
+    if held_once == "all":
+        for i in lv.decision:
+            for t in range(B0, lv.window_end[i] + 1):
+                if len(held(t, i)) > 1:
+                    m.add_row(held(t, i), hi=1.0)
     # Memory: forward stages hold a decision tensor past its last forward use only if it is kept.
     for t in range(0, B0):
         terms = [(K[i], float(lv.size[i])) for i in lv.decision if lv.end[i] < t]

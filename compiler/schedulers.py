@@ -13,9 +13,11 @@ from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
 from .errors import BudgetError, ValidationError
 from .ir import TrainingGraph
 from .liveness import Liveness
+from .lns import solve_phased
 from .milp.registry import solve_with
 from .poet import build as build_poet
 from .validator import Report, validate
+from .warmstart import greedy_keep
 
 SCHEDULERS = ("poet", "checkmate", "paging", "dtr", "checkpoint", "store-all")
 _MILPS = {"poet": True, "checkmate": False}  # scheduler -> paging allowed
@@ -77,7 +79,9 @@ def _heuristic(g, lv, scheduler: str, target, budget_bytes: int, deadline_s: flo
 
 def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, scheduler: str = "poet",
                   deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4,
-                  solver: str = "auto") -> Scheduled:
+                  solver: str = "auto", threads: int | None = None, lns: float = 0.0) -> Scheduled:
+    """`lns`: the share of `time_limit` given to large-neighbourhood search when the first 30% of the time
+    does not prove the gap (see lns.solve_phased); 0 solves once, for the whole time limit."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
@@ -97,7 +101,14 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     none = {"name": "none", "status": "not run", "gap": None, "seconds": 0.0}
 
     fitting: list[Scheduled] = []
-    for name, d in candidates(g, lv, paging).items():
+    options = candidates(g, lv, paging)
+    greedy = dtr(g, lv, budget_bytes)  # budget-aware, so often the best start when the others do not fit
+    if greedy is not None:
+        options["dtr"] = greedy
+    kept = greedy_keep(g, lv, target, budget_bytes, paging=paging, retain=True)  # pages too, where DTR cannot
+    if kept is not None:
+        options["greedy-keep"] = kept
+    for name, d in options.items():
         try:
             s = _finish(g, lv, name, d, target, budget_bytes, none)
         except ValidationError:
@@ -116,7 +127,12 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     warm = model.vector(best.decisions) if best is not None else None
     if warm is not None and not model.milp.is_feasible(warm):
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
-    res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap)
+    if lns > 0:
+        res = solve_phased(solver, model, lv, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm,
+                           threads=threads, lns=lns)
+    else:
+        res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap,
+                         threads=threads)
     info = res.to_json()  # the backend that ran, the one requested, and after a fallback a one-line notice
     info["warm_start"] = best.name if warm is not None else None
     chosen = None

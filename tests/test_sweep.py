@@ -189,3 +189,24 @@ def test_sweep_on_a_local_ray_instance(swept, tmp_path):
         if x["status"] == "ok":
             assert x["energy_j"] == pytest.approx(local[x["key"]]["energy_j"], rel=1e-4)
             assert os.path.exists(os.path.join(out, x["solve_file"]))
+
+
+def test_energy_plot_has_one_panel_per_deadline():
+    """Each deadline of a sweep gets its panel; a deadline's points are drawn only in its own panel."""
+    from compiler.plot import _mpl, _versus_budget, deadline_panels
+
+    meta = {"model": "m", "target": "t", "batch_size": 2, "schedulers": ["poet", "dtr"],
+            "deadlines": ["none", "1.2", "1.5"], "min_feasible_bytes": 1e6}
+    rows = [{"scheduler": s, "deadline": d, "status": "ok", "budget_bytes": b, "energy_j": e}
+            for s, d, b, e in [("poet", "none", 2e6, 1.0), ("poet", "none", 3e6, 0.9), ("dtr", "1.2", 3e6, 1.1),
+                               ("poet", "0.5s", 3e6, 2.0)]]
+    assert deadline_panels(meta, rows) == ["none", "1.2", "0.5s"]  # 1.5 has no row; 0.5s is not in meta
+    assert deadline_panels(meta, []) == ["none"]
+    plt = _mpl()
+    fig = _versus_budget(plt, meta, rows, "energy_j", "J", "Energy", None)
+    axes = fig.axes
+    assert len(axes) == 3
+    assert [len(ax.lines) - 1 for ax in axes] == [1, 1, 1]  # one scheduler line each, plus the min-budget line
+    assert list(axes[0].lines[0].get_ydata()) == [1.0, 0.9]
+    assert "1.2x" in axes[1].get_title() and "0.5s" in axes[2].get_title()
+    plt.close(fig)

@@ -210,3 +210,18 @@ def test_kill_and_resume_ends_with_the_same_weights(small_plan, tmp_path):
     b = load_file(os.path.join(work, "trained.safetensors"))
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_timeline_records_every_epoch_and_the_best_exit_so_far(small_plan, tmp_path):
+    from compiler.local.train import train_dir
+
+    out, _ = small_plan
+    r = train_dir(out, "digits", 2, work=str(tmp_path / "w"), train_size=300, eval_each_epoch=True, export=False)
+    tl = r["timeline"]
+    n_blocks = len(r["blocks"])
+    assert [(t["block"], t["epoch"]) for t in tl] == [(b, e) for b in range(n_blocks) for e in (1, 2)]
+    assert all(a["wall_s"] < b["wall_s"] for a, b in zip(tl, tl[1:]))
+    seen = []
+    for t in tl:
+        seen += t["heads_test_accuracy"].values()
+        assert t["best_exit_test_accuracy"] == max(seen)

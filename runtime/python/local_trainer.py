@@ -208,7 +208,7 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
                                          "layer": idx[-1], "test_accuracy": acc[idx[-1]],
                                          "heads_test_accuracy": {str(i): a for i, a in acc.items()},
                                          "best_exit_test_accuracy": max(
-                                             best, *(t["best_exit_test_accuracy"] for t in prog["timeline"]))})
+                                             [best, *(t["best_exit_test_accuracy"] for t in prog["timeline"])])})
             _atomic_json(prog_path, prog)
             if old and old != name and os.path.exists(os.path.join(workdir, old)):
                 os.remove(os.path.join(workdir, old))

@@ -136,6 +136,8 @@ def test_train_on_digits_beats_chance_and_exports_an_exit(small_plan, tmp_path, 
     assert r["val_accuracy"] >= best - local["training"]["exit_tolerance_points"] - 1e-9
     n_blocks = len(body["local"]["partition"]["blocks"])
     assert len(r["blocks"]) == n_blocks and r["resumed"] == 0
+    # Caches live only while the next block needs them: after the run, none is left on storage.
+    assert not os.path.exists(tmp_path / "w" / "cache") or os.listdir(tmp_path / "w" / "cache") == []
     assert r["onnx_parity"]["same_predictions"] == 1.0 and r["onnx_parity"]["max_abs_diff"] < 1e-4
     tensors = load_file(r["safetensors"])
     assert sum(t.numel() for k, t in tensors.items() if "running" not in k and "num_batches" not in k) \

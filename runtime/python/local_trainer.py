@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -240,6 +241,9 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
         prog["block"], prog["epoch"] = b + 1, 0
         del prog["peak"]
         _atomic_json(prog_path, prog)
+        # Older blocks' caches are no longer needed, even by a resume: storage holds two caches at most.
+        for old_block in range(b):
+            shutil.rmtree(os.path.dirname(_cache_dir(workdir, old_block, "train")), ignore_errors=True)
         if not last:
             sources = {s: _source_after(workdir, block, layers, splits, s, cache, dev) for s in SPLITS}
     save_file({k: v for k, v in _state(layers, heads, opts).items() if not k.startswith("momentum.")},

@@ -74,8 +74,8 @@ def main(argv=None) -> dict:
         rows["classic"] = train_classic(body, load_file(os.path.join(plan_dir, WEIGHTS)), splits, a.epochs,
                                         os.path.join(a.out, "classic"))
     if "neuroflux" in methods:
-        r = train_dir(plan_dir, a.data, a.epochs, work=os.path.join(a.out, "neuroflux"), train_size=a.train_size,
-                      test_size=a.test_size, eval_each_epoch=True)
+        r = train_dir(plan_dir, a.data, a.epochs, work=os.path.join(a.out, "neuroflux"), eval_each_epoch=True,
+                      splits=splits)
         rows["neuroflux"] = {
             "method": "neuroflux", "batches": [b["batch"] for b in r["blocks"]], "wall_s": r["wall_s"],
             "test_accuracy": r["test_accuracy"], "timeline": r["timeline"], "peak_bytes": r["peak_bytes"],

@@ -19,6 +19,7 @@ from torch import nn
 from runtime.python.local_layers import build
 from runtime.python.local_trainer import Splits, scaled_lr, train_local
 
+from .. import schedule as schedule_format
 from ..modelspec import resolve
 from .memory_lines import max_batch_under, measure_model_step_bytes, measure_step_bytes, model_memory_line, fit_line
 from .partition import DEFAULT_CAP
@@ -100,7 +101,7 @@ def train_classic(body: dict, weights: dict[str, torch.Tensor], splits: Splits, 
     for i, h in enumerate(heads):
         initial.update({f"head.{i}.{k}": v for k, v in build(h).state_dict().items()})
     tr = local["training"]
-    plan = {"content": "classic:" + schedule_content(body), "seed": body["seed"], "cache_dtype": "float32",
+    plan = {"schedule_content": "classic:" + schedule_format.content_hash(body), "seed": body["seed"], "cache_dtype": "float32",
             "optimizer": {"lr": tr["lr"], "momentum": tr["momentum"], "weight_decay": tr["weight_decay"],
                           "lr_reference_batch": tr.get("lr_reference_batch")},
             "layers": local["layers"], "heads": heads,
@@ -114,9 +115,3 @@ def train_classic(body: dict, weights: dict[str, torch.Tensor], splits: Splits, 
             "test_accuracy": acc, "timeline": res["timeline"],
             "peak_bytes": max(b["counted_bytes"] for b in res["blocks"]), "params": params, "cache_bytes": 0,
             "per_layer_test_accuracy": [b["test_accuracy"][str(b["index"])] for b in res["blocks"]]}
-
-
-def schedule_content(body: dict) -> str:
-    from .. import schedule as schedule_format
-
-    return schedule_format.content_hash(body)

@@ -18,7 +18,7 @@ from runtime.python import load_plan
 from runtime.python.local_trainer import Splits
 
 from .. import schedule as schedule_format
-from ..data import load_dataset, train_val_split
+from ..data import adapt_images, load_dataset, train_val_split
 from ..errors import EdgetrainError
 from .export import check_onnx, count_params, exit_model, export_onnx, export_safetensors, select_exit
 
@@ -27,9 +27,10 @@ __all__ = ["load_splits", "train_dir", "exit_candidates"]
 
 def load_splits(data: str, input_shape, *, val_fraction: float, seed: int = 0, train_size: int | None = None,
                 test_size: int | None = None) -> Splits:
+    # Native images first, subset, then resized: a 10k-image subset never costs the 60k resized split.
     try:
-        x, y = load_dataset(data, "train", input_shape=input_shape)
-        xt, yt = load_dataset(data, "test", input_shape=input_shape)
+        x, y = load_dataset(data, "train")
+        xt, yt = load_dataset(data, "test")
     except ValueError as e:
         raise EdgetrainError(str(e)) from None
     if train_size is not None and train_size < len(y):
@@ -37,6 +38,8 @@ def load_splits(data: str, input_shape, *, val_fraction: float, seed: int = 0, t
         x, y = x[keep], y[keep]
     if test_size is not None and test_size < len(yt):
         xt, yt = xt[:test_size], yt[:test_size]
+    c, h, w = input_shape
+    x, xt = (adapt_images(v, channels=c, size=(h, w)) for v in (x, xt))
     xtr, ytr, xv, yv = train_val_split(x, y, val_fraction, seed)
     return Splits(xtr, ytr, xv, yv, xt, yt)
 
@@ -57,7 +60,9 @@ def exit_candidates(local: dict, blocks: list[dict]) -> tuple[list[float], list[
 
 def train_dir(plan_dir: str, data: str = "fashion-mnist", epochs: int = 1, *, work: str | None = None,
               train_size: int | None = None, test_size: int | None = None, device: str = "cpu",
-              cache: bool = True, eval_each_epoch: bool = False, export: bool = True, progress=None) -> dict:
+              cache: bool = True, eval_each_epoch: bool = False, export: bool = True, progress=None,
+              splits: Splits | None = None) -> dict:
+    """``splits``: data already loaded by :func:`load_splits` (a benchmark shares it between methods)."""
     body = schedule_format.load(plan_dir)
     if body.get("mode") != "local":
         raise EdgetrainError(f"{plan_dir} holds a {body.get('mode')} schedule; `edgetrain train` runs "
@@ -69,8 +74,10 @@ def train_dir(plan_dir: str, data: str = "fashion-mnist", epochs: int = 1, *, wo
     plan = load_plan(plan_dir)
     if plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
         raise EdgetrainError(f"{plan_dir}/plan.py was not generated from this schedule.json; recompile")
-    splits = load_splits(data, tuple(body["model"]["input_shape"]), val_fraction=local["training"]["val_fraction"],
-                         seed=body["seed"], train_size=train_size, test_size=test_size)
+    if splits is None:
+        splits = load_splits(data, tuple(body["model"]["input_shape"]),
+                             val_fraction=local["training"]["val_fraction"], seed=body["seed"],
+                             train_size=train_size, test_size=test_size)
     work = work or os.path.join(plan_dir, "work")
     t0 = time.perf_counter()
     res = plan.train(splits, work, epochs, cache=cache, device=device, progress=progress,

@@ -60,14 +60,6 @@ class _Tensors:
         return self.x[idx]
 
 
-class _Cached:
-    def __init__(self, cache: ActivationCache) -> None:
-        self.cache, self.n = cache, len(cache)
-
-    def gather(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.cache.gather(idx)
-
-
 class _Rerun:
     """Classic local learning: a batch is re-run through the trained layers before the current block."""
 
@@ -147,7 +139,7 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
     o = plan["optimizer"]
     opts = [torch.optim.SGD([*l.parameters(), *h.parameters()], lr=o["lr"], momentum=o["momentum"],
                             weight_decay=o["weight_decay"]) for l, h in zip(layers, heads)]
-    tag = {"content": plan["content"], "epochs": int(epochs), "cache": bool(cache), "n_train": len(splits.train_y)}
+    tag = {"content": plan["schedule_content"], "epochs": int(epochs), "cache": bool(cache), "n_train": len(splits.train_y)}
     prog_path = os.path.join(workdir, PROGRESS)
     if os.path.isfile(prog_path):
         with open(prog_path) as f:
@@ -259,7 +251,7 @@ def _cache_dir(workdir: str, block: int, split: str) -> str:
 
 def _source_after(workdir, block, layers, splits, split, cache, dev):
     if cache:
-        return _Cached(ActivationCache.open(_cache_dir(workdir, block["index"], split)))
+        return ActivationCache.open(_cache_dir(workdir, block["index"], split))  # a source: .n and .gather
     return _Rerun(_Tensors(splits.x(split)), [layers[i] for i in range(block["layers"][-1] + 1)], dev)
 
 

@@ -192,3 +192,21 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
         m.add_row([(j, v * scale) for j, v in terms], hi=(deadline_s - base_time) * scale)
     m.offset = base_energy
     return PoetModel(milp=m, K=K, PO=PO, S=S, R=R, P=P, base_energy_j=base_energy, base_time_s=base_time)
+
+
+def without_redundant_holds(pm: PoetModel, lv: Liveness, x: np.ndarray) -> np.ndarray:
+    """`x` with every recompute or page-in of a tensor that is already resident removed (and a page-in beside a
+    recompute): each only adds energy, time and memory, and the tensor stays resident, so the result is
+    feasible wherever `x` is and costs no more. Window cuts assume schedules without them."""
+    x = np.round(np.asarray(x, dtype=np.float64))
+    for i in lv.decision:
+        for t in range(lv.B0, lv.window_end[i] + 1):
+            entering = x[pm.K[i]] if t == lv.B0 else x[pm.S[t, i]]
+            r, p = pm.R.get((t, i)), pm.P.get((t, i))
+            if entering > 0.5:
+                for j in (r, p):
+                    if j is not None:
+                        x[j] = 0.0
+            elif r is not None and p is not None and x[r] > 0.5:
+                x[p] = 0.0
+    return x

@@ -99,3 +99,49 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         name = "feasible"  # the solver claimed optimality, but the values it returned do not prove it
     return SolveResult(solver="highs", status=name, values=values, objective=objective, bound=bound, gap=gap,
                        seconds=seconds, variables=m.n_vars, constraints=m.n_rows, binaries=sum(m.integer))
+
+
+class LpSession:
+    """The LP relaxation of `m` kept in one HiGHS instance, so that rows can be added and the LP re-solved
+    from the previous basis (dual simplex), as a cutting-plane loop needs."""
+
+    def __init__(self, m: SparseMILP, threads: int | None = None):
+        with _quiet_stdout():
+            self.h = highspy.Highs()
+            self.h.setOptionValue("output_flag", False)
+        if threads:
+            highspy.Highs.resetGlobalScheduler(True)
+            self.h.setOptionValue("threads", int(threads))
+        self.scale = objective_scale(np.asarray(m.cost, dtype=np.float64))
+        self.offset = m.offset
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = m.n_vars, m.n_rows
+        lp.col_cost_ = np.asarray(m.cost, dtype=np.float64) * self.scale
+        lp.col_lower_ = np.asarray(m.lower, dtype=np.float64)
+        lp.col_upper_ = np.asarray(m.upper, dtype=np.float64)
+        lp.row_lower_ = np.asarray(m.rows_lo, dtype=np.float64)
+        lp.row_upper_ = np.asarray(m.rows_hi, dtype=np.float64)
+        start, index, value = m.csc()
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = start, index, value
+        self.h.passModel(lp)
+
+    def solve(self, time_limit: float) -> tuple[float, np.ndarray] | None:
+        """(objective, values) of the LP optimum, or None when it was not reached in time."""
+        self.h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
+        self.h.run()
+        if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return None
+        x = np.asarray(self.h.getSolution().col_value)
+        return self.h.getInfo().objective_function_value / self.scale + self.offset, x
+
+    def add_rows(self, rows: list[list[tuple[int, float]]], hi: float = 0.0) -> None:
+        starts, index, value = [], [], []
+        for terms in rows:
+            starts.append(len(index))
+            index += [j for j, _ in terms]
+            value += [v for _, v in terms]
+        n = len(rows)
+        self.h.addRows(n, np.full(n, -highspy.kHighsInf), np.full(n, hi), len(index),
+                       np.asarray(starts, dtype=np.int32), np.asarray(index, dtype=np.int32),
+                       np.asarray(value, dtype=np.float64))

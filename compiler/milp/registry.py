@@ -39,12 +39,15 @@ class RoutedResult(SolveResult):
     """A SolveResult that also says what was asked for and, after a fallback, why it was not honoured."""
     requested: str = "auto"
     notice: str | None = None
+    cuts: dict | None = None  # window cuts of a phased solve (lns.solve_phased), if any were tried
 
     def to_json(self) -> dict:
         out = super().to_json()
         out["requested"] = self.requested
         if self.notice:
             out["notice"] = self.notice
+        if self.cuts is not None:
+            out["cuts"] = self.cuts
         return out
 
 

@@ -1,0 +1,216 @@
+"""Window cuts: valid inequalities that close most of the POET MILP's LP gap at tight budgets.
+
+The LP relaxation's favourite trick (measured on ResNet-18, nrf52840, 40%: 1,696 fractional values) is a
+staircase: recompute a ReLU output 2% at each of 49 stages, supported by its input held at 2% throughout, so
+that the output's memory ramps up instead of stepping, and the input costs 2% of its size instead of the
+decreasing ramp a mix of integer schedules would need. The same with paging: page-ins summing to 1 over the
+window behind a page-out of 0.02. The per-stage rows (a recompute needs its inputs resident *at that stage*)
+cannot see it; an inequality over a window of stages can:
+
+    c resident at stage e, not resident entering stage u  =>  c was paged in or recomputed in [u, e];
+    paged in                         =>  PO_c = 1                     (else: the page-ins in [u, e])
+    recomputed at some v in [u, e]   =>  an input j resident at v     (else: the recomputes in [u, e])
+    j resident somewhere in [u, e]   =>  j held at u, or paged in in (u, e] (PO_j), or recomputed in (u, e]
+                                          (then one of j's inputs resident in (u, e], and so on)
+
+which is linear once each "or" picks one alternative:
+
+    held_c(e) - S_c(u) <= min(sum P_c[u..e], PO_c) + min(sum R_c[u..e], AV_j(u, e))
+    AV_j(u, e) = held_j(u) + min(sum P_j(u..e], PO_j) + min(sum R_j(u..e], AV_k(u, e))
+
+Valid for every schedule in which no tensor is held twice at once (a recompute or page-in of a resident tensor
+only adds cost and memory, so an optimal schedule exists among them): the bound stays a lower bound on the
+optimum. There are O(T^2) such rows per tensor, so they are separated: solve the LP, add the most violated
+rows, repeat. Measured on that case: the LP bound's share of the incumbent's added energy went from 50% to
+81% in 3 s, and the MILP's gap after 30 s from 0.56% to 0.19% with a better incumbent.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .liveness import Liveness
+from .milp.model import SparseMILP
+from .poet import PoetModel
+
+
+@dataclass
+class CutReport:
+    rounds: int
+    cuts: int
+    lp_before: float | None  # LP relaxation's objective, before and after the cuts
+    lp_after: float | None
+    seconds: float
+
+    def to_json(self) -> dict:
+        return {"rounds": self.rounds, "cuts": self.cuts, "lp_before": self.lp_before, "lp_after": self.lp_after,
+                "seconds": round(self.seconds, 3)}
+
+
+class _Tensor:
+    """One decision tensor's variables and LP values on the absolute backward stages [B0, T)."""
+
+    def __init__(self, pm: PoetModel, lv: Liveness, x: np.ndarray, name: str):
+        n = lv.T - lv.B0
+        self.Sv = np.full(n, -1)
+        self.Rv = np.full(n, -1)
+        self.Pv = np.full(n, -1)
+        for k in range(lv.window_end[name] - lv.B0 + 1):
+            t = lv.B0 + k
+            self.Sv[k] = pm.K[name] if k == 0 else pm.S[t, name]
+            self.Rv[k] = pm.R.get((t, name), -1)
+            self.Pv[k] = pm.P.get((t, name), -1)
+        val = lambda v: np.where(v >= 0, x[np.maximum(v, 0)], 0.0)  # noqa: E731
+        self.S, self.R, self.P = val(self.Sv), val(self.Rv), val(self.Pv)
+        self.held = self.S + self.R + self.P
+        self.POv = pm.PO.get(name, -1)
+        self.PO = float(x[self.POv]) if self.POv >= 0 else 0.0
+        self.cR = np.concatenate([[0.0], np.cumsum(self.R)])
+        self.cP = np.concatenate([[0.0], np.cumsum(self.P)])
+        self.has_R = bool((self.Rv >= 0).any())
+
+
+def _after(c: np.ndarray, U: np.ndarray, E: np.ndarray) -> np.ndarray:
+    """sum over stages (u, e] from a cumulative sum (0 where e <= u)."""
+    return np.maximum(c[E + 1] - c[U + 1], 0.0)
+
+
+def separate(pm: PoetModel, lv: Liveness, x: np.ndarray, *, depth: int = 3, tol: float = 1e-3,
+             per_tensor: int = 20) -> list[list[tuple[int, float]]]:
+    """The most violated window cuts at the LP point `x`, each as terms of a row `<= 0`."""
+    n = lv.T - lv.B0
+    U, E = np.arange(n)[:, None], np.arange(n)[None, :]
+    ts = {c: _Tensor(pm, lv, x, c) for c in lv.decision}
+    # AV[d][j]: (value matrix, PO chosen, input index chosen or -1 for j's own recomputes) over (u, e).
+    AV: list[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
+    for d in range(depth):
+        level = {}
+        for j, a in ts.items():
+            sumP = _after(a.cP, U, E)
+            choose_po = a.PO < sumP
+            p_term = np.where(choose_po, a.PO, sumP)
+            r_term = _after(a.cR, U, E)
+            choice = np.full((n, n), -1)
+            if d > 0 and a.has_R:
+                for k_index, k in enumerate(lv.inputs_of[j]):
+                    v = AV[d - 1][k][0]
+                    better = v < r_term
+                    r_term = np.where(better, v, r_term)
+                    choice = np.where(better, k_index, choice)
+            level[j] = (a.held[:, None] + p_term + r_term, choose_po, choice)
+        AV.append(level)
+
+    def av_terms(j: str, d: int, u: int, e: int) -> list[tuple[int, float]]:
+        a = ts[j]
+        _, choose_po, choice = AV[d][j]
+        terms = [(int(v), -1.0) for v in (a.Sv[u], a.Rv[u], a.Pv[u]) if v >= 0]
+        if choose_po[u, e]:
+            terms.append((a.POv, -1.0))
+        else:
+            terms += [(int(v), -1.0) for v in a.Pv[u + 1:e + 1] if v >= 0]
+        if choice[u, e] < 0:
+            terms += [(int(v), -1.0) for v in a.Rv[u + 1:e + 1] if v >= 0]
+        else:
+            terms += av_terms(lv.inputs_of[j][choice[u, e]], d - 1, u, e)
+        return terms
+
+    cuts = []
+    for c, a in ts.items():
+        sumP = a.cP[E + 1] - a.cP[U]  # [u, e], inclusive: S_c(u) says only what is held entering u
+        choose_po = a.PO < sumP
+        p_term = np.where(choose_po, a.PO, sumP)
+        r_term = a.cR[E + 1] - a.cR[U]
+        choice = np.full((n, n), -1)
+        if a.has_R:
+            for k_index, k in enumerate(lv.inputs_of[c]):
+                v = AV[depth - 1][k][0]
+                better = v < r_term
+                r_term = np.where(better, v, r_term)
+                choice = np.where(better, k_index, choice)
+        viol = a.held[None, :] - a.S[:, None] - p_term - r_term
+        viol = np.where(E >= U, viol, -np.inf)
+        idx = np.argwhere(viol > tol)
+        if not len(idx):
+            continue
+        for u, e in idx[np.argsort(-viol[idx[:, 0], idx[:, 1]], kind="stable")[:per_tensor]]:
+            terms = [(int(v), 1.0) for v in (a.Sv[e], a.Rv[e], a.Pv[e]) if v >= 0]
+            terms.append((int(a.Sv[u]), -1.0))
+            if choose_po[u, e]:
+                terms.append((a.POv, -1.0))
+            else:
+                terms += [(int(v), -1.0) for v in a.Pv[u:e + 1] if v >= 0]
+            if choice[u, e] < 0:
+                terms += [(int(v), -1.0) for v in a.Rv[u:e + 1] if v >= 0]
+            else:
+                terms += av_terms(lv.inputs_of[c][choice[u, e]], depth - 1, u, e)
+            cuts.append(terms)
+    return cuts
+
+
+def _merged(terms: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    out: dict[int, float] = {}
+    for j, v in terms:
+        out[j] = out.get(j, 0.0) + v
+    return [(j, v) for j, v in out.items() if v != 0.0]
+
+
+def _with_rows(m: SparseMILP, rows: list[list[tuple[int, float]]]) -> SparseMILP:
+    out = replace(m, rows_lo=list(m.rows_lo), rows_hi=list(m.rows_hi), _ri=list(m._ri), _ci=list(m._ci),
+                  _v=list(m._v))
+    for terms in rows:
+        out.add_row(terms, hi=0.0)
+    return out
+
+
+def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, max_rounds: int = 40, threads: int | None = None,
+               warm_start: np.ndarray | None = None) -> tuple[PoetModel, CutReport]:
+    """Rounds of LP solve + separation for at most `seconds`; returns the model with the cuts added (a new
+    SparseMILP, the input is left as it is). A cut the warm start violates is left out, so the warm start
+    (a feasible schedule, maybe with a redundant recompute) stays usable."""
+    from .milp.highs import LpSession
+
+    t0 = time.perf_counter()
+    lp = LpSession(pm.milp, threads=threads)
+    added: list[list[tuple[int, float]]] = []
+    seen: set[tuple] = set()
+    first = last = None
+    stalled = rounds = 0
+    while rounds < max_rounds:
+        left = seconds - (time.perf_counter() - t0)
+        if left <= 0.05:
+            break
+        r = lp.solve(left)
+        if r is None:
+            break
+        objective, x = r
+        rounds += 1
+        if first is None:
+            first = objective
+        # Stop when two rounds in a row moved the bound by less than 0.1% of what it adds over the constant.
+        if last is not None and objective - last <= 1e-3 * max(abs(objective - pm.milp.offset), 1e-12):
+            stalled += 1
+            if stalled >= 2:
+                last = max(last, objective)
+                break
+        else:
+            stalled = 0
+        last = objective if last is None else max(last, objective)
+        new = []
+        for terms in separate(pm, lv, x):
+            terms = _merged(terms)
+            key = tuple(sorted(terms))
+            if key in seen:
+                continue
+            seen.add(key)
+            new.append(terms)
+        if warm_start is not None:
+            new = [t for t in new if sum(v * warm_start[j] for j, v in t) <= 1e-9]
+        if not new:
+            break
+        added += new
+        lp.add_rows(new)
+    report = CutReport(rounds=rounds, cuts=len(added), lp_before=first, lp_after=last,
+                       seconds=time.perf_counter() - t0)
+    return replace(pm, milp=_with_rows(pm.milp, added)), report

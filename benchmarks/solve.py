@@ -4,7 +4,7 @@ same budget.
 
     .venv/bin/python benchmarks/solve.py [--models resnet18,vgg16] [--targets rpi4,nrf52840]
         [--budgets 100%,70%,50%,40%,min] [--batch-size 8] [--time-limit 30,resnet50=120]
-        [--mip-gap 1e-3,resnet50=1e-2] [--threads 1] [--lns 0.35] [--cuts 0.15] [--workers 2]
+        [--mip-gap 1e-3,resnet50=1e-2] [--threads 1] [--lns 0.35] [--cuts 0.15]
         [--baselines checkmate,paging,dtr,checkpoint,store-all]
         [--out build/bench/solve.json]
 
@@ -60,7 +60,7 @@ def resolve_budget(text: str, lv, activation_peak: int) -> int:
 
 def bench_model(model: str, target_name: str, budgets: list[str], batch: int, time_limit: float,
                 mip_gap: float, threads: int | None = None, baselines: tuple[str, ...] = BASELINES,
-                lns: float = 0.35, cuts: float = 0.15, workers: int = 1) -> list[dict]:
+                lns: float = 0.35, cuts: float = 0.15) -> list[dict]:
     target = load_target(target_name)
     _, _, g = build_graph(CompileOptions(model=model, target=target_name, budget="100%", out="", batch_size=batch),
                           target)
@@ -76,7 +76,7 @@ def bench_model(model: str, target_name: str, budgets: list[str], batch: int, ti
         t0 = time.perf_counter()
         try:
             s = run_scheduler(g, lv, target, budget, time_limit=time_limit, mip_gap=mip_gap, threads=threads,
-                              lns=lns, cuts=cuts, workers=workers)
+                              lns=lns, cuts=cuts)
             err = None
         except Exception as e:  # noqa: BLE001 - a benchmark row records the failure
             s, err = None, f"{type(e).__name__}: {e}"
@@ -103,7 +103,7 @@ def bench_model(model: str, target_name: str, budgets: list[str], batch: int, ti
             "solver": sol.get("name"), "objective": sol.get("objective"), "bound": sol.get("bound"),
             "gap": sol.get("gap"), "extra_gap": extra_gap, "solve_s": sol.get("seconds"), "wall_s": wall,
             "solver_vars": sol.get("variables"), "solver_rows": sol.get("constraints"),
-            "warm_start": sol.get("warm_start"), "lns": lns, "workers": workers, "cuts": sol.get("cuts"), "notice": sol.get("notice"),
+            "warm_start": sol.get("warm_start"), "lns": lns, "cuts": sol.get("cuts"), "notice": sol.get("notice"),
             "energy_j": s.report.energy_j if s else None, "base_energy_j": base_energy,
             "store_all_energy_j": sa.energy_j, "peak_bytes": s.report.peak_bytes if s else None,
             "store_all_peak_bytes": sa.peak_bytes, "recomputes": s.report.recomputes if s else None,
@@ -153,8 +153,6 @@ def main() -> None:
                          "the gap (0: one plain solve)")
     ap.add_argument("--cuts", type=float, default=0.15,
                     help="most share of the time limit spent adding window cuts before the MILP (0: none)")
-    ap.add_argument("--workers", type=int, default=1,
-                    help="2: the LNS runs in a second process beside the MILP solves (this machine has 2 cores)")
     ap.add_argument("--baselines", default=",".join(BASELINES), help="schedulers to compare ('' for none)")
     ap.add_argument("--out", default="build/bench/solve.json")
     a = ap.parse_args()
@@ -165,7 +163,7 @@ def main() -> None:
         mine = []
         for m in a.models.split(","):
             mine += bench_model(m, tn, a.budgets.split(","), a.batch_size, limits.get(m, limits[""]),
-                                gaps.get(m, gaps[""]), a.threads, baselines, a.lns, a.cuts, a.workers)
+                                gaps.get(m, gaps[""]), a.threads, baselines, a.lns, a.cuts)
         Console(width=max(200, Console().width)).print(
             table(mine, f"POET solves on {tn}, batch {a.batch_size} (baselines: extra energy over POET's)"))
         rows += mine

@@ -8,7 +8,6 @@ bound.
 """
 from __future__ import annotations
 
-import multiprocessing
 import time
 from dataclasses import dataclass, replace
 
@@ -51,7 +50,7 @@ def stages(pm: PoetModel) -> np.ndarray:
 
 def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, window: float = 0.1,
             stage_window: float = 0.15, round_limit: float = 2.0, threads: int | None = None,
-            seed: int = 0, on_improve=None) -> LnsResult:
+            seed: int = 0) -> LnsResult:
     """Alternate two neighbourhoods for `seconds`, each at a random (seeded) place: every variable of a window
     of consecutive decision tensors, and every backward-stage variable of a window of consecutive stages (all
     tensors). Measured (ResNet-18, nrf52840, 40%, 21 s from the same start, extra energy over computing every
@@ -84,32 +83,14 @@ def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, wind
             x, best = np.round(r.values), r.objective
             improved += 1
             since = 0
-            if on_improve is not None:
-                on_improve(x, best)
         if since >= 3 * (n // width + n_stages // stage_width):
             break  # about three covers of both neighbourhoods with no gain: a local optimum for them
     return LnsResult(values=x, objective=best, rounds=rounds, improved=improved,
                      seconds=time.perf_counter() - t0)
 
 
-def _lns_worker(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, threads: int | None, out) -> None:
-    """LNS in a second process: each improvement is put on the queue `out` as (objective, values)."""
-    improve(pm, lv, x0, seconds, threads=threads, on_improve=lambda x, objective: out.put((objective, x)))
-
-
-def _best_from(queue, best: tuple[float, np.ndarray] | None) -> tuple[float, np.ndarray] | None:
-    while True:
-        try:
-            item = queue.get_nowait()
-        except Exception:  # noqa: BLE001 - queue.Empty, or the queue is gone with its process
-            return best
-        if best is None or item[0] < best[0]:
-            best = item
-
-
 def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float, mip_gap: float,
-                 warm_start: np.ndarray | None, threads: int | None, lns: float, cuts: float = 0.0,
-                 workers: int = 1):
+                 warm_start: np.ndarray | None, threads: int | None, lns: float, cuts: float = 0.0):
     """Full solve for 30% of the time; if it did not finish, LNS from its incumbent for `lns` of the time,
     then the full solve again from the LNS incumbent for the rest. The reported bound is the largest proven
     one and the gap is the best incumbent's against it.
@@ -119,68 +100,36 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
     the plain LP to what the first solve proved (see _worth_it). The first solve and the neighbourhoods stay
     on the plain model: the cut rows, measured, cost them their incumbents. The LP bound with the cuts is
     itself a proven bound and counts among the bounds.
-
-    `workers` = 2: the LNS runs in a second process from the warm start for the whole time, beside the solves
-    (the last one then gets the LNS's share too); the last solve starts from the best schedule either has
-    found by then, and the helper's later finds still count.
     """
     from .cuts import strengthen
     from .milp.registry import solve_with
 
     t0 = time.perf_counter()
-    helper = queue = None
-    if workers > 1 and lns > 0 and warm_start is not None:
-        ctx = multiprocessing.get_context("spawn")  # never fork a process that holds a HiGHS scheduler
-        queue = ctx.Queue()
-        helper = ctx.Process(target=_lns_worker, args=(pm, lv, warm_start, 0.95 * time_limit, threads, queue),
-                             daemon=True)
-        helper.start()
-    try:
-        first = solve_with(solver, pm.milp, time_limit=0.3 * time_limit, mip_gap=mip_gap,
-                           warm_start=warm_start, threads=threads)
-        if first.status in ("optimal", "infeasible", "error") or lns <= 0:
-            return first
-        start = first.values if first.values is not None else warm_start
-        if start is None:
-            return first
-        if helper is None:
-            local = improve(pm, lv, start, lns * time_limit, threads=threads)
-        else:
-            found = _best_from(queue, None)
-            if found is not None and found[0] < pm.milp.objective(start):
-                start = found[1]
-            local = LnsResult(values=np.round(start), objective=pm.milp.objective(np.round(start)), rounds=0,
-                              improved=0, seconds=0.0)
-        final, report, bounds = pm, None, [first.bound]
-        if cuts > 0:
-            clean = without_redundant_holds(pm, lv, local.values)
-            local = replace(local, values=clean, objective=pm.milp.objective(clean))
-            left = time_limit - (time.perf_counter() - t0)
-            with_cuts, report = strengthen(pm, lv, seconds=min(cuts * time_limit, 0.5 * left), threads=threads,
-                                           warm_start=clean)
-            bounds.append(report.lp_after)
-            if _worth_it(report, first.bound):
-                final = with_cuts
-        left = time_limit - (time.perf_counter() - t0)
-        last = solve_with(solver, final.milp, time_limit=max(left, 0.1), mip_gap=mip_gap,
-                          warm_start=local.values, threads=threads)
-        bounds.append(last.bound)
-        runs = [r for r in (first, last) if r.values is not None]
-        best = min(runs, key=lambda r: r.objective) if runs else last
-        values, objective = best.values, best.objective
-        if local.objective < (objective if objective is not None else np.inf):
-            values, objective = local.values, local.objective
-        note = f"LNS: {local.rounds} rounds, {local.improved} improved, {local.seconds:.1f} s"
-        if helper is not None:
-            helper.join(timeout=max(0.0, time_limit - (time.perf_counter() - t0)) + 5.0)
-            found = _best_from(queue, None)
-            kept = found is not None and found[0] < (objective if objective is not None else np.inf)
-            if kept:
-                values, objective = found[1], found[0]
-            note = "LNS in a second process: " + ("its schedule is the best" if kept else "not better")
-    finally:
-        if helper is not None and helper.is_alive():
-            helper.terminate()
+    first = solve_with(solver, pm.milp, time_limit=0.3 * time_limit, mip_gap=mip_gap, warm_start=warm_start,
+                       threads=threads)
+    if first.status in ("optimal", "infeasible", "error") or lns <= 0:
+        return first
+    start = first.values if first.values is not None else warm_start
+    if start is None:
+        return first
+    local = improve(pm, lv, start, lns * time_limit, threads=threads)
+    final, report, bounds = pm, None, [first.bound]
+    if cuts > 0:
+        clean = without_redundant_holds(pm, lv, local.values)
+        local = replace(local, values=clean, objective=pm.milp.objective(clean))
+        with_cuts, report = strengthen(pm, lv, seconds=cuts * time_limit, threads=threads, warm_start=clean)
+        bounds.append(report.lp_after)
+        if _worth_it(report, first.bound):
+            final = with_cuts
+    left = time_limit - (time.perf_counter() - t0)
+    last = solve_with(solver, final.milp, time_limit=max(left, 0.1), mip_gap=mip_gap, warm_start=local.values,
+                      threads=threads)
+    bounds.append(last.bound)
+    runs = [r for r in (first, last) if r.values is not None]
+    best = min(runs, key=lambda r: r.objective) if runs else last
+    values, objective = best.values, best.objective
+    if local.objective < (objective if objective is not None else np.inf):
+        values, objective = local.values, local.objective
     bounds = [b for b in bounds if b is not None]
     bound = max(bounds) if bounds else None
     gap = None if objective is None or bound is None else max(0.0, (objective - bound) / max(abs(objective), 1e-12))
@@ -188,7 +137,7 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
         "time_limit" if values is not None or last.status == "time_limit" else last.status)
     out = replace(last, values=values, objective=objective, bound=bound, gap=gap, status=status,
                   seconds=time.perf_counter() - t0)
-    notes = [out.notice, note]
+    notes = [out.notice, f"LNS: {local.rounds} rounds, {local.improved} improved, {local.seconds:.1f} s"]
     if report is not None:
         kept = "kept" if final is not pm else "left out (small LP lift next to what the plain solve proved)"
         notes.append(f"window cuts: {report.cuts} in {report.rounds} LP rounds, {report.seconds:.1f} s, {kept}")

@@ -80,11 +80,10 @@ def _heuristic(g, lv, scheduler: str, target, budget_bytes: int, deadline_s: flo
 def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, scheduler: str = "poet",
                   deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4,
                   solver: str = "auto", threads: int | None = None, lns: float = 0.0,
-                  cuts: float = 0.0, workers: int = 1) -> Scheduled:
+                  cuts: float = 0.0) -> Scheduled:
     """`lns`: the share of `time_limit` given to large-neighbourhood search when the first 30% of the time
     does not prove the gap (see lns.solve_phased); 0 solves once, for the whole time limit. `cuts` (with `lns`):
-    the most share of it spent adding window cuts before the last solve; `workers` = 2: the LNS runs in a second
-    process beside the solves (see lns.solve_phased)."""
+    the most share of it spent adding window cuts before the last solve (see lns.solve_phased)."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
@@ -132,7 +131,7 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
     if lns > 0:
         res = solve_phased(solver, model, lv, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm,
-                           threads=threads, lns=lns, cuts=cuts, workers=workers)
+                           threads=threads, lns=lns, cuts=cuts)
     else:
         res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap,
                          threads=threads)

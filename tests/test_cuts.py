@@ -114,18 +114,3 @@ def test_phased_solve_with_cuts_reports_them(resnet18):
     assert info["bound"] >= info["cuts"]["lp_after"] - 1e-9 * abs(info["bound"])  # a proven bound is reported
     assert info["bound"] <= info["objective"] and s.report.peak_bytes <= G.min
     assert info["status"] != "optimal" or info["gap"] <= 1e-3
-
-
-def test_phased_solve_with_an_lns_process(resnet18):
-    """`workers=2`: the LNS runs in a spawned process beside the solves; its schedules reach the result (the
-    helper starts from the warm start, so the result is never worse than it), the helper is gone afterwards."""
-    import multiprocessing
-
-    G = resnet18
-    s = run_scheduler(G.g, G.lv, TARGET, G.min, time_limit=10, mip_gap=1e-3, threads=1, lns=0.35, cuts=0.15,
-                      workers=2)
-    info = s.solver
-    assert "LNS in a second process" in info["notice"]
-    assert info["bound"] <= info["objective"] and s.report.peak_bytes <= G.min
-    assert s.report.energy_j <= info["objective"] * (1 + 1e-12)
-    assert not multiprocessing.active_children()

@@ -34,10 +34,12 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     h.setOptionValue("mip_abs_gap", 0.0)  # energies can be ~1e-6 J: an absolute gap would hide a relative one
+    # HiGHS keeps one global thread scheduler per process; a solve asking for another thread count than the
+    # first one would not run at all (status "not set") unless the scheduler is rebuilt. Rebuilt every time, so
+    # that a solve never depends on what an earlier one in the process asked for (a compile after a threads=1
+    # solve proved a different bound than the same compile in a fresh process).
+    highspy.Highs.resetGlobalScheduler(True)
     if threads:
-        # HiGHS keeps one global thread scheduler per process; a solve asking for another thread count than
-        # the first one would not run at all (status "not set") unless the scheduler is rebuilt.
-        highspy.Highs.resetGlobalScheduler(True)
         h.setOptionValue("threads", int(threads))
     lp = highspy.HighsLp()
     lp.num_col_ = m.n_vars
@@ -109,8 +111,8 @@ class LpSession:
         with _quiet_stdout():
             self.h = highspy.Highs()
             self.h.setOptionValue("output_flag", False)
+        highspy.Highs.resetGlobalScheduler(True)  # as in solve()
         if threads:
-            highspy.Highs.resetGlobalScheduler(True)
             self.h.setOptionValue("threads", int(threads))
         self.scale = objective_scale(np.asarray(m.cost, dtype=np.float64))
         self.offset = m.offset

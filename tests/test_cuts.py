@@ -18,17 +18,7 @@ from compiler.poet import build as build_poet, without_redundant_holds
 from compiler.schedulers import run_scheduler
 from compiler.warmstart import greedy_keep
 
-from test_solve_speedups import TARGET, Graph
-
-
-@pytest.fixture(scope="module")
-def mcu_resnet():
-    return Graph("mcu_resnet")
-
-
-@pytest.fixture(scope="module")
-def small_cnn():
-    return Graph("small_cnn")
+from test_solve_speedups import TARGET, Graph, mcu_resnet, small_cnn  # noqa: F401 - fixtures
 
 
 @pytest.fixture(scope="module")

@@ -26,14 +26,11 @@ def _quiet_stdout():
         os.close(saved)
 
 
-def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, warm_start: np.ndarray | None = None,
-          threads: int | None = None) -> SolveResult:
+def _highs(threads: int | None, time_limit: float) -> highspy.Highs:
     with _quiet_stdout():
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", float(mip_gap))
-    h.setOptionValue("mip_abs_gap", 0.0)  # energies can be ~1e-6 J: an absolute gap would hide a relative one
     # HiGHS keeps one global thread scheduler per process; a solve asking for another thread count than the
     # first one would not run at all (status "not set") unless the scheduler is rebuilt. Rebuilt every time, so
     # that a solve never depends on what an earlier one in the process asked for (a compile after a threads=1
@@ -41,13 +38,17 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
     highspy.Highs.resetGlobalScheduler(True)
     if threads:
         h.setOptionValue("threads", int(threads))
+    return h
+
+
+def _lp(m: SparseMILP, scale: float, integer: bool) -> highspy.HighsLp:
+    """`m` as a HiGHS model, its objective scaled by `scale` (see objective_scale: solver tolerances). The
+    constant (every node computed once) stays in the objective: the relative gap HiGHS stops at is then the
+    gap of the whole energy, as reported."""
     lp = highspy.HighsLp()
     lp.num_col_ = m.n_vars
     lp.num_row_ = m.n_rows
-    scale = objective_scale(np.asarray(m.cost, dtype=np.float64))  # see objective_scale: solver tolerances
     lp.col_cost_ = np.asarray(m.cost, dtype=np.float64) * scale
-    # The constant (every node computed once) stays in the objective: the relative gap HiGHS stops at is then
-    # the gap of the whole energy, as reported.
     lp.offset_ = m.offset * scale
     lp.col_lower_ = np.asarray(m.lower, dtype=np.float64)
     lp.col_upper_ = np.asarray(m.upper, dtype=np.float64)
@@ -58,8 +59,19 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
     lp.a_matrix_.start_ = start
     lp.a_matrix_.index_ = index
     lp.a_matrix_.value_ = value
-    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in m.integer]
-    h.passModel(lp)
+    if integer:
+        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                           for i in m.integer]
+    return lp
+
+
+def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, warm_start: np.ndarray | None = None,
+          threads: int | None = None) -> SolveResult:
+    h = _highs(threads, time_limit)
+    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    h.setOptionValue("mip_abs_gap", 0.0)  # energies can be ~1e-6 J: an absolute gap would hide a relative one
+    scale = objective_scale(np.asarray(m.cost, dtype=np.float64))
+    h.passModel(_lp(m, scale, integer=True))
     if warm_start is not None:
         sol = highspy.HighsSolution()
         sol.col_value = list(map(float, warm_start))
@@ -108,25 +120,9 @@ class LpSession:
     from the previous basis (dual simplex), as a cutting-plane loop needs."""
 
     def __init__(self, m: SparseMILP, threads: int | None = None):
-        with _quiet_stdout():
-            self.h = highspy.Highs()
-            self.h.setOptionValue("output_flag", False)
-        highspy.Highs.resetGlobalScheduler(True)  # as in solve()
-        if threads:
-            self.h.setOptionValue("threads", int(threads))
+        self.h = _highs(threads, 60.0)
         self.scale = objective_scale(np.asarray(m.cost, dtype=np.float64))
-        self.offset = m.offset
-        lp = highspy.HighsLp()
-        lp.num_col_, lp.num_row_ = m.n_vars, m.n_rows
-        lp.col_cost_ = np.asarray(m.cost, dtype=np.float64) * self.scale
-        lp.col_lower_ = np.asarray(m.lower, dtype=np.float64)
-        lp.col_upper_ = np.asarray(m.upper, dtype=np.float64)
-        lp.row_lower_ = np.asarray(m.rows_lo, dtype=np.float64)
-        lp.row_upper_ = np.asarray(m.rows_hi, dtype=np.float64)
-        start, index, value = m.csc()
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = start, index, value
-        self.h.passModel(lp)
+        self.h.passModel(_lp(m, self.scale, integer=False))
 
     def solve(self, time_limit: float) -> tuple[float, np.ndarray] | None:
         """(objective, values) of the LP optimum, or None when it was not reached in time."""
@@ -135,7 +131,7 @@ class LpSession:
         if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
         x = np.asarray(self.h.getSolution().col_value)
-        return self.h.getInfo().objective_function_value / self.scale + self.offset, x
+        return self.h.getInfo().objective_function_value / self.scale, x
 
     def add_rows(self, rows: list[list[tuple[int, float]]], hi: float = 0.0) -> None:
         starts, index, value = [], [], []

@@ -21,6 +21,17 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _share(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= x < 0.7:
+        raise argparse.ArgumentTypeError(f"{text!r}: a share of the time limit in [0, 0.7) (the first solve "
+                                         "takes 30%)")
+    return x
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -59,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
     c.add_argument("--solver", default="auto", choices=["auto", "highs", "gurobi", "scipy", "cpsat"],
                    help="MILP backend (default auto: Gurobi with a full license, else HiGHS)")
+    c.add_argument("--lns", type=_share, default=0.0,
+                   help="share of --time-limit for large-neighbourhood search when the first 30%% does not prove "
+                        "the gap (e.g. 0.35; default 0: one solve)")
+    c.add_argument("--cuts", type=_share, default=0.0,
+                   help="with --lns: most share of --time-limit for window cuts before the last solve (e.g. 0.15)")
     c.add_argument("--loss", default="cross_entropy", choices=["cross_entropy", "mse"])
     c.add_argument("--lr", type=float, default=0.01)
     c.add_argument("--momentum", type=float, default=0.9)
@@ -139,9 +155,15 @@ def _cmd_compile(a) -> dict:
         with _console().status("compiling (local learning)") as status:
             return compile_local_cmd(a, progress=lambda msg: status.update(msg))
 
+    if a.cuts > 0 and a.lns == 0:
+        raise EdgetrainError("--cuts works inside the phased solve: give --lns too (e.g. --lns 0.35 --cuts 0.15)")
+    if a.lns + a.cuts >= 0.7:
+        raise EdgetrainError(f"--lns {a.lns} and --cuts {a.cuts} leave no time for the last solve (the first "
+                             "takes 30%): keep their sum below 0.7")
     opts = CompileOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, scheduler=a.scheduler,
                           deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
                           time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
+                          lns=a.lns, cuts=a.cuts,
                           optimizer=SGDConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
     if a.json or not sys.stderr.isatty():
         return compile_model(opts)

@@ -38,6 +38,8 @@ class CompileOptions:
     seed: int = 0
     model_kwargs: dict = field(default_factory=dict)
     emit: str = "python"  # the runtime the plan is generated for: "python" (torch) or "c" (runtime/c firmware)
+    lns: float = 0.0  # share of time_limit for neighbourhood search when 30% of it does not prove the gap
+    cuts: float = 0.0  # most share of time_limit for window cuts before the last solve (with lns)
 
 
 def prepare_out_dir(path: str) -> None:
@@ -94,7 +96,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     if progress:
         progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors")
     result = run_scheduler(graph, lv, target, budget_bytes, scheduler=opts.scheduler, deadline_s=deadline_s,
-                           time_limit=opts.time_limit, solver=opts.solver)
+                           time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
     rep = result.report
     body = {
         "edgetrain": __version__,

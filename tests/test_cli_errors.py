@@ -363,6 +363,12 @@ def test_malformed_deadline(capsys, tmp_path, deadline):
      ["--scheduler", "magic"]),
     (("run", "OUT", "--steps", "0"), ["--steps", "at least 1"]),
     (("inspect",), ["dir"]),
+    (("compile", "small_cnn", "--target", "rpi4", "--budget", "1MB", "--out", "OUT", "--lns", "0.9"),
+     ["--lns", "[0, 0.7)"]),
+    (("compile", "small_cnn", "--target", "rpi4", "--budget", "1MB", "--out", "OUT", "--cuts", "0.15"),
+     ["--cuts", "--lns"]),
+    (("compile", "small_cnn", "--target", "rpi4", "--budget", "1MB", "--out", "OUT", "--lns", "0.5", "--cuts",
+      "0.3"), ["below 0.7"]),
 ])
 def test_usage_errors(capsys, tmp_path, args, words):
     args = [str(tmp_path / "o") if a == "OUT" else a for a in args]

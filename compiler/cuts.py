@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .liveness import Liveness
-from .milp.model import SparseMILP
+from .milp.model import merge_terms
 from .poet import PoetModel
 
 
@@ -78,91 +78,63 @@ def _after(c: np.ndarray, U: np.ndarray, E: np.ndarray) -> np.ndarray:
     return np.maximum(c[E + 1] - c[U + 1], 0.0)
 
 
+def _options(a: _Tensor, inputs: list[str], sumP: np.ndarray, sumR: np.ndarray,
+             prev: dict | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cheapest way, per (u, e), to say "a was paged in" (its page-ins, or PO) plus "a was recomputed" (its
+    recomputes, or an input available, from `prev`): (value, PO chosen, input index chosen or -1)."""
+    choose_po = a.PO < sumP
+    r_term = sumR
+    choice = np.full(sumR.shape, -1)
+    if prev is not None and a.has_R:
+        for k_index, k in enumerate(inputs):
+            v = prev[k][0]
+            better = v < r_term
+            r_term = np.where(better, v, r_term)
+            choice = np.where(better, k_index, choice)
+    return np.where(choose_po, a.PO, sumP) + r_term, choose_po, choice
+
+
 def separate(pm: PoetModel, lv: Liveness, x: np.ndarray, *, depth: int = 3, tol: float = 1e-3,
              per_tensor: int = 20) -> list[list[tuple[int, float]]]:
     """The most violated window cuts at the LP point `x`, each as terms of a row `<= 0`."""
     n = lv.T - lv.B0
     U, E = np.arange(n)[:, None], np.arange(n)[None, :]
     ts = {c: _Tensor(pm, lv, x, c) for c in lv.decision}
-    # AV[d][j]: (value matrix, PO chosen, input index chosen or -1 for j's own recomputes) over (u, e).
+    # AV[d][j]: "j available somewhere in [u, e]" at recursion depth d, as _options returns it (plus held at u).
     AV: list[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
     for d in range(depth):
         level = {}
         for j, a in ts.items():
-            sumP = _after(a.cP, U, E)
-            choose_po = a.PO < sumP
-            p_term = np.where(choose_po, a.PO, sumP)
-            r_term = _after(a.cR, U, E)
-            choice = np.full((n, n), -1)
-            if d > 0 and a.has_R:
-                for k_index, k in enumerate(lv.inputs_of[j]):
-                    v = AV[d - 1][k][0]
-                    better = v < r_term
-                    r_term = np.where(better, v, r_term)
-                    choice = np.where(better, k_index, choice)
-            level[j] = (a.held[:, None] + p_term + r_term, choose_po, choice)
+            value, choose_po, choice = _options(a, lv.inputs_of[j], _after(a.cP, U, E), _after(a.cR, U, E),
+                                                AV[d - 1] if d > 0 else None)
+            level[j] = (a.held[:, None] + value, choose_po, choice)
         AV.append(level)
 
-    def av_terms(j: str, d: int, u: int, e: int) -> list[tuple[int, float]]:
-        a = ts[j]
-        _, choose_po, choice = AV[d][j]
-        terms = [(int(v), -1.0) for v in (a.Sv[u], a.Rv[u], a.Pv[u]) if v >= 0]
-        if choose_po[u, e]:
-            terms.append((a.POv, -1.0))
-        else:
-            terms += [(int(v), -1.0) for v in a.Pv[u + 1:e + 1] if v >= 0]
+    def obtained(c: str, choose_po, choice, first: int, u: int, e: int, d: int) -> list[tuple[int, float]]:
+        """Terms (negated) of "c paged in or recomputed in [first, e]" as chosen at (u, e)."""
+        a = ts[c]
+        terms = [(a.POv, -1.0)] if choose_po[u, e] else [(int(v), -1.0) for v in a.Pv[first:e + 1] if v >= 0]
         if choice[u, e] < 0:
-            terms += [(int(v), -1.0) for v in a.Rv[u + 1:e + 1] if v >= 0]
+            terms += [(int(v), -1.0) for v in a.Rv[first:e + 1] if v >= 0]
         else:
-            terms += av_terms(lv.inputs_of[j][choice[u, e]], d - 1, u, e)
+            j = lv.inputs_of[c][choice[u, e]]
+            b = ts[j]
+            terms += [(int(v), -1.0) for v in (b.Sv[u], b.Rv[u], b.Pv[u]) if v >= 0]
+            terms += obtained(j, AV[d][j][1], AV[d][j][2], u + 1, u, e, d - 1)
         return terms
 
     cuts = []
     for c, a in ts.items():
-        sumP = a.cP[E + 1] - a.cP[U]  # [u, e], inclusive: S_c(u) says only what is held entering u
-        choose_po = a.PO < sumP
-        p_term = np.where(choose_po, a.PO, sumP)
-        r_term = a.cR[E + 1] - a.cR[U]
-        choice = np.full((n, n), -1)
-        if a.has_R:
-            for k_index, k in enumerate(lv.inputs_of[c]):
-                v = AV[depth - 1][k][0]
-                better = v < r_term
-                r_term = np.where(better, v, r_term)
-                choice = np.where(better, k_index, choice)
-        viol = a.held[None, :] - a.S[:, None] - p_term - r_term
-        viol = np.where(E >= U, viol, -np.inf)
+        # [u, e] inclusive here: S_c(u) says only what is held entering u.
+        value, choose_po, choice = _options(a, lv.inputs_of[c], a.cP[E + 1] - a.cP[U], a.cR[E + 1] - a.cR[U],
+                                            AV[depth - 1])
+        viol = np.where(E >= U, a.held[None, :] - a.S[:, None] - value, -np.inf)
         idx = np.argwhere(viol > tol)
-        if not len(idx):
-            continue
         for u, e in idx[np.argsort(-viol[idx[:, 0], idx[:, 1]], kind="stable")[:per_tensor]]:
             terms = [(int(v), 1.0) for v in (a.Sv[e], a.Rv[e], a.Pv[e]) if v >= 0]
             terms.append((int(a.Sv[u]), -1.0))
-            if choose_po[u, e]:
-                terms.append((a.POv, -1.0))
-            else:
-                terms += [(int(v), -1.0) for v in a.Pv[u:e + 1] if v >= 0]
-            if choice[u, e] < 0:
-                terms += [(int(v), -1.0) for v in a.Rv[u:e + 1] if v >= 0]
-            else:
-                terms += av_terms(lv.inputs_of[c][choice[u, e]], depth - 1, u, e)
-            cuts.append(terms)
+            cuts.append(terms + obtained(c, choose_po, choice, u, u, e, depth - 1))
     return cuts
-
-
-def _merged(terms: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    out: dict[int, float] = {}
-    for j, v in terms:
-        out[j] = out.get(j, 0.0) + v
-    return [(j, v) for j, v in out.items() if v != 0.0]
-
-
-def _with_rows(m: SparseMILP, rows: list[list[tuple[int, float]]]) -> SparseMILP:
-    out = replace(m, rows_lo=list(m.rows_lo), rows_hi=list(m.rows_hi), _ri=list(m._ri), _ci=list(m._ci),
-                  _v=list(m._v))
-    for terms in rows:
-        out.add_row(terms, hi=0.0)
-    return out
 
 
 def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, max_rounds: int = 40, threads: int | None = None,
@@ -200,7 +172,7 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, max_rounds: int =
         last = objective if last is None else max(last, objective)
         new = []
         for terms in separate(pm, lv, x):
-            terms = _merged(terms)
+            terms = merge_terms(terms)
             key = tuple(sorted(terms))
             if key in seen:
                 continue
@@ -214,4 +186,4 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, max_rounds: int =
         lp.add_rows(new)
     report = CutReport(rounds=rounds, cuts=len(added), lp_before=first, lp_after=last,
                        seconds=time.perf_counter() - t0)
-    return replace(pm, milp=_with_rows(pm.milp, added)), report
+    return replace(pm, milp=pm.milp.with_rows(added, hi=0.0)), report

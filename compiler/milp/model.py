@@ -1,7 +1,7 @@
 """A solver-neutral sparse MILP: variables with bounds, costs and integrality; rows lo <= a.x <= hi."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import math
 
 import numpy as np
@@ -22,6 +22,14 @@ def objective_scale(cost: np.ndarray) -> float:
     # into [512, 1024) 7.5%. HiGHS's primal heuristics are tuned for objective coefficients of order one.
     return math.ldexp(1.0, 1 - math.frexp(top)[1])
 
+
+
+def merge_terms(terms: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """A row's terms with a variable named twice made one entry (solvers reject duplicates) and zeros dropped."""
+    merged: dict[int, float] = {}
+    for c, v in terms:
+        merged[c] = merged.get(c, 0.0) + float(v)
+    return [(c, v) for c, v in merged.items() if v != 0.0]
 
 
 @dataclass
@@ -75,16 +83,22 @@ class SparseMILP:
 
     def add_row(self, terms: list[tuple[int, float]], lo: float = -math.inf, hi: float = math.inf) -> int:
         r = len(self.rows_lo)
-        merged: dict[int, float] = {}
-        for c, v in terms:  # a variable named twice in a row is one entry (solvers reject duplicates)
-            merged[c] = merged.get(c, 0.0) + float(v)
-        for c, v in merged.items():
+        for c, v in merge_terms(terms):
             self._ri.append(r)
             self._ci.append(c)
-            self._v.append(float(v))
+            self._v.append(v)
         self.rows_lo.append(lo)
         self.rows_hi.append(hi)
         return r
+
+    def with_rows(self, rows: list[list[tuple[int, float]]], lo: float = -math.inf,
+                  hi: float = math.inf) -> "SparseMILP":
+        """A copy with `rows` added (each lo <= terms <= hi); this model is left as it is."""
+        out = replace(self, rows_lo=list(self.rows_lo), rows_hi=list(self.rows_hi), _ri=list(self._ri),
+                      _ci=list(self._ci), _v=list(self._v))
+        for terms in rows:
+            out.add_row(terms, lo=lo, hi=hi)
+        return out
 
     def csc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Column-wise sparse matrix: (start, index, value)."""

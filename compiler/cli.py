@@ -21,14 +21,23 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+
+def _phases() -> tuple[float, float]:
+    """(the first solve's share of --time-limit, what --lns and --cuts may share: the last solve needs some)."""
+    from .lns import FIRST_SHARE  # imported here: the solver stack is not needed to parse arguments
+
+    return FIRST_SHARE, 1.0 - FIRST_SHARE
+
+
 def _share(text: str) -> float:
     try:
         x = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= x < 0.7:
-        raise argparse.ArgumentTypeError(f"{text!r}: a share of the time limit in [0, 0.7) (the first solve "
-                                         "takes 30%)")
+    first, phases = _phases()
+    if not 0.0 <= x < phases:
+        raise argparse.ArgumentTypeError(f"{text!r}: a share of the time limit in [0, {phases:g}) (the first "
+                                         f"solve takes {first:.0%})")
     return x
 
 
@@ -71,8 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--solver", default="auto", choices=["auto", "highs", "gurobi", "scipy", "cpsat"],
                    help="MILP backend (default auto: Gurobi with a full license, else HiGHS)")
     c.add_argument("--lns", type=_share, default=0.0,
-                   help="share of --time-limit for large-neighbourhood search when the first 30%% does not prove "
-                        "the gap (e.g. 0.35; default 0: one solve)")
+                   help="share of --time-limit for large-neighbourhood search when the first 20%% does not prove "
+                        "the gap (e.g. 0.5; default 0: one solve)")
     c.add_argument("--cuts", type=_share, default=0.0,
                    help="with --lns: most share of --time-limit for window cuts before the last solve (e.g. 0.15)")
     c.add_argument("--loss", default="cross_entropy", choices=["cross_entropy", "mse"])
@@ -156,10 +165,11 @@ def _cmd_compile(a) -> dict:
             return compile_local_cmd(a, progress=lambda msg: status.update(msg))
 
     if a.cuts > 0 and a.lns == 0:
-        raise EdgetrainError("--cuts works inside the phased solve: give --lns too (e.g. --lns 0.35 --cuts 0.15)")
-    if a.lns + a.cuts >= 0.7:
+        raise EdgetrainError("--cuts works inside the phased solve: give --lns too (e.g. --lns 0.5 --cuts 0.15)")
+    first, phases = _phases()
+    if a.lns + a.cuts >= phases:
         raise EdgetrainError(f"--lns {a.lns} and --cuts {a.cuts} leave no time for the last solve (the first "
-                             "takes 30%): keep their sum below 0.7")
+                             f"takes {first:.0%}): keep their sum below {phases:g}")
     opts = CompileOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, scheduler=a.scheduler,
                           deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
                           time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,

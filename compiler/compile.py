@@ -38,7 +38,7 @@ class CompileOptions:
     seed: int = 0
     model_kwargs: dict = field(default_factory=dict)
     emit: str = "python"  # the runtime the plan is generated for: "python" (torch) or "c" (runtime/c firmware)
-    lns: float = 0.0  # share of time_limit for neighbourhood search when 30% of it does not prove the gap
+    lns: float = 0.0  # share of time_limit for neighbourhood search when its first 20% does not prove the gap
     cuts: float = 0.0  # most share of time_limit for window cuts before the last solve (with lns)
 
 

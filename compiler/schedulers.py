@@ -81,7 +81,7 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
                   deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4,
                   solver: str = "auto", threads: int | None = None, lns: float = 0.0,
                   cuts: float = 0.0) -> Scheduled:
-    """`lns`: the share of `time_limit` given to large-neighbourhood search when the first 30% of the time
+    """`lns`: the share of `time_limit` given to large-neighbourhood search when the first 20% of the time
     does not prove the gap (see lns.solve_phased); 0 solves once, for the whole time limit. `cuts` (with `lns`):
     the most share of it spent adding window cuts before the last solve (see lns.solve_phased)."""
     if scheduler not in SCHEDULERS:

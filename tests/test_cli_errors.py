@@ -364,11 +364,11 @@ def test_malformed_deadline(capsys, tmp_path, deadline):
     (("run", "OUT", "--steps", "0"), ["--steps", "at least 1"]),
     (("inspect",), ["dir"]),
     (("compile", "small_cnn", "--target", "rpi4", "--budget", "1MB", "--out", "OUT", "--lns", "0.9"),
-     ["--lns", "[0, 0.7)"]),
+     ["--lns", "[0, 0.8)"]),
     (("compile", "small_cnn", "--target", "rpi4", "--budget", "1MB", "--out", "OUT", "--cuts", "0.15"),
      ["--cuts", "--lns"]),
     (("compile", "small_cnn", "--target", "rpi4", "--budget", "1MB", "--out", "OUT", "--lns", "0.5", "--cuts",
-      "0.3"), ["below 0.7"]),
+      "0.3"), ["below 0.8"]),
 ])
 def test_usage_errors(capsys, tmp_path, args, words):
     args = [str(tmp_path / "o") if a == "OUT" else a for a in args]

@@ -183,10 +183,33 @@ def test_lns_only_improves_and_stays_feasible(mcu_resnet):
     x0 = pm.vector(page_all(G.g, G.lv, retain=False))
     assert pm.milp.is_feasible(x0)
     r = improve(pm, G.lv, x0, 5.0, threads=1)
-    assert r.rounds >= 1 and pm.milp.is_feasible(r.values)
+    assert r.rounds >= 1 and r.branched >= 1 and pm.milp.is_feasible(r.values)
     assert r.objective <= pm.milp.objective(x0) and r.objective == pytest.approx(pm.milp.objective(r.values))
     opt = highs.solve(pm.milp, time_limit=60, mip_gap=1e-9, threads=1)
     assert r.objective >= opt.objective * (1 - 1e-12)  # a heuristic never beats the proven optimum
+
+
+def test_local_branching_stays_within_its_radius_and_reaches_the_optimum_it_can(mcu_resnet):
+    """local_branch solves the whole model within `radius` flipped binaries of the incumbent: its schedule is
+    feasible, no worse, at most `radius` flips away; radius 0 can only return the incumbent; a radius as large
+    as the distance to a proven optimum reaches the optimum's energy."""
+    from compiler.heuristics import page_all
+    from compiler.lns import local_branch
+
+    G = mcu_resnet
+    pm = build_poet(G.g, G.lv, TARGET, G.budget(0.1))
+    m = pm.milp
+    x0 = pm.vector(page_all(G.g, G.lv, retain=False))
+    opt = highs.solve(m, time_limit=60, mip_gap=1e-9, threads=1)
+    far = int(np.sum(np.abs(np.round(opt.values) - x0)))
+    assert far > 4 and opt.objective < m.objective(x0) * (1 - 1e-9)
+    stay = local_branch(m, x0, 0, 30.0, threads=1)
+    assert stay.objective == pytest.approx(m.objective(x0), rel=1e-12)
+    near = local_branch(m, x0, far // 2, 30.0, threads=1)
+    assert m.is_feasible(near.values) and near.objective <= m.objective(x0) * (1 + 1e-12)
+    assert np.sum(np.abs(np.round(near.values) - x0)) <= far // 2
+    full = local_branch(m, x0, far, 60.0, threads=1)
+    assert full.objective == pytest.approx(opt.objective, rel=1e-6)
 
 
 def test_phased_solve_reports_a_proven_bound():

@@ -121,3 +121,25 @@ def test_compile_runs_the_phased_solve_when_asked(tmp_path, capsys):
     assert r["ok"] is not False and "LNS" in r["solver"].get("notice", ""), r["solver"]
     body = json.loads((out / "schedule.json").read_text())
     assert "cuts" in body["solver"] and body["solver"]["bound"] <= body["solver"]["objective"]
+
+
+def test_slow_lp_cut_rounds_take_the_time_of_a_solve_that_could_not_use_them(mcu_resnet, resnet18, monkeypatch):
+    """strengthen(then=...): when 8 times the plain LP does not fit in the caller's later solve, the rounds take
+    that time too and say so; the phased solve then leaves the cuts out of its last solve but counts their LP
+    bound."""
+    import compiler.cuts as cuts_mod
+
+    G = mcu_resnet
+    pm = build_poet(G.g, G.lv, TARGET, G.budget(0.0))
+    opt = highs.solve(pm.milp, time_limit=60, mip_gap=1e-9, threads=1)
+    _, slow = strengthen(pm, G.lv, seconds=5, then=1e-6, threads=1)
+    _, fast = strengthen(pm, G.lv, seconds=5, then=1e6, threads=1)
+    assert slow.took_then and not fast.took_then
+    assert slow.lp_after <= opt.objective * (1 + 1e-9)
+    original = cuts_mod.strengthen
+    monkeypatch.setattr(cuts_mod, "strengthen", lambda *a, **k: original(*a, **{**k, "then": 1e-6}))
+    G = resnet18  # its smallest budget is not proven in 6 s, so every phase runs
+    s = run_scheduler(G.g, G.lv, TARGET, G.min, time_limit=6, mip_gap=1e-3, threads=1, lns=0.3, cuts=0.3)
+    info = s.solver
+    assert info["cuts"]["took_then"] and not info["cuts"]["kept"] and "too slow" in info["notice"]
+    assert info["cuts"]["lp_after"] - 1e-9 <= info["bound"] <= info["objective"] * (1 + 1e-12)

@@ -1,10 +1,11 @@
 """Large-neighbourhood search on the POET MILP: better incumbents for graphs HiGHS cannot close in time.
 
-Repeatedly free the variables of a neighbourhood (a window of consecutive decision tensors in forward order,
-or a window of consecutive backward stages), fix every other variable at the incumbent, and solve that sub-MIP
-from the incumbent. Every sub-MIP solution is a solution of the full model (same rows, tighter bounds), so
-the incumbent only improves. It proves nothing: the caller reports the gap against the full model's proven
-bound.
+Two kinds of neighbourhood of the incumbent: windows (free the variables of consecutive decision tensors in
+forward order, or of consecutive backward stages, fix every other variable at the incumbent, solve that
+sub-MIP) and local branching (the whole model with one more row: at most k binaries differ from the
+incumbent). Every solution of either is a solution of the full model (same rows, tighter bounds or one more
+row), so the incumbent only improves. It proves nothing: the caller reports the gap against the full model's
+proven bound.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from .liveness import Liveness
 from .milp import highs
+from .milp.model import SparseMILP
 from .poet import PoetModel, without_redundant_holds
 
 
@@ -30,7 +32,8 @@ class LnsResult:
 
 
 # Share of the time limit for the first full solve: its bound and the incumbent the LNS starts from. 0.2 rather
-# than 0.3 since local branching (ResNet-18, nrf52840, 40%, 30 s: 0.117% with the 10% moved to the LNS, 0.134% without).
+# than 0.3 since local branching (ResNet-18, nrf52840, 40%, 30 s: 0.117% with the 10% moved to the LNS, 0.134%
+# without).
 FIRST_SHARE = 0.2
 
 
@@ -55,7 +58,7 @@ def stages(pm: PoetModel) -> np.ndarray:
     return out
 
 
-def local_branch(m, x: np.ndarray, radius: int, seconds: float, threads: int | None = None):
+def local_branch(m: SparseMILP, x: np.ndarray, radius: int, seconds: float, threads: int | None = None):
     """Solve `m` with one more row: at most `radius` binaries differ from `x`. Any solution is one of `m`."""
     ones = [j for j in range(m.n_vars) if m.integer[j] and x[j] > 0.5]
     row = [(j, -1.0 if x[j] > 0.5 else 1.0) for j in range(m.n_vars) if m.integer[j]]

@@ -4,7 +4,7 @@ same budget.
 
     .venv/bin/python benchmarks/solve.py [--models resnet18,vgg16] [--targets rpi4,nrf52840]
         [--budgets 100%,70%,50%,40%,min] [--batch-size 8] [--time-limit 30,resnet50=120]
-        [--mip-gap 1e-3,resnet50=1e-2] [--threads 1] [--lns 0.5] [--cuts 0.15]
+        [--mip-gap 1e-3,resnet50=1e-2] [--threads 1] [--lns 0.45] [--cuts 0.15]
         [--baselines checkmate,paging,dtr,checkpoint,store-all]
         [--out build/bench/solve.json]
 
@@ -60,7 +60,7 @@ def resolve_budget(text: str, lv, activation_peak: int) -> int:
 
 def bench_model(model: str, target_name: str, budgets: list[str], batch: int, time_limit: float,
                 mip_gap: float, threads: int | None = None, baselines: tuple[str, ...] = BASELINES,
-                lns: float = 0.5, cuts: float = 0.15) -> list[dict]:
+                lns: float = 0.45, cuts: float = 0.15) -> list[dict]:
     target = load_target(target_name)
     _, _, g = build_graph(CompileOptions(model=model, target=target_name, budget="100%", out="", batch_size=batch),
                           target)
@@ -148,7 +148,7 @@ def main() -> None:
     ap.add_argument("--mip-gap", default="1e-3,resnet50=1e-2",
                     help="relative gap at which a solve stops, proven: default[,model=gap...] (issue 3: 0.1%%)")
     ap.add_argument("--threads", type=int, default=None, help="solver threads (default: the solver's own)")
-    ap.add_argument("--lns", type=float, default=0.5,
+    ap.add_argument("--lns", type=float, default=0.45,
                     help="share of the time limit for large-neighbourhood search when 20%% of it does not prove "
                          "the gap (0: one plain solve)")
     ap.add_argument("--cuts", type=float, default=0.15,

@@ -68,27 +68,30 @@ def local_branch(m: SparseMILP, x: np.ndarray, radius: int, seconds: float, thre
 
 def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, window: float = 0.1,
             stage_window: float = 0.15, round_limit: float = 2.0, radius: int = 80, turn: float = 5.0,
-            threads: int | None = None, seed: int = 0) -> LnsResult:
+            keep_turn: float = 0.03, threads: int | None = None, seed: int = 0) -> LnsResult:
     """Improve the incumbent `x0` for `seconds` with two kinds of moves, in turns of about `turn` seconds:
 
     - local branching: the whole model, within `radius` binaries of the incumbent (one solve per turn);
     - windows: sub-MIPs of `round_limit` seconds, alternating a random (seeded) window of consecutive decision
       tensors (all their variables) and one of consecutive backward stages (all tensors' variables there).
 
-    Local branching goes first and keeps its turns while it gains at least as much energy per second as the
-    windows did in their last turn; the windows run when it misses or falls behind. A local-branching turn that
-    gains nothing waits for the windows to move the incumbent, and twice as many window turns after each further
-    miss in a row; two misses before any gain end it (on ResNet-50 its root LP alone takes about a turn). Ends
-    when the windows stop gaining (three covers of both without gain) while local branching waits.
+    Local branching goes first and keeps its turns while it gains as much energy per second as the windows did in
+    their last turn (before their first: `keep_turn` of the schedule's added energy per turn); the windows run when
+    it misses or falls behind. A local-branching turn that gains nothing waits for the windows to move the
+    incumbent, and twice as many window turns after each further miss in a row; two misses before any gain end it
+    (on ResNet-50 its root LP alone takes about a turn). Ends when the windows stop gaining (three covers of both
+    without gain) while local branching waits.
 
     Measured (ResNet-18, nrf52840, 40%, extra energy over computing every node once): windows alone reach a
     local optimum of theirs at 0.563 J in 5-16 s, from which local branching (radius 60, 5 s) finds 0.514 J in
     one turn; from the first solve's incumbent (0.736 J), three 5 s turns reach 0.52-0.53 J at radius 80-100
     (radius 30 finds nothing; 120-200 and 4 s turns less). On ResNet-50 it finds nothing in 60 s (the windows do
-    the work there), on ResNet-18 at the smallest budget less than the windows: hence the turns. Phased 30 s
+    the work there), on ResNet-18 at the smallest budget less than the windows: hence the turns. There its
+    turns gain 2.3% then 0.5% of the added energy, at 40% 14%, 15%, 4%, 1.3%: hence `keep_turn`. Phased 30 s
     solves of that case: local branching only 0.092% gap, windows only 0.19%, turns from an even start (windows
-    first explored, 5 s or 2.5 s window turns) 0.116-0.19%, as here 0.094% (smallest budget: 1.70%, 1.40%,
-    1.40-1.54%, 1.43%).
+    first explored, 5 s or 2.5 s window turns) 0.116-0.19%, turns with keep_turn 0 0.092-0.094% (smallest
+    budget: 1.70%, 1.40%, 1.40-1.54%, 1.38-2.58%), with 0.03 0.092% (1.39-2.16%: at the smallest budget the
+    last solve's bound varies with the 4-6 s it gets).
     """
     t0 = time.perf_counter()
     m = pm.milp
@@ -102,9 +105,10 @@ def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, wind
     best = m.objective(x)
     lower, upper = np.asarray(m.lower, dtype=np.float64), np.asarray(m.upper, dtype=np.float64)
     rounds, improved, branched, since = 0, 0, 0, 0
-    # Energy gained per second in each kind's last turn. The windows start at 0: they run when local branching
-    # misses or gains less per second than they did.
-    rate = {"branch": math.inf, "windows": 0.0}
+    # Energy gained per second in each kind's last turn. The windows start at `keep_turn` of the incumbent's
+    # added energy per turn: local branching keeps its turns while it gains that much, or what the windows
+    # did in their last turn.
+    rate = {"branch": math.inf, "windows": keep_turn * max(best - pm.base_energy_j, 0.0) / turn}
     misses, wait, gained = 0, 0, False  # turns in a row without gain, window turns to the next, any gain yet
 
     def better(r) -> bool:

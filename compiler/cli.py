@@ -21,7 +21,6 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-
 def _phases() -> tuple[float, float]:
     """(the first solve's share of --time-limit, what --lns and --cuts may share: the last solve needs some)."""
     from .lns import FIRST_SHARE  # imported here: the solver stack is not needed to parse arguments
@@ -81,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="MILP backend (default auto: Gurobi with a full license, else HiGHS)")
     c.add_argument("--lns", type=_share, default=0.0,
                    help="share of --time-limit for large-neighbourhood search when the first 20%% does not prove "
-                        "the gap (e.g. 0.5; default 0: one solve)")
+                        "the gap (e.g. 0.45; default 0: one solve)")
     c.add_argument("--cuts", type=_share, default=0.0,
                    help="with --lns: most share of --time-limit for window cuts before the last solve (e.g. 0.15)")
     c.add_argument("--loss", default="cross_entropy", choices=["cross_entropy", "mse"])
@@ -165,7 +164,7 @@ def _cmd_compile(a) -> dict:
             return compile_local_cmd(a, progress=lambda msg: status.update(msg))
 
     if a.cuts > 0 and a.lns == 0:
-        raise EdgetrainError("--cuts works inside the phased solve: give --lns too (e.g. --lns 0.5 --cuts 0.15)")
+        raise EdgetrainError("--cuts works inside the phased solve: give --lns too (e.g. --lns 0.45 --cuts 0.15)")
     first, phases = _phases()
     if a.lns + a.cuts >= phases:
         raise EdgetrainError(f"--lns {a.lns} and --cuts {a.cuts} leave no time for the last solve (the first "

@@ -145,10 +145,11 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0
     (a feasible schedule, maybe with a redundant recompute) stays usable.
 
     `then`: the seconds the caller has after this for a solve on the model with the cuts. A re-solve of the LP
-    with cuts takes 2-8 times the plain LP (ResNet-50: 4.3 s, then 8.7 s and 35 s); when 8 times the plain LP
-    does not fit in `then`, that solve could not even finish its root, so the rounds take that time too (each
-    round's LP is a proven bound: BERT-base at its smallest budget gained 3.6 J of bound in one 25 s round)
-    and the report says so (`took_then`)."""
+    with cuts takes 2-8 times the previous one (ResNet-50: 4.3 s plain, then 8.7 s and 35 s; BERT-base at min:
+    3.4, 24, 50 s); when 8 times the plain LP does not fit in `then`, that solve could not even finish its root,
+    so the rounds may take that time too (each round's LP is a proven bound: BERT-base at its smallest budget
+    gained 3.6 J of bound in one 25 s round) and the report says so (`took_then`). No re-solve starts with less
+    than 4 times the previous one's time left: the caller gets that time back."""
     from .milp.highs import LpSession
 
     t0 = time.perf_counter()
@@ -158,23 +159,22 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0
     first = last = None
     stalled = rounds = 0
     took_then = False
+    lp_seconds = 0.0  # the last LP solve's
     while rounds < max_rounds:
         left = seconds - (time.perf_counter() - t0)
-        if left <= 0.05:
-            break
+        if left <= 0.05 or left < 4 * lp_seconds:
+            break  # a re-solve takes 2-8 times the previous one: it would not finish, leave the time to the caller
+        started = time.perf_counter()
         r = lp.solve(left)
+        lp_seconds = time.perf_counter() - started
         if r is None:
             break
         objective, x = r
         rounds += 1
         if first is None:
             first = objective
-            plain = time.perf_counter() - t0
-            if then > 0 and 8 * plain > then:
+            if then > 0 and 8 * lp_seconds > then:
                 seconds, took_then = seconds + then, True
-            if seconds - plain < 2 * plain:
-                last = objective  # not even the fastest re-solve would finish: leave the time to the caller
-                break
         # Stop when two rounds in a row moved the bound by less than 0.1% of what it adds over the constant.
         if last is not None and objective - last <= 1e-3 * max(abs(objective - pm.milp.offset), 1e-12):
             stalled += 1

@@ -212,6 +212,26 @@ def test_local_branching_stays_within_its_radius_and_reaches_the_optimum_it_can(
     assert full.objective == pytest.approx(opt.objective, rel=1e-6)
 
 
+def test_recompute_only_probe_is_a_restriction(mcu_resnet):
+    """The probe's model fixes every page-out at 0: where the full optimum pages (30% of the range) it is
+    infeasible; where it does not (60%), its optimum pages nothing, is a schedule of the full model and costs
+    the full optimum."""
+    from compiler.lns import recompute_only
+
+    G = mcu_resnet
+    for frac, feasible in ((0.3, False), (0.6, True)):
+        pm = build_poet(G.g, G.lv, TARGET, G.budget(frac))
+        full = highs.solve(pm.milp, time_limit=60, mip_gap=1e-9, threads=1)
+        only = highs.solve(recompute_only(pm.milp, pm), time_limit=60, mip_gap=1e-9, threads=1)
+        assert full.status == "optimal"
+        pages = any(full.values[j] > 0.5 for j in pm.PO.values())
+        assert pages is not feasible and only.status == ("optimal" if feasible else "infeasible")
+        if feasible:
+            assert not any(only.values[j] > 0.5 for j in list(pm.PO.values()) + list(pm.P.values()))
+            assert pm.milp.is_feasible(only.values)
+            assert only.objective == pytest.approx(full.objective, rel=1e-6)
+
+
 def test_phased_solve_reports_a_proven_bound():
     """ResNet-18/nrf52840 at its smallest budget: 6 s does not prove 0.1%; the LNS phase ran, the incumbent is a
     valid schedule, the bound is below it, and the status is not optimal."""

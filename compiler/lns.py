@@ -176,17 +176,19 @@ def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, wind
 
 def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float, mip_gap: float,
                  warm_start: np.ndarray | None, threads: int | None, lns: float, cuts: float = 0.0):
-    """Full solve for FIRST_SHARE of the time; if it did not finish, LNS (`improve`) from its incumbent for `lns`
-    of the time, then the full solve again from the LNS incumbent for the rest. The reported bound is the
-    largest proven one and the gap is the best incumbent's against it.
+    """Full solve for FIRST_SHARE of the time; if it did not finish, in order:
 
-    `cuts` > 0: before the LNS, up to that share of the time adds window cuts (cuts.strengthen; the LNS gets what
-    they leave); the last solve
-    runs on the model with them when their LP alone lifts the bound at least 3/4 of the way from the plain LP
-    to what the first solve proved (see _worth_it). The first solve and the neighbourhoods stay on the plain
-    model: the cut rows, measured, cost them their incumbents. The LP bound with the cuts is itself a proven
-    bound and counts among the bounds. Where the LP is too slow for the last solve to re-solve it with the cuts
-    (ResNet-50, BERT-base), the cut rounds take the last solve's time instead: their LP bound is the gain.
+    - above a PROBE_GAP gap, the recompute-only restriction for at most PROBE_SHARE of the time (a better start);
+    - `cuts` > 0: window cuts for at most that share (cuts.strengthen). The last solve runs on the model with
+      them when their LP alone lifts the bound at least 3/4 of the way from the plain LP to what the first solve
+      proved (see _worth_it). Where the LP is too slow for the last solve to re-solve it with them (ResNet-50,
+      BERT-base), the cut rounds may take the last solve's time instead: their LP bound is the gain;
+    - the search (`improve`) from the best incumbent for `lns` of the time and whatever the steps above left;
+    - the full solve again from the search's incumbent for the rest.
+
+    The first solve and the search stay on the plain model: the cut rows, measured, cost them their incumbents.
+    The reported bound is the largest proven one (the LP with cuts among them) and the gap is the best
+    incumbent's against it.
     """
     from .cuts import strengthen
     from .milp.registry import solve_with
@@ -249,12 +251,12 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
         "time_limit" if values is not None or last.status == "time_limit" else last.status)
     out = replace(last, values=values, objective=objective, bound=bound, gap=gap, status=status,
                   seconds=time.perf_counter() - t0)
+    notes = [out.notice]
     if probe is not None:
-        tag = "none" if probe.objective is None else f"{probe.objective:.6g}"
-        out.notice = "; ".join(x for x in (out.notice, f"recompute-only probe: {probe.status}, {tag}, "
-                                                       f"{probe.seconds:.1f} s") if x)
-    notes = [out.notice, f"LNS: {local.rounds} rounds ({local.branched} local branching), {local.improved} improved, "
-                        f"{local.seconds:.1f} s"]
+        found = "no schedule" if probe.objective is None else f"{probe.objective:.6g} J"
+        notes.append(f"recompute-only probe: {probe.status}, {found}, {probe.seconds:.1f} s")
+    notes.append(f"LNS: {local.rounds} rounds ({local.branched} local branching), {local.improved} improved, "
+                 f"{local.seconds:.1f} s")
     if report is not None:
         kept = "kept" if final is not pm else "left out (small LP lift next to what the plain solve proved)"
         if report.took_then:

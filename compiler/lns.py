@@ -44,12 +44,12 @@ PROBE_GAP = 0.02
 PROBE_SHARE = 0.15
 
 
-def recompute_only(m: SparseMILP, pm: PoetModel) -> SparseMILP:
-    """`m` with every page-out fixed at 0 (page-ins follow: P <= PO)."""
-    upper = list(m.upper)
+def recompute_only(pm: PoetModel) -> SparseMILP:
+    """The POET MILP with every page-out fixed at 0 (page-ins follow: P <= PO)."""
+    upper = list(pm.milp.upper)
     for j in pm.PO.values():
         upper[j] = 0.0
-    return replace(m, upper=upper)
+    return replace(pm.milp, upper=upper)
 
 
 def owners(pm: PoetModel, lv: Liveness) -> np.ndarray:
@@ -207,7 +207,7 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
         # Far from proven: try the recompute-only restriction (page-outs fixed at 0; an easier MIP whose schedules
         # are schedules of the full model) for a better start, in the search's time.
         began = time.perf_counter()
-        probe = solve_with(solver, recompute_only(pm.milp, pm), time_limit=PROBE_SHARE * time_limit,
+        probe = solve_with(solver, recompute_only(pm), time_limit=PROBE_SHARE * time_limit,
                            mip_gap=mip_gap, threads=threads)
         search = max(search - (time.perf_counter() - began), 0.0)
         if probe.values is not None and pm.milp.is_feasible(probe.values) and \

@@ -222,7 +222,7 @@ def test_recompute_only_probe_is_a_restriction(mcu_resnet):
     for frac, feasible in ((0.3, False), (0.6, True)):
         pm = build_poet(G.g, G.lv, TARGET, G.budget(frac))
         full = highs.solve(pm.milp, time_limit=60, mip_gap=1e-9, threads=1)
-        only = highs.solve(recompute_only(pm.milp, pm), time_limit=60, mip_gap=1e-9, threads=1)
+        only = highs.solve(recompute_only(pm), time_limit=60, mip_gap=1e-9, threads=1)
         assert full.status == "optimal"
         pages = any(full.values[j] > 0.5 for j in pm.PO.values())
         assert pages is not feasible and only.status == ("optimal" if feasible else "infeasible")

@@ -45,7 +45,9 @@ PROBE_SHARE = 0.15
 
 
 def recompute_only(pm: PoetModel) -> SparseMILP:
-    """The POET MILP with every page-out fixed at 0 (page-ins follow: P <= PO)."""
+    """The POET MILP with every page-out fixed at 0 (page-ins follow: P <= PO). The same problem as Checkmate's
+    `poet.build(paging=False)`, but as bounds on this model: its values index this model's variables, so a
+    solution is a start for the search as it is."""
     upper = list(pm.milp.upper)
     for j in pm.PO.values():
         upper[j] = 0.0
@@ -75,9 +77,9 @@ def stages(pm: PoetModel) -> np.ndarray:
 
 def local_branch(m: SparseMILP, x: np.ndarray, radius: int, seconds: float, threads: int | None = None):
     """Solve `m` with one more row: at most `radius` binaries differ from `x`. Any solution is one of `m`."""
-    ones = [j for j in range(m.n_vars) if m.integer[j] and x[j] > 0.5]
     row = [(j, -1.0 if x[j] > 0.5 else 1.0) for j in range(m.n_vars) if m.integer[j]]
-    near = m.with_rows([row], hi=float(radius - len(ones)))
+    ones = sum(1 for _, v in row if v < 0)
+    near = m.with_rows([row], hi=float(radius - ones))
     return highs.solve(near, time_limit=seconds, mip_gap=1e-6, warm_start=x, threads=threads)
 
 

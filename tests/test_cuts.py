@@ -143,3 +143,28 @@ def test_slow_lp_cut_rounds_take_the_time_of_a_solve_that_could_not_use_them(mcu
     info = s.solver
     assert info["cuts"]["took_then"] and not info["cuts"]["kept"] and "too slow" in info["notice"]
     assert info["cuts"]["lp_after"] - 1e-9 <= info["bound"] <= info["objective"] * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("lns, skipped", [(0.45, True), (0.15, False)])
+def test_a_last_solve_that_would_repeat_the_first_is_skipped(resnet18, monkeypatch, lns, skipped):
+    """Cuts left out and a last solve no longer than REDO times the first: it would be the first solve again (its
+    bound stays below the first's), so the search takes its time. With more time left (lns 0.15: 3.9 s against
+    the first's 1.2 s) it runs. Either way the schedule is valid and the bound below it."""
+    import compiler.cuts as cuts_mod
+    import compiler.lns as lns_mod
+    import compiler.milp.registry as registry
+
+    events = []
+    solve, improve = registry.solve_with, lns_mod.improve
+    monkeypatch.setattr(registry, "solve_with", lambda *a, **k: events.append("solve") or solve(*a, **k))
+    monkeypatch.setattr(lns_mod, "improve", lambda *a, **k: events.append("search") or improve(*a, **k))
+    monkeypatch.setattr(lns_mod, "_worth_it", lambda *a: False)
+    strengthen = cuts_mod.strengthen  # never "too slow" (that path has its own test)
+    monkeypatch.setattr(cuts_mod, "strengthen", lambda *a, **k: strengthen(*a, **{**k, "then": 1e6}))
+    G = resnet18  # its smallest budget is not proven in 6 s, so every phase runs
+    s = run_scheduler(G.g, G.lv, TARGET, G.min, time_limit=6, mip_gap=1e-3, threads=1, lns=lns, cuts=0.15)
+    info = s.solver
+    assert "search" in events and not info["cuts"]["kept"]
+    after = events[events.index("search") + 1:]
+    assert (after == []) is skipped and ("last solve skipped" in info["notice"]) is skipped, (events, info["notice"])
+    assert info["bound"] <= info["objective"] and s.report.peak_bytes <= G.min

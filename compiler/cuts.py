@@ -24,10 +24,24 @@ optimum. There are O(T^2) such rows per tensor, so they are separated: solve the
 rows, repeat. Measured on that case: the LP's added energy over computing every node once went from 0.275 J to
 0.476 J in 2-3 s (the plain MILP proves 0.46-0.47 J in 30 s; the best schedule known adds 0.513 J); with the
 phased solve of lns.py, 30 s: gap 0.175-0.19% with them against 0.21-0.25% without.
+
+Memory cuts (separate_memory) close another trick of the LP at the smallest budgets: recompute a whole chain
+(input, conv1, bn1, relu, ... twelve tensors) 30% at one stage, where the chain at 100% would not fit in that
+stage's memory. If c is recomputed at t, each input is resident at t; an input that is not recomputed there
+is held or paged in; so for a chain c <- n_1 <- ... <- n_k (each an input of the one before) whose members,
+if all were recomputed at t, would need more memory than the stage has (with every input of each, and what
+stage t reads):
+
+    R_c(t) <= sum over m = 1..k of (S_{n_m}(t) + P_{n_m}(t))
+
+Valid for every schedule (the memory row of stage t says so), so they need no assumption. Measured on
+ResNet-18/nrf52840 at its smallest budget: the LP with window cuts 2.87 J of added energy, with both 3.24 J
+(900 s of HiGHS on the model with window cuts alone proved 3.33 J; 30 s on the model with both 3.41 J).
 """
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -138,18 +152,63 @@ def separate(pm: PoetModel, lv: Liveness, x: np.ndarray, *, depth: int = 3, tol:
     return cuts
 
 
+def separate_memory(pm: PoetModel, lv: Liveness, x: np.ndarray, *, tol: float = 1e-3, depth: int = 10,
+                    expansions: int = 500, per_stage: int = 50) -> list[list[tuple[int, float]]]:
+    """The most violated memory cuts at the LP point `x` (module docstring), each as terms of a row `<= 0`.
+    Chains are searched depth-first from each recompute with a positive value, at most `expansions` steps each."""
+    recomputed = defaultdict(list)
+    for (t, c), r in pm.R.items():
+        if x[r] > tol:
+            recomputed[t].append((c, r))
+    cuts = []
+    for t, items in recomputed.items():
+        live = {i for i in lv.decision if t <= lv.window_end[i]}
+
+        def held_not_recomputed(i: str) -> list[int]:
+            v = (pm.K[i] if t == lv.B0 else pm.S.get((t, i)), pm.P.get((t, i)))
+            return [j for j in v if j is not None]
+
+        found = []
+        for c, r in items:
+            best = None
+            stack = [(c, frozenset(lv.needs[t]) | {c} | set(lv.inputs_of[c]), (), 0.0, 0)]
+            steps = 0
+            while stack and steps < expansions:
+                steps += 1
+                n, resident, terms, value, d = stack.pop()
+                if value >= x[r] - tol:
+                    continue  # no cut along this chain is violated
+                if sum(lv.size[i] for i in resident if i in live) > pm.free[t]:
+                    if best is None or value < best[1]:
+                        best = (terms, value)
+                    continue
+                if d < depth:
+                    for j in lv.inputs_of[n]:
+                        if j in live and (t, j) in pm.R:
+                            alt = held_not_recomputed(j)
+                            stack.append((j, resident | set(lv.inputs_of[j]), terms + tuple(alt),
+                                          value + float(sum(x[v] for v in alt)), d + 1))
+            if best is not None and x[r] > best[1] + tol:
+                found.append((x[r] - best[1], [(r, 1.0)] + [(v, -1.0) for v in best[0]]))
+        found.sort(key=lambda f: -f[0])
+        cuts += [terms for _, terms in found[:per_stage]]
+    return cuts
+
+
 def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0, max_rounds: int = 40,
                threads: int | None = None, warm_start: np.ndarray | None = None) -> tuple[PoetModel, CutReport]:
     """Rounds of LP solve + separation for at most `seconds`; returns the model with the cuts added (a new
     SparseMILP, the input is left as it is). A cut the warm start violates is left out, so the warm start
     (a feasible schedule, maybe with a redundant recompute) stays usable.
 
-    `then`: the seconds the caller has after this for a solve on the model with the cuts. A re-solve of the LP
-    with cuts takes 2-8 times the previous one (ResNet-50: 4.3 s plain, then 8.7 s and 35 s; BERT-base at min:
-    3.4, 24, 50 s); when 8 times the plain LP does not fit in `then`, that solve could not even finish its root,
-    so the rounds may take that time too (each round's LP is a proven bound: BERT-base at its smallest budget
-    gained 3.6 J of bound in one 25 s round) and the report says so (`took_then`). No re-solve starts with less
-    than 4 times the previous one's time left: the caller gets that time back."""
+    `then`: the seconds the caller has after this for a solve on the model with the cuts. When 8 times the plain
+    LP does not fit in `then` (ResNet-50 and BERT-base on nrf52840: 4-6 s), that solve could not finish its
+    root with the cuts (a MILP root re-solves its LP many times), so the rounds may take that time too: each
+    round's LP is a proven bound (BERT-base at its smallest budget: 35.2 J of added energy plain, 40.3 J after
+    one round, 45.2 J after two, each LP 5-7 s) and the report says so (`took_then`). Each re-solve starts cold
+    (LpSession): 0.6-2.3 times the previous one, measured over six rounds on ResNet-50 40% and BERT-base min
+    (from the previous basis it was 2-8 times: 4.3 s, 8.7 s, 35 s on ResNet-50). No re-solve starts with less
+    than 3 times the previous one's time left: the caller gets that time back."""
     from .milp.highs import LpSession
 
     t0 = time.perf_counter()
@@ -162,8 +221,8 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0
     lp_seconds = 0.0  # the last LP solve's
     while rounds < max_rounds:
         left = seconds - (time.perf_counter() - t0)
-        if left <= 0.05 or left < 4 * lp_seconds:
-            break  # a re-solve takes 2-8 times the previous one: it would not finish, leave the time to the caller
+        if left <= 0.05 or left < 3 * lp_seconds:
+            break  # a re-solve takes up to 2.3 times the previous one: it might not finish, leave the time
         started = time.perf_counter()
         r = lp.solve(left)
         lp_seconds = time.perf_counter() - started
@@ -185,7 +244,7 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0
             stalled = 0
         last = objective if last is None else max(last, objective)
         new = []
-        for terms in separate(pm, lv, x):
+        for terms in separate(pm, lv, x) + separate_memory(pm, lv, x):
             terms = merge_terms(terms)
             key = tuple(sorted(terms))
             if key in seen:

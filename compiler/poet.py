@@ -13,7 +13,7 @@ Deadline: the same with times, paging included.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,6 +33,7 @@ class PoetModel:
     P: dict[tuple[int, str], int]
     base_energy_j: float
     base_time_s: float
+    free: dict[int, float] = field(default_factory=dict)  # backward stage -> bytes its memory row allows
 
     def decisions(self, x: np.ndarray, lv: Liveness) -> Decisions:
         on = lambda j: x[j] > 0.5  # noqa: E731
@@ -157,12 +158,13 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
         # Always a row, even with no variable: a stage whose fixed memory alone exceeds the budget makes the
         # model infeasible for anyone calling build() directly, as the validator would.
         m.add_row(terms, hi=float(budget_bytes - lv.static[t]))
+    free = {t: float(budget_bytes - lv.static[t]) for t in range(B0, lv.T)}
     for t in range(B0, lv.T):
         terms = []
         for i in lv.decision:
             if t <= lv.window_end[i]:
                 terms += [(j, float(lv.size[i]) * v) for j, v in held(t, i)]
-        m.add_row(terms, hi=float(budget_bytes - lv.static[t]))
+        m.add_row(terms, hi=free[t])
     # A recompute with a workspace (max-pool's pooled values) peaks while it runs, before node t does: one
     # more row for that instant (page-ins, then recomputes in forward order, are already resident).
     order = {name: k for k, name in enumerate(lv.decision)}
@@ -191,7 +193,8 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
             scale = min(scale, math.ldexp(1.0, 20 - math.frexp(max(positive))[1]))  # keep the largest <= ~1e6
         m.add_row([(j, v * scale) for j, v in terms], hi=(deadline_s - base_time) * scale)
     m.offset = base_energy
-    return PoetModel(milp=m, K=K, PO=PO, S=S, R=R, P=P, base_energy_j=base_energy, base_time_s=base_time)
+    return PoetModel(milp=m, K=K, PO=PO, S=S, R=R, P=P, base_energy_j=base_energy, base_time_s=base_time,
+                     free=free)
 
 
 def without_redundant_holds(pm: PoetModel, lv: Liveness, x: np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ class CompileOptions:
     model_kwargs: dict = field(default_factory=dict)
     emit: str = "python"  # the runtime the plan is generated for: "python" (torch) or "c" (runtime/c firmware)
     lns: float = 0.0  # share of time_limit for neighbourhood search when its first 20% does not prove the gap
-    cuts: float = 0.0  # most share of time_limit for window cuts before the last solve (with lns)
+    cuts: float = 0.0  # most share of time_limit for window and memory cuts before the last solve (with lns)
 
 
 def prepare_out_dir(path: str) -> None:

@@ -59,10 +59,11 @@ class CutReport:
     lp_after: float | None
     seconds: float
     took_then: bool = False  # the LP was too slow for a solve after the cuts: the rounds took that time too
+    memory: int = 0  # how many of `cuts` are memory cuts (the rest are window cuts)
 
     def to_json(self) -> dict:
-        return {"rounds": self.rounds, "cuts": self.cuts, "lp_before": self.lp_before, "lp_after": self.lp_after,
-                "seconds": round(self.seconds, 3), "took_then": self.took_then}
+        return {"rounds": self.rounds, "cuts": self.cuts, "memory": self.memory, "lp_before": self.lp_before,
+                "lp_after": self.lp_after, "seconds": round(self.seconds, 3), "took_then": self.took_then}
 
 
 class _Tensor:
@@ -216,7 +217,7 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0
     added: list[list[tuple[int, float]]] = []
     seen: set[tuple] = set()
     first = last = None
-    stalled = rounds = 0
+    stalled = rounds = memory = 0
     took_then = False
     lp_seconds = 0.0  # the last LP solve's
     while rounds < max_rounds:
@@ -244,19 +245,20 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0
             stalled = 0
         last = objective if last is None else max(last, objective)
         new = []
-        for terms in separate(pm, lv, x) + separate_memory(pm, lv, x):
+        for terms, is_memory in [(t, False) for t in separate(pm, lv, x)] + \
+                [(t, True) for t in separate_memory(pm, lv, x)]:
             terms = merge_terms(terms)
             key = tuple(sorted(terms))
             if key in seen:
                 continue
             seen.add(key)
-            new.append(terms)
-        if warm_start is not None:
-            new = [t for t in new if sum(v * warm_start[j] for j, v in t) <= 1e-9]
+            if warm_start is None or sum(v * warm_start[j] for j, v in terms) <= 1e-9:
+                new.append(terms)
+                memory += is_memory
         if not new:
             break
         added += new
         lp.add_rows(new)
     report = CutReport(rounds=rounds, cuts=len(added), lp_before=first, lp_after=last,
-                       seconds=time.perf_counter() - t0, took_then=took_then)
+                       seconds=time.perf_counter() - t0, took_then=took_then, memory=memory)
     return replace(pm, milp=pm.milp.with_rows(added, hi=0.0)), report

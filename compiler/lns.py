@@ -183,7 +183,7 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
     """Full solve for FIRST_SHARE of the time; if it did not finish, in order:
 
     - above a PROBE_GAP gap, the recompute-only restriction for at most PROBE_SHARE of the time (a better start);
-    - `cuts` > 0: window cuts for at most that share (cuts.strengthen). The last solve runs on the model with
+    - `cuts` > 0: window and memory cuts for at most that share (cuts.strengthen). The last solve runs on the model with
       them when their LP alone lifts the bound at least 3/4 of the way from the plain LP to what the first solve
       proved (see _worth_it). Where the LP is too slow for the last solve to re-solve it with them (ResNet-50,
       BERT-base), the cut rounds may take the last solve's time instead: their LP bound is the gain;
@@ -275,14 +275,15 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
             kept = "their LP bound counts; the LP is too slow to solve the model with them in the time left"
         if cut_off:
             kept = "left out: they cut off the search's schedule (a bug; please report it)"
-        notes.append(f"window cuts: {report.cuts} in {report.rounds} LP rounds, {report.seconds:.1f} s, {kept}")
+        notes.append(f"cuts: {report.cuts} ({report.memory} memory, the rest window) in {report.rounds} LP rounds, "
+                     f"{report.seconds:.1f} s, {kept}")
         out.cuts = {**report.to_json(), "kept": final is not pm}
     out.notice = "; ".join(x for x in notes if x)
     return out
 
 
 def _worth_it(report, proved: float | None) -> bool:
-    """Whether the last solve should carry the window cuts. Measured on ResNet-18 (added energy over computing
+    """Whether the last solve should carry the cuts. Measured on ResNet-18 (added energy over computing
     every node once: plain LP -> LP with cuts, against the bound the first 30% of a 30 s solve proved):
     nrf52840 40% 0.275 -> 0.476 J vs 0.45 J (the cut model ended at a 0.19% gap, the plain one 0.21-0.25%);
     nrf52840 min 1.75 -> 2.7 J vs 2.8 J (1.33-1.57% vs 2.26-2.32%); jetson-agx-orin 40% 0.0057 -> 0.0068 J

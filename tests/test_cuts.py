@@ -100,7 +100,7 @@ def test_phased_solve_with_cuts_reports_them(resnet18):
     G = resnet18
     s = run_scheduler(G.g, G.lv, TARGET, G.min, time_limit=8, mip_gap=1e-3, threads=1, lns=0.35, cuts=0.15)
     info = s.solver
-    assert "cuts" in info and info["cuts"]["cuts"] > 0 and "window cuts" in info["notice"]
+    assert "cuts" in info and info["cuts"]["cuts"] > 0 and "memory, the rest window" in info["notice"]
     assert info["bound"] >= info["cuts"]["lp_after"] - 1e-9 * abs(info["bound"])  # a proven bound is reported
     assert info["bound"] <= info["objective"] and s.report.peak_bytes <= G.min
     assert info["status"] != "optimal" or info["gap"] <= 1e-3
@@ -199,6 +199,7 @@ def test_memory_cuts_lift_the_lp_at_the_smallest_budget(resnet18, monkeypatch):
     monkeypatch.setattr(cuts_mod, "separate_memory", lambda *a, **k: [])
     _, window = strengthen(pm, G.lv, seconds=12, threads=1)
     assert both.lp_after - base >= window.lp_after - base + 0.15, (both.to_json(), window.to_json())
+    assert both.memory > 0 and window.memory == 0
 
 
 def test_lp_session_re_solves_cold_or_warm_to_the_same_optimum(small_cnn):

@@ -152,8 +152,8 @@ def main() -> None:
                     help="share of the time limit for large-neighbourhood search when 20%% of it does not prove "
                          "the gap (0: one plain solve)")
     ap.add_argument("--cuts", type=float, default=0.15,
-                    help="most share of the time limit spent adding window and memory cuts before a phased solve's last solve "
-                         "(0: none)")
+                    help="most share of the time limit spent adding window and memory cuts before a phased solve's "
+                         "last solve (0: none)")
     ap.add_argument("--baselines", default=",".join(BASELINES), help="schedulers to compare ('' for none)")
     ap.add_argument("--out", default="build/bench/solve.json")
     a = ap.parse_args()

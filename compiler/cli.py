@@ -82,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="share of --time-limit for large-neighbourhood search when the first 20%% does not prove "
                         "the gap (e.g. 0.45; default 0: one solve)")
     c.add_argument("--cuts", type=_share, default=0.0,
-                   help="with --lns: most share of --time-limit for window and memory cuts before the last solve (e.g. 0.15)")
+                   help="with --lns: most share of --time-limit for window and memory cuts before the last solve "
+                        "(e.g. 0.15)")
     c.add_argument("--loss", default="cross_entropy", choices=["cross_entropy", "mse"])
     c.add_argument("--lr", type=float, default=0.01)
     c.add_argument("--momentum", type=float, default=0.9)

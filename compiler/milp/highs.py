@@ -118,7 +118,7 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
 class LpSession:
     """The LP relaxation of `m` kept in one HiGHS instance, so that rows can be added and the LP re-solved, as a
     cutting-plane loop needs. Each re-solve after added rows starts from scratch (`cold`, the default): with
-    thousands of violated rows, dual simplex from the previous basis was 1.4-5 times slower than a cold solve
+    thousands of violated rows, dual simplex from the previous basis was 1.5-5.4 times slower than a cold solve
     with presolve (the LP of the first window-cut round: BERT-base/nrf52840/min 38 s against 7.0 s,
     ResNet-50 min 13.1 s against 4.6 s, ResNet-18 min 0.3 s against 0.2 s)."""
 

@@ -76,7 +76,7 @@ class _Tensor:
         self.Pv = np.full(n, -1)
         for k in range(lv.window_end[name] - lv.B0 + 1):
             t = lv.B0 + k
-            self.Sv[k] = pm.K[name] if k == 0 else pm.S[t, name]
+            self.Sv[k] = pm.entering(t, name, lv.B0)
             self.Rv[k] = pm.R.get((t, name), -1)
             self.Pv[k] = pm.P.get((t, name), -1)
         val = lambda v: np.where(v >= 0, x[np.maximum(v, 0)], 0.0)  # noqa: E731
@@ -166,7 +166,7 @@ def separate_memory(pm: PoetModel, lv: Liveness, x: np.ndarray, *, tol: float = 
         live = {i for i in lv.decision if t <= lv.window_end[i]}
 
         def held_not_recomputed(i: str) -> list[int]:
-            v = (pm.K[i] if t == lv.B0 else pm.S.get((t, i)), pm.P.get((t, i)))
+            v = (pm.entering(t, i, lv.B0), pm.P.get((t, i)))
             return [j for j in v if j is not None]
 
         found = []

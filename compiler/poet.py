@@ -35,6 +35,10 @@ class PoetModel:
     base_time_s: float
     free: dict[int, float] = field(default_factory=dict)  # backward stage -> bytes its memory row allows
 
+    def entering(self, t: int, i: str, B0: int) -> int | None:
+        """The variable "i held entering backward stage t": K at the first backward stage B0, then S."""
+        return self.K[i] if t == B0 else self.S.get((t, i))
+
     def decisions(self, x: np.ndarray, lv: Liveness) -> Decisions:
         on = lambda j: x[j] > 0.5  # noqa: E731
         d = Decisions(keep={i for i, j in self.K.items() if on(j)}, page_out={i for i, j in self.PO.items() if on(j)})
@@ -204,7 +208,7 @@ def without_redundant_holds(pm: PoetModel, lv: Liveness, x: np.ndarray) -> np.nd
     x = np.round(np.asarray(x, dtype=np.float64))
     for i in lv.decision:
         for t in range(lv.B0, lv.window_end[i] + 1):
-            entering = x[pm.K[i]] if t == lv.B0 else x[pm.S[t, i]]
+            entering = x[pm.entering(t, i, lv.B0)]
             r, p = pm.R.get((t, i)), pm.P.get((t, i))
             if entering > 0.5:
                 for j in (r, p):

@@ -58,15 +58,21 @@ def resolve_budget(text: str, lv, activation_peak: int) -> int:
                                                                                             activation_peak)
 
 
-def bench_model(model: str, target_name: str, budgets: list[str], batch: int, time_limit: float,
-                mip_gap: float, threads: int | None = None, baselines: tuple[str, ...] = BASELINES,
-                lns: float = 0.45, cuts: float = 0.15) -> list[dict]:
+def training_graph(model: str, target_name: str, batch: int):
+    """(graph, liveness, target, store-all's validation report, its activation peak) of a zoo model."""
     target = load_target(target_name)
     _, _, g = build_graph(CompileOptions(model=model, target=target_name, budget="100%", out="", batch_size=batch),
                           target)
     lv = analyze(g)
     sa = validate(g, build_steps(g, lv, store_all(g, lv)), target, None)
     act = max(p - g.nodes[t].workspace_bytes for t, p in enumerate(sa.stage_peaks)) - lv.state_bytes
+    return g, lv, target, sa, act
+
+
+def bench_model(model: str, target_name: str, budgets: list[str], batch: int, time_limit: float,
+                mip_gap: float, threads: int | None = None, baselines: tuple[str, ...] = BASELINES,
+                lns: float = 0.45, cuts: float = 0.15) -> list[dict]:
+    g, lv, target, sa, act = training_graph(model, target_name, batch)
     T, E = len(g.nodes), sum(len(n.inputs) for n in g.nodes)
     base_energy = sum(n.energy_j for n in g.nodes)  # every node computed once: no schedule spends less
     rows = []

@@ -197,10 +197,12 @@ def separate_memory(pm: PoetModel, lv: Liveness, x: np.ndarray, *, tol: float = 
 
 
 def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0, max_rounds: int = 40,
-               threads: int | None = None, warm_start: np.ndarray | None = None) -> tuple[PoetModel, CutReport]:
+               threads: int | None = None, warm_start: np.ndarray | None = None,
+               memory_cuts: bool = True) -> tuple[PoetModel, CutReport]:
     """Rounds of LP solve + separation for at most `seconds`; returns the model with the cuts added (a new
     SparseMILP, the input is left as it is). A cut the warm start violates is left out, so the warm start
-    (a feasible schedule, maybe with a redundant recompute) stays usable.
+    (a feasible schedule, maybe with a redundant recompute) stays usable. `memory_cuts=False` separates window
+    cuts only (to measure what each family buys: benchmarks/relaxation.py).
 
     `then`: the seconds the caller has after this for a solve on the model with the cuts. When 8 times the plain
     LP does not fit in `then` (ResNet-50 and BERT-base on nrf52840: 4-6 s), that solve could not finish its
@@ -245,8 +247,10 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0
             stalled = 0
         last = objective if last is None else max(last, objective)
         new = []
-        for terms, is_memory in [(t, False) for t in separate(pm, lv, x)] + \
-                [(t, True) for t in separate_memory(pm, lv, x)]:
+        found = [(t, False) for t in separate(pm, lv, x)]
+        if memory_cuts:
+            found += [(t, True) for t in separate_memory(pm, lv, x)]
+        for terms, is_memory in found:
             terms = merge_terms(terms)
             key = tuple(sorted(terms))
             if key in seen:

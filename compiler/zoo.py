@@ -221,6 +221,12 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+def resnet10(num_classes: int = 10) -> nn.Module:
+    """One basic block per stage: ResNet-18's structure at half the depth (benchmarks/relaxation.py proves its
+    smallest-budget schedule, a small copy of ResNet-18's hardest case)."""
+    return ResNet((1, 1, 1, 1), num_classes)
+
+
 def resnet18(num_classes: int = 10) -> nn.Module:
     return ResNet((2, 2, 2, 2), num_classes)
 
@@ -419,6 +425,7 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("vgg11", vgg11, _CIFAR, 10, "VGG-11 with BatchNorm, CIFAR variant"),
         ZooEntry("vgg16", vgg16, _CIFAR, 10, "VGG-16 with BatchNorm, CIFAR variant"),
         ZooEntry("vgg19", vgg19, _CIFAR, 10, "VGG-19 with BatchNorm, CIFAR variant"),
+        ZooEntry("resnet10", resnet10, _CIFAR, 10, "ResNet-10, CIFAR variant (one basic block per stage)"),
         ZooEntry("resnet18", resnet18, _CIFAR, 10, "ResNet-18, CIFAR variant (3x3 stem, no stem pool)"),
         ZooEntry("resnet50", resnet50, _CIFAR, 10, "ResNet-50, CIFAR variant (Bottleneck [3,4,6,3])"),
         ZooEntry("mobilenetv2", mobilenetv2, _CIFAR, 10, "MobileNetV2, CIFAR variant (stride-1 stem), width_mult"),

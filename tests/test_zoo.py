@@ -7,8 +7,8 @@ from torch import nn
 from compiler import zoo
 from compiler.zoo import ZOO, ZooEntry, build
 
-EXPECTED = ["mlp", "small_cnn", "vgg11", "vgg16", "vgg19", "resnet18", "resnet50", "mobilenetv2", "mcu_cnn",
-            "mcu_resnet"]
+EXPECTED = ["mlp", "small_cnn", "vgg11", "vgg16", "vgg19", "resnet10", "resnet18", "resnet50", "mobilenetv2",
+            "mcu_cnn", "mcu_resnet"]
 TRANSFORMERS = ["bert_base", "gpt_small", "bert_tiny", "gpt_tiny"]  # tests/test_zoo_transformers.py
 
 # The closed op set the frontend supports (BRIEF.md; zoo.py docstring). Containers are structure.

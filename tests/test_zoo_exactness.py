@@ -13,6 +13,8 @@ from compiler.run import run_plan
 
 BATCH = {"mlp": 128, "small_cnn": 8, "vgg11": 8, "vgg16": 8, "vgg19": 8, "resnet18": 4, "mobilenetv2": 4}
 CASES = [(m, b) for m in BATCH for b in ("100%", "70%", "50%")] + [("resnet18", "40%"), ("vgg16", "40%")]
+BATCH["resnet10"] = 4  # ResNet-18's blocks at half the depth: one tight budget is enough
+CASES.append(("resnet10", "40%"))
 
 
 @pytest.mark.parametrize("model,budget", CASES, ids=[f"{m}-{b}" for m, b in CASES])

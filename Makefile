@@ -9,7 +9,7 @@ FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
 APT_PACKAGES := gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
 
-.PHONY: venv data toolchain test demo bench bench-cortex-m clean distclean
+.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m clean distclean
 
 venv: $(INSTALL_STAMP)
 
@@ -50,6 +50,9 @@ demo: venv
 
 bench: venv
 	$(PY) benchmarks/solve.py
+
+bench-relaxation: venv
+	$(PY) benchmarks/relaxation.py
 
 bench-cortex-m: venv toolchain
 	$(PY) benchmarks/cortex_m.py

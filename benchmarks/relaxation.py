@@ -38,7 +38,6 @@ def ladder(model: str, target_name: str, budget_text: str, batch: int, cut_secon
     pm = build_poet(g, lv, target, budget)
     base = pm.base_energy_j
     added = lambda v: None if v is None else v - base  # noqa: E731
-    plain = highs.LpSession(pm.milp, threads=threads).solve(cut_seconds)
     _, window = strengthen(pm, lv, seconds=cut_seconds, max_rounds=1000, threads=threads, memory_cuts=False)
     cut, both = strengthen(pm, lv, seconds=cut_seconds, max_rounds=1000, threads=threads)
     solves = {}
@@ -48,7 +47,7 @@ def ladder(model: str, target_name: str, budget_text: str, batch: int, cut_secon
     found = [r for r in solves.values() if r.objective is not None]
     best = min(found, key=lambda r: r.objective) if found else None
     bound = max((r.bound for r in solves.values() if r.bound is not None), default=None)
-    lp = added(plain[0]) if plain else None
+    lp = added(window.lp_before)  # the plain LP: each cut loop's first round
     closed = None
     if best is not None and lp is not None and bound is not None and added(best.objective) > lp:
         closed = (added(bound) - lp) / (added(best.objective) - lp)

@@ -14,8 +14,6 @@ the relaxation misses, not what the phased solve (benchmarks/solve.py) reaches i
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
@@ -28,7 +26,7 @@ from rich.table import Table  # noqa: E402
 from compiler.cuts import strengthen  # noqa: E402
 from compiler.milp import highs  # noqa: E402
 from compiler.poet import build as build_poet  # noqa: E402
-from solve import resolve_budget, training_graph  # noqa: E402
+from solve import graph_arguments, resolve_budget, training_graph, write_json  # noqa: E402
 
 
 def ladder(model: str, target_name: str, budget_text: str, batch: int, cut_seconds: float, mip_seconds: float,
@@ -82,11 +80,7 @@ def table(rows: list[dict]) -> Table:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="resnet10,resnet18", help="zoo names, comma-separated")
-    ap.add_argument("--targets", "--target", default="nrf52840")
-    ap.add_argument("--budgets", default="min,40%")
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap = graph_arguments(__doc__, "resnet10,resnet18", "nrf52840", "min,40%")
     ap.add_argument("--cut-seconds", type=float, default=60.0, help="most seconds of cut rounds per cut family")
     ap.add_argument("--mip-seconds", type=float, default=60.0, help="seconds of HiGHS per MIP solve")
     ap.add_argument("--threads", type=int, default=1)
@@ -98,10 +92,7 @@ def main() -> None:
             for b in a.budgets.split(","):
                 rows.append(ladder(m, tn, b, a.batch_size, a.cut_seconds, a.mip_seconds, a.threads))
     Console(width=max(160, Console().width)).print(table(rows))
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"wrote {a.out}")
+    write_json(rows, a.out)
 
 
 if __name__ == "__main__":

@@ -144,12 +144,25 @@ def table(rows: list[dict], title: str) -> Table:
     return t
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="resnet18,vgg16", help="zoo names, comma-separated")
-    ap.add_argument("--targets", "--target", default="rpi4,nrf52840")
-    ap.add_argument("--budgets", default="100%,70%,50%,40%,min")
+def graph_arguments(doc: str, models: str, targets: str, budgets: str) -> argparse.ArgumentParser:
+    """A benchmark's parser with the options every benchmark over zoo graphs takes."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--models", default=models, help="zoo names, comma-separated")
+    ap.add_argument("--targets", "--target", default=targets)
+    ap.add_argument("--budgets", default=budgets, help="comma-separated; min is the smallest feasible budget")
     ap.add_argument("--batch-size", type=int, default=8)
+    return ap
+
+
+def write_json(rows: list[dict], path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = graph_arguments(__doc__, "resnet18,vgg16", "rpi4,nrf52840", "100%,70%,50%,40%,min")
     ap.add_argument("--time-limit", default="30,resnet50=120", help="seconds per solve: default[,model=s...]")
     ap.add_argument("--mip-gap", default="1e-3,resnet50=1e-2",
                     help="relative gap at which a solve stops, proven: default[,model=gap...] (issue 3: 0.1%%)")
@@ -174,10 +187,7 @@ def main() -> None:
         Console(width=max(200, Console().width)).print(
             table(mine, f"POET solves on {tn}, batch {a.batch_size} (baselines: extra energy over POET's)"))
         rows += mine
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"wrote {a.out}")
+    write_json(rows, a.out)
 
 
 if __name__ == "__main__":

@@ -145,11 +145,13 @@ def test_slow_lp_cut_rounds_take_the_time_of_a_solve_that_could_not_use_them(mcu
     assert info["cuts"]["lp_after"] - 1e-9 <= info["bound"] <= info["objective"] * (1 + 1e-12)
 
 
-@pytest.mark.parametrize("lns, skipped", [(0.45, True), (0.15, False)])
-def test_a_last_solve_that_would_repeat_the_first_is_skipped(resnet18, monkeypatch, lns, skipped):
+@pytest.mark.parametrize("limit, lns, skipped", [(6, 0.45, True), (10, 0.05, False)])
+def test_a_last_solve_that_would_repeat_the_first_is_skipped(resnet18, monkeypatch, limit, lns, skipped):
     """Cuts left out and a last solve no longer than REDO times the first: it would be the first solve again (its
-    bound stays below the first's), so the search takes its time. With more time left (lns 0.15: 3.9 s against
-    the first's 1.2 s) it runs. Either way the schedule is valid and the bound below it."""
+    bound stays below the first's), so the search takes its time (6 s, lns 0.45: about 1.2 s left against the
+    first's 1.2 s). With more time left it runs (10 s, lns 0.05: about 6 s against 2 s; with 6 s and lns 0.15,
+    3.9 s against 1.2 s, a loaded machine once skipped it). Either way the schedule is valid and the bound below
+    it."""
     import compiler.cuts as cuts_mod
     import compiler.lns as lns_mod
     import compiler.milp.registry as registry
@@ -162,7 +164,7 @@ def test_a_last_solve_that_would_repeat_the_first_is_skipped(resnet18, monkeypat
     strengthen = cuts_mod.strengthen  # never "too slow" (that path has its own test)
     monkeypatch.setattr(cuts_mod, "strengthen", lambda *a, **k: strengthen(*a, **{**k, "then": 1e6}))
     G = resnet18  # its smallest budget is not proven in 6 s, so every phase runs
-    s = run_scheduler(G.g, G.lv, TARGET, G.min, time_limit=6, mip_gap=1e-3, threads=1, lns=lns, cuts=0.15)
+    s = run_scheduler(G.g, G.lv, TARGET, G.min, time_limit=limit, mip_gap=1e-3, threads=1, lns=lns, cuts=0.15)
     info = s.solver
     assert "search" in events and not info["cuts"]["kept"]
     after = events[events.index("search") + 1:]

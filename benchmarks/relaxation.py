@@ -38,10 +38,8 @@ def ladder(model: str, target_name: str, budget_text: str, batch: int, cut_secon
     added = lambda v: None if v is None else v - base  # noqa: E731
     _, window = strengthen(pm, lv, seconds=cut_seconds, max_rounds=1000, threads=threads, memory_cuts=False)
     cut, both = strengthen(pm, lv, seconds=cut_seconds, max_rounds=1000, threads=threads)
-    solves = {}
-    for name, m in (("plain", pm.milp), ("cuts", cut.milp)):
-        r = highs.solve(m, time_limit=mip_seconds, mip_gap=1e-6, threads=threads)
-        solves[name] = r
+    solves = {name: highs.solve(m, time_limit=mip_seconds, mip_gap=1e-6, threads=threads)
+              for name, m in (("plain", pm.milp), ("cuts", cut.milp))}
     found = [r for r in solves.values() if r.objective is not None]
     best = min(found, key=lambda r: r.objective) if found else None
     bound = max((r.bound for r in solves.values() if r.bound is not None), default=None)

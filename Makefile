@@ -16,7 +16,7 @@ venv: $(INSTALL_STAMP)
 # Reinstalls only when the dependencies may have changed.
 $(INSTALL_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e '.[test]' --config-settings editable_mode=compat
+	$(PY) -m pip install -e '.[test]'
 	touch $@
 
 # Fashion-MNIST comes from Debian's package (no download code in the project). Installing needs

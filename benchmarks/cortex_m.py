@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from compiler.compile import CompileOptions, compile_model  # noqa: E402
-from compiler.run_c import run_firmware  # noqa: E402
+from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
+from edgetrain.compiler.workbench.run_c import run_firmware  # noqa: E402
 
 
 def bench(model: str, budget: str, target: str, steps: int, work: str) -> dict:

@@ -26,10 +26,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from compiler import schedule as schedule_format  # noqa: E402
-from compiler.local.baselines import train_backprop, train_classic  # noqa: E402
-from compiler.local.compile_local import WEIGHTS, LocalOptions, compile_local  # noqa: E402
-from compiler.local.train import load_splits, train_dir  # noqa: E402
+from edgetrain.compiler.schedule_file import format as schedule_format  # noqa: E402
+from edgetrain.compiler.workbench.local_baselines import train_backprop, train_classic  # noqa: E402
+from edgetrain.compiler.pipeline_local import WEIGHTS, LocalOptions, compile_local  # noqa: E402
+from edgetrain.compiler.workbench.local_train import load_splits, train_dir  # noqa: E402
 
 
 def _time_to(timeline: list[dict], accuracy: float) -> float | None:

@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from compiler.cuts import strengthen  # noqa: E402
-from compiler.milp import highs  # noqa: E402
-from compiler.poet import build as build_poet  # noqa: E402
+from edgetrain.compiler.scheduling.cuts import strengthen  # noqa: E402
+from edgetrain.compiler.scheduling.milp import highs  # noqa: E402
+from edgetrain.compiler.scheduling.poet import build as build_poet  # noqa: E402
 from solve import graph_arguments, resolve_budget, training_graph, write_json  # noqa: E402
 
 

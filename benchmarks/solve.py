@@ -28,15 +28,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from compiler.budget import parse_budget  # noqa: E402
-from compiler.compile import CompileOptions, build_graph  # noqa: E402
-from compiler.decisions import build_steps  # noqa: E402
-from compiler.errors import BudgetError  # noqa: E402
-from compiler.liveness import analyze  # noqa: E402
-from compiler.poet import build as build_poet  # noqa: E402
-from compiler.schedulers import min_budget, run_scheduler, store_all  # noqa: E402
-from compiler.validator import validate  # noqa: E402
-from targets import load_target  # noqa: E402
+from edgetrain.compiler.scheduling.budget import parse_budget  # noqa: E402
+from edgetrain.compiler.pipeline import CompileOptions, build_graph  # noqa: E402
+from edgetrain.compiler.scheduling.steps import build_steps  # noqa: E402
+from edgetrain.compiler.errors import BudgetError  # noqa: E402
+from edgetrain.compiler.graph.liveness import analyze  # noqa: E402
+from edgetrain.compiler.scheduling.poet import build as build_poet  # noqa: E402
+from edgetrain.compiler.scheduling.schedulers import min_budget, run_scheduler, store_all  # noqa: E402
+from edgetrain.compiler.scheduling.validator import validate  # noqa: E402
+from edgetrain.targets import load_target  # noqa: E402
 
 BASELINES = ("checkmate", "paging", "dtr", "checkpoint", "store-all")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from compiler.schedule import content_hash  # the schedule format, not a solver
+from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format, not a solver
 
 from .python_plan import _py
 from .templating import environment

@@ -6,7 +6,7 @@ import os
 import torch
 from safetensors.torch import save_file
 
-from compiler.schedule import content_hash  # the schedule format, not a solver
+from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format, not a solver
 
 from .templating import environment
 

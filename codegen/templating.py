@@ -8,7 +8,7 @@ import jinja2
 def environment(templates: str) -> jinja2.Environment:
     """An environment over `codegen/<templates>/`."""
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("codegen", templates),
+        loader=jinja2.PackageLoader("edgetrain.codegen", templates),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

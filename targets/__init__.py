@@ -7,16 +7,7 @@
 Importing this package pulls in nothing from compiler/, codegen/ or runtime/.
 """
 
-from .loader import (
-    FAMILY_CODEGEN,
-    Target,
-    TargetError,
-    TargetProfileError,
-    UnknownTargetError,
-    list_targets,
-    load_target,
-    measure_flops_per_s,
-)
+from .loader import (FAMILY_CODEGEN, Target, TargetError, TargetProfileError, UnknownTargetError, list_targets, load_target, measure_flops_per_s)
 
 __all__ = [
     "FAMILY_CODEGEN",

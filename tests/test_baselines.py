@@ -2,9 +2,9 @@
 MILP never spends more energy than any of them at the same budget."""
 import pytest
 
-from compiler.compile import CompileOptions, compile_model
-from compiler.errors import BudgetError
-from compiler.run import run_plan
+from edgetrain.compiler.pipeline import CompileOptions, compile_model
+from edgetrain.compiler.errors import BudgetError
+from edgetrain.compiler.workbench.run import run_plan
 
 CASES = [("small_cnn", 8, "70%"), ("resnet18", 2, "80%")]
 BASELINES = ("checkmate", "paging", "dtr", "checkpoint")

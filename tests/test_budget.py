@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.budget import Budget, parse_budget, parse_deadline
-from compiler.errors import BudgetError, EdgetrainError
+from edgetrain.compiler.scheduling.budget import Budget, parse_budget, parse_deadline
+from edgetrain.compiler.errors import BudgetError, EdgetrainError
 
 
 @pytest.mark.parametrize("text, nbytes", [

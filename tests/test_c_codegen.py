@@ -21,16 +21,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import codegen.c.firmware as firmware
-from codegen.c import Namer, c_comment, c_ident
-from codegen.c.arena import Lifetime, check, live_peak_words, pack
-from compiler import cli
-from compiler.backends import C, PYTHON
-from compiler.compile import CompileOptions, build_graph, compile_model
-from compiler.errors import BudgetError, UnsupportedModelError
-from compiler.ir import SGDConfig
-from compiler.run_c import FirmwareError, read_result, run_firmware
-from targets import load_target
+import edgetrain.codegen.c.firmware as firmware
+from edgetrain.codegen.c import Namer, c_comment, c_ident
+from edgetrain.codegen.c.arena import Lifetime, check, live_peak_words, pack
+from edgetrain.compiler.workbench import cli
+from edgetrain.compiler.graph.backends import C, PYTHON
+from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
+from edgetrain.compiler.errors import BudgetError, UnsupportedModelError
+from edgetrain.compiler.graph.ir import SGDConfig
+from edgetrain.compiler.workbench.run_c import FirmwareError, read_result, run_firmware
+from edgetrain.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = ROOT / "tests" / "snapshots"
@@ -299,7 +299,7 @@ def test_corrupted_page_stops_the_host_step(tiny):
 
 
 def test_missing_toolchain_says_how_to_install(tiny, monkeypatch):
-    import compiler.run_c as run_c
+    import edgetrain.compiler.workbench.run_c as run_c
 
     monkeypatch.setattr(run_c.shutil, "which", lambda tool: None)
     with pytest.raises(FirmwareError, match="apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"):
@@ -324,7 +324,7 @@ RAM_LIMIT = 256 * 1024
 
 
 def _fashion_mnist_or_skip():
-    from compiler.data import FASHION_MNIST_DIR
+    from edgetrain.compiler.workbench.data import FASHION_MNIST_DIR
 
     if not FASHION_MNIST_DIR.is_dir():
         pytest.skip(f"Fashion-MNIST not installed in {FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)")

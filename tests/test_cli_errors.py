@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import compiler.compile as compile_mod
-from compiler import schedule as schedule_format
-from compiler.cli import main
-from compiler.compile import CompileOptions, compile_model
-from compiler.zoo import ZOO
-from targets import list_targets
+import edgetrain.compiler.pipeline as compile_mod
+from edgetrain.compiler.schedule_file import format as schedule_format
+from edgetrain.compiler.workbench.cli import main
+from edgetrain.compiler.pipeline import CompileOptions, compile_model
+from edgetrain.compiler.frontend.zoo import ZOO
+from edgetrain.targets import list_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,7 +163,7 @@ def test_real_process_prints_no_traceback(compiled, tmp_path, case):
         args = ["compile", "small_cnn", "--target", "rpi4", "--budget", "1MB", "--out", str(tmp_path / "o"),
                 "--batch-size", "0"]
         start, words = "usage: edgetrain compile", ["--batch-size", "at least 1"]
-    p = subprocess.run([sys.executable, "-m", "compiler.cli", *args, "--json"], cwd=ROOT, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "edgetrain.compiler.workbench.cli", *args, "--json"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stdout + p.stderr

@@ -10,13 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from compiler.budget import parse_budget
-from compiler.cuts import separate, separate_memory, strengthen
-from compiler.heuristics import candidates, dtr
-from compiler.milp import highs
-from compiler.poet import build as build_poet, without_redundant_holds
-from compiler.schedulers import run_scheduler
-from compiler.warmstart import greedy_keep
+from edgetrain.compiler.scheduling.budget import parse_budget
+from edgetrain.compiler.scheduling.cuts import separate, separate_memory, strengthen
+from edgetrain.compiler.scheduling.heuristics import candidates, dtr
+from edgetrain.compiler.scheduling.milp import highs
+from edgetrain.compiler.scheduling.poet import build as build_poet, without_redundant_holds
+from edgetrain.compiler.scheduling.schedulers import run_scheduler
+from edgetrain.compiler.scheduling.warmstart import greedy_keep
 
 from test_solve_speedups import TARGET, Graph, mcu_resnet, small_cnn  # noqa: F401 - fixtures
 
@@ -112,7 +112,7 @@ def test_compile_runs_the_phased_solve_when_asked(tmp_path, capsys):
     elsewhere (it is an ordinary validated schedule)."""
     import json
 
-    from compiler.cli import main
+    from edgetrain.compiler.workbench.cli import main
 
     out = tmp_path / "p"
     main(["compile", "resnet18", "--target", "nrf52840", "--budget", "40%", "--time-limit", "8", "--lns", "0.35",
@@ -127,7 +127,7 @@ def test_slow_lp_cut_rounds_take_the_time_of_a_solve_that_could_not_use_them(mcu
     """strengthen(then=...): when 8 times the plain LP does not fit in the caller's later solve, the rounds take
     that time too and say so; the phased solve then leaves the cuts out of its last solve but counts their LP
     bound."""
-    import compiler.cuts as cuts_mod
+    import edgetrain.compiler.scheduling.cuts as cuts_mod
 
     G = mcu_resnet
     pm = build_poet(G.g, G.lv, TARGET, G.budget(0.0))
@@ -152,9 +152,9 @@ def test_a_last_solve_that_would_repeat_the_first_is_skipped(resnet18, monkeypat
     first's 1.2 s). With more time left it runs (10 s, lns 0.05: about 6 s against 2 s; with 6 s and lns 0.15,
     3.9 s against 1.2 s, a loaded machine once skipped it). Either way the schedule is valid and the bound below
     it."""
-    import compiler.cuts as cuts_mod
-    import compiler.lns as lns_mod
-    import compiler.milp.registry as registry
+    import edgetrain.compiler.scheduling.cuts as cuts_mod
+    import edgetrain.compiler.scheduling.phased as lns_mod
+    import edgetrain.compiler.scheduling.milp.registry as registry
 
     events = []
     solve, improve = registry.solve_with, lns_mod.improve

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from compiler import data
-from compiler.data import DatasetMissingError, fashion_mnist, fashion_mnist_batches, random_batches
+from edgetrain.compiler.workbench import data
+from edgetrain.compiler.workbench.data import (DatasetMissingError, fashion_mnist, fashion_mnist_batches, random_batches)
 
 FILES_PRESENT = all(
     (data.FASHION_MNIST_DIR / f"{p}-{k}-ubyte.gz").is_file()

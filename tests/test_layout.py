@@ -1,9 +1,14 @@
 """The package layout is a contract: what each stage may import.
 
+- The four code folders import under one root: compiler/ is `edgetrain.compiler`, codegen/ `edgetrain.codegen`,
+  runtime/ `edgetrain.runtime`, targets/ `edgetrain.targets`; every package folder is installed.
 - runtime/ never imports compiler/, codegen/ or targets/ (a device installs the runtime alone, with torch and
   safetensors), nor the compiler's own dependencies (a solver, jinja2, jsonschema).
 - codegen/ never imports a scheduler, the POET/MILP passes or a solver: it renders a schedule, never solves one.
 - targets/ imports nothing from compiler/, codegen/ or runtime/: it is the leaf every stage may use.
+- No import runs back up the pipeline: frontend -> graph -> scheduling and local learning -> schedule file ->
+  codegen -> the compile drivers -> the workbench. A stage imports its own and earlier stages, and the shared
+  leaves (errors, targets, runtime), never a later one.
 
 Each rule is checked twice: statically (an AST scan of every import, relative ones resolved) and dynamically
 (a fresh interpreter with the forbidden modules blocked by a meta path hook does the stage's real work).
@@ -20,21 +25,41 @@ from pathlib import Path
 
 import pytest
 
-from compiler.compile import CompileOptions, compile_model
+from edgetrain.compiler.pipeline import CompileOptions, compile_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
-RUNTIME_FORBIDDEN = ("compiler", "codegen", "targets", "highspy", "jinja2", "jsonschema", "gurobipy", "pulp",
-                     "ortools")
-CODEGEN_FORBIDDEN = ("compiler.schedulers", "compiler.poet", "compiler.milp", "compiler.validator", "highspy",
-                     "gurobipy", "pulp", "ortools", "scipy.optimize", "pyscipopt")
-TARGETS_FORBIDDEN = ("compiler", "codegen", "runtime")
+FOLDERS = {"compiler": "edgetrain.compiler", "codegen": "edgetrain.codegen", "runtime": "edgetrain.runtime",
+           "targets": "edgetrain.targets"}
+RUNTIME_FORBIDDEN = ("edgetrain.compiler", "edgetrain.codegen", "edgetrain.targets", "highspy", "jinja2",
+                     "jsonschema", "gurobipy", "pulp", "ortools")
+CODEGEN_FORBIDDEN = ("edgetrain.compiler.scheduling", "edgetrain.compiler.pipeline", "edgetrain.compiler.workbench",
+                     "highspy", "gurobipy", "pulp", "ortools", "scipy.optimize", "pyscipopt")
+TARGETS_FORBIDDEN = ("edgetrain.compiler", "edgetrain.codegen", "edgetrain.runtime")
+# The pipeline's stages in the order data flows through them; modules of one tuple share a rank.
+STAGES = (
+    ("edgetrain.compiler.frontend",),
+    ("edgetrain.compiler.graph",),
+    ("edgetrain.compiler.scheduling", "edgetrain.compiler.local"),
+    ("edgetrain.compiler.schedule_file",),
+    ("edgetrain.codegen",),
+    ("edgetrain.compiler.pipeline", "edgetrain.compiler.pipeline_local"),
+    ("edgetrain.compiler.workbench",),
+)
+# What every stage may use: the user's errors, the package's version, device profiles, the device runtime.
+SHARED = ("edgetrain.compiler.errors", "edgetrain.targets", "edgetrain.runtime")
 
 
 # -- the static scan ------------------------------------------------------------------------------------
 
 def _package_of(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).parts[:-1])  # a module's package; __init__.py's is its folder
+    """A module's package under the edgetrain root; __init__.py's is its folder."""
+    parts = path.relative_to(ROOT).parts[:-1]
+    return ".".join((FOLDERS[parts[0]],) + parts[1:])
+
+
+def _module_of(path: Path) -> str:
+    return _package_of(path) if path.name == "__init__.py" else f"{_package_of(path)}.{path.stem}"
 
 
 def imports_of(source: str, package: str, filename: str = "<src>") -> list[tuple[int, str]]:
@@ -82,28 +107,29 @@ def violations(folder: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize("source, package, bad", [
-    ("from compiler.ir import Node", "runtime.python", "compiler.ir"),
-    ("import compiler", "runtime.python", "compiler"),
-    ("import codegen.python_plan as p", "runtime", "codegen.python_plan"),
-    ("def f():\n    from compiler import schedule", "runtime.python", "compiler.schedule"),
-    ("import importlib\nimportlib.import_module('compiler.run')", "runtime.python", "compiler.run"),
-    ("from .. import compiler", "codegen.sub", "codegen.compiler"),  # relative: stays inside the package
-    ("from . import schedulers", "compiler", "compiler.schedulers"),
-    ("from .milp.highs import solve", "compiler", "compiler.milp.highs"),
+    ("from edgetrain.compiler.graph.ir import Node", "edgetrain.runtime.python", "edgetrain.compiler.graph.ir"),
+    ("import edgetrain.compiler", "edgetrain.runtime.python", "edgetrain.compiler"),
+    ("import edgetrain.codegen.python_plan as p", "edgetrain.runtime", "edgetrain.codegen.python_plan"),
+    ("def f():\n    from edgetrain.compiler import pipeline", "edgetrain.runtime.python", "edgetrain.compiler.pipeline"),
+    ("import importlib\nimportlib.import_module('edgetrain.compiler.workbench.run')", "edgetrain.runtime.python",
+     "edgetrain.compiler.workbench.run"),
+    ("from .. import compiler", "edgetrain.codegen.sub", "edgetrain.codegen.compiler"),  # stays inside the package
+    ("from ..scheduling import schedulers", "edgetrain.compiler.graph", "edgetrain.compiler.scheduling.schedulers"),
+    ("from .milp.highs import solve", "edgetrain.compiler.scheduling", "edgetrain.compiler.scheduling.milp.highs"),
 ])
 def test_the_scan_resolves_imports(source, package, bad):
     assert bad in [m for _, m in imports_of(source, package)]
 
 
 def test_the_scan_flags_a_forbidden_import(tmp_path):
-    assert _matches("compiler.ir", RUNTIME_FORBIDDEN) == "compiler"
-    assert _matches("compilers", RUNTIME_FORBIDDEN) is None
-    assert _matches("compiler.milp.highs", CODEGEN_FORBIDDEN) == "compiler.milp"
-    assert _matches("compiler.schedule", CODEGEN_FORBIDDEN) is None  # the format module is fine for codegen
-    assert _package_of(ROOT / "runtime" / "python" / "executor.py") == "runtime.python"
-    assert _package_of(ROOT / "runtime" / "python" / "__init__.py") == "runtime.python"
+    assert _matches("edgetrain.compiler.graph.ir", RUNTIME_FORBIDDEN) == "edgetrain.compiler"
+    assert _matches("edgetrain.compilers", RUNTIME_FORBIDDEN) is None
+    assert _matches("edgetrain.compiler.scheduling.milp.highs", CODEGEN_FORBIDDEN) == "edgetrain.compiler.scheduling"
+    assert _matches("edgetrain.compiler.schedule_file.format", CODEGEN_FORBIDDEN) is None  # codegen reads the format
+    assert _package_of(ROOT / "runtime" / "python" / "executor.py") == "edgetrain.runtime.python"
+    assert _package_of(ROOT / "runtime" / "python" / "__init__.py") == "edgetrain.runtime.python"
     with pytest.raises(AssertionError, match="beyond the top-level package"):
-        imports_of("from ...compiler import ir", "runtime.python")
+        imports_of("from ....compiler import ir", "edgetrain.runtime.python")
 
 
 def test_runtime_never_imports_compiler_codegen_or_targets():
@@ -116,6 +142,58 @@ def test_codegen_never_imports_a_solver():
 
 def test_targets_import_nothing_from_the_other_stages():
     assert not violations("targets", TARGETS_FORBIDDEN)
+
+
+def _rank(module: str) -> int | None:
+    for k, stage in enumerate(STAGES):
+        if _matches(module, stage):
+            return k
+    return None
+
+
+def backward_imports(sources: dict[Path, str]) -> list[str]:
+    """Imports from a stage to a later one, and modules that belong to no stage and are not shared."""
+    found = []
+    for f, text in sources.items():
+        me = _module_of(f)
+        mine = _rank(me)
+        if mine is None:
+            if me not in ("edgetrain.compiler", "edgetrain.codegen") and not _matches(me, SHARED):
+                found.append(f"{f.relative_to(ROOT)}: belongs to no stage (add it to STAGES or SHARED)")
+            continue
+        for line, mod in imports_of(text, _package_of(f), str(f)):
+            theirs = _rank(mod)
+            if theirs is not None and theirs > mine:
+                found.append(f"{f.relative_to(ROOT)}:{line}: {me} (stage {mine}) imports {mod} (stage {theirs})")
+    return found
+
+
+def test_no_import_runs_back_up_the_pipeline():
+    files = [f for folder in ("compiler", "codegen") for f in sorted((ROOT / folder).rglob("*.py"))]
+    assert len(files) > 40
+    assert not backward_imports({f: f.read_text() for f in files})
+
+
+def test_the_stage_rule_flags_an_import_of_a_later_stage_and_a_module_of_no_stage():
+    assert _rank("edgetrain.compiler.graph.ir") < _rank("edgetrain.compiler.scheduling.poet")
+    assert _rank("edgetrain.codegen.c.firmware") < _rank("edgetrain.compiler.pipeline")
+    probe = ROOT / "compiler" / "graph" / "probe.py"
+    assert backward_imports({probe: "from ..scheduling.poet import build\nfrom .ir import Node\n"}) == [
+        "compiler/graph/probe.py:1: edgetrain.compiler.graph.probe (stage 1) imports "
+        "edgetrain.compiler.scheduling.poet (stage 2)",
+        "compiler/graph/probe.py:1: edgetrain.compiler.graph.probe (stage 1) imports "
+        "edgetrain.compiler.scheduling.poet.build (stage 2)"]
+    assert backward_imports({ROOT / "compiler" / "helpers.py": ""}) == [
+        "compiler/helpers.py: belongs to no stage (add it to STAGES or SHARED)"]
+
+
+def test_every_package_folder_is_installed():
+    """pyproject.toml lists the packages by hand (the folders map under the edgetrain root): none forgotten."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {_package_of(init) for folder in FOLDERS for init in (ROOT / folder).rglob("__init__.py")}
+    assert found == listed
 
 
 # -- the dynamic checks -----------------------------------------------------------------------------------
@@ -157,9 +235,9 @@ def compiled(tmp_path_factory) -> Path:
 
 
 def test_the_blocker_blocks():
-    code = BLOCKER.format(blocked=("compiler",)) + "import compiler.ir\n"
+    code = BLOCKER.format(blocked=("edgetrain.compiler",)) + "import edgetrain.compiler.graph.ir\n"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and "blocked by test_layout: compiler" in p.stderr
+    assert p.returncode != 0 and "blocked by test_layout: edgetrain.compiler" in p.stderr
 
 
 def test_runtime_runs_a_generated_plan_without_compiler_or_codegen(compiled, tmp_path):
@@ -167,7 +245,7 @@ def test_runtime_runs_a_generated_plan_without_compiler_or_codegen(compiled, tmp
     out = _run_blocked(RUNTIME_FORBIDDEN, f"""
         import json, math, warnings
         import torch
-        from runtime.python import load_plan, runtime_for
+        from edgetrain.runtime.python import load_plan, runtime_for
 
         warnings.simplefilter("error")  # a plan that leaves tensors resident fails here
         plan = load_plan({str(compiled)!r})
@@ -191,7 +269,7 @@ def test_runtime_runs_a_generated_plan_without_compiler_or_codegen(compiled, tmp
 def test_codegen_renders_a_plan_without_any_solver(compiled, tmp_path):
     out = _run_blocked(CODEGEN_FORBIDDEN, f"""
         import json
-        from codegen import render_python_plan
+        from edgetrain.codegen import render_python_plan
 
         body = json.loads(open({str(compiled / "schedule.json")!r}).read())
         path = render_python_plan(body, {str(tmp_path)!r})
@@ -203,7 +281,7 @@ def test_codegen_renders_a_plan_without_any_solver(compiled, tmp_path):
 def test_targets_load_without_the_other_stages_or_torch():
     out = _run_blocked(TARGETS_FORBIDDEN + ("torch", "numpy"), """
         import json
-        from targets import list_targets, load_target
+        from edgetrain.targets import list_targets, load_target
 
         names = [n for n in list_targets() if n != "host"]  # measuring the host needs torch, by design
         costs = {n: load_target(n).page_in_time_s(1_000_000) for n in names}

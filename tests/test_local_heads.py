@@ -4,11 +4,8 @@ import io
 import pytest
 import torch
 
-from compiler import zoo
-from compiler.local.heads import (
-    HEAD_FRAC, MAX_FAN_IN, MAX_HEAD_CH, MIN_HEAD_CH, head_spec, make_head, print_sizing_table,
-    sizing_table, split_layers,
-)
+from edgetrain.compiler.frontend import zoo
+from edgetrain.compiler.local.heads import (HEAD_FRAC, MAX_FAN_IN, MAX_HEAD_CH, MIN_HEAD_CH, head_spec, make_head, print_sizing_table, sizing_table, split_layers)
 
 EXPECTED_LAYERS = {
     "vgg11": ["features.0", "features.4", "features.8", "features.11", "features.15", "features.18",
@@ -51,7 +48,7 @@ def test_split_layers_composes_to_the_trunk(name):
 def test_split_sequential_and_unsupported():
     layers = split_layers(zoo.build("small_cnn"), in_shape=(1, 28, 28))
     assert [layer.out_shape for layer in layers] == [(8, 28, 28), (8, 14, 14), (16, 14, 14), (16, 7, 7)]
-    from compiler.errors import UnsupportedModelError
+    from edgetrain.compiler.errors import UnsupportedModelError
     with pytest.raises(UnsupportedModelError):
         split_layers(zoo.build("mlp"), in_shape=(1, 28, 28))
 

@@ -6,13 +6,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from compiler import zoo
-from compiler.local.heads import head_spec, make_head, split_layers
-from compiler.local.memory_lines import (
-    fit_line, max_batch_under, measure_model_step_bytes, measure_step_bytes, model_memory_line,
-    profile_layers, profiler_peak_bytes,
-)
-from compiler.local.partition import PartitionError, partition
+from edgetrain.compiler.frontend import zoo
+from edgetrain.compiler.local.heads import head_spec, make_head, split_layers
+from edgetrain.compiler.local.memory_lines import (fit_line, max_batch_under, measure_model_step_bytes, measure_step_bytes, model_memory_line, profile_layers, profiler_peak_bytes)
+from edgetrain.compiler.local.partition import PartitionError, partition
 
 
 def test_fit_line_exact_and_noisy():
@@ -96,7 +93,7 @@ def test_profiler_cross_check_on_first_layers():
 
 
 def test_main_prints_lines_and_blocks(capsys):
-    from compiler.local.memory_lines import main
+    from edgetrain.compiler.local.memory_lines import main
 
     main(["vgg11", "--budget-mb", "64"])
     out = capsys.readouterr().out

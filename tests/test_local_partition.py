@@ -5,10 +5,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from compiler.errors import BudgetError
-from compiler.local.partition import (
-    Line, PartitionError, feasible_batch, group, partition,
-)
+from edgetrain.compiler.errors import BudgetError
+from edgetrain.compiler.local.partition import Line, PartitionError, feasible_batch, group, partition
 
 
 def reference_algorithm1(lines, budget, cap=256, rho=0.40):

@@ -12,16 +12,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from compiler import schedule as schedule_format
-from compiler import zoo
-from compiler.cli import main
-from compiler.errors import BudgetError
-from compiler.local.compile_local import LocalOptions, compile_local
-from compiler.local.heads import split_layers
-from compiler.local.spec import copy_weights, layer_spec
-from runtime.python import load_plan
-from runtime.python.activation_cache import ActivationCache, CacheWriter
-from runtime.python.local_layers import build
+from edgetrain.compiler.schedule_file import format as schedule_format
+from edgetrain.compiler.frontend import zoo
+from edgetrain.compiler.workbench.cli import main
+from edgetrain.compiler.errors import BudgetError
+from edgetrain.compiler.pipeline_local import LocalOptions, compile_local
+from edgetrain.compiler.local.heads import split_layers
+from edgetrain.compiler.local.spec import copy_weights, layer_spec
+from edgetrain.runtime.python import load_plan
+from edgetrain.runtime.python.activation_cache import ActivationCache, CacheWriter
+from edgetrain.runtime.python.local_layers import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -167,7 +167,7 @@ def test_train_refuses_a_poet_plan_and_a_changed_run(small_plan, tmp_path, capsy
 def _run_train(out: str, work: str) -> subprocess.Popen:
     # One thread: OpenMP's spinning threads crawl when tests run in parallel on few cores.
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "compiler.cli", "train", out, "--data", "digits", "--epochs", "3",
+    return subprocess.Popen([sys.executable, "-m", "edgetrain.compiler.workbench.cli", "train", out, "--data", "digits", "--epochs", "3",
                              "--train-size", "400", "--work", work, "--no-export", "--json"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -215,7 +215,7 @@ def test_kill_and_resume_ends_with_the_same_weights(small_plan, tmp_path):
 
 
 def test_timeline_records_every_epoch_and_the_best_exit_so_far(small_plan, tmp_path):
-    from compiler.local.train import train_dir
+    from edgetrain.compiler.workbench.local_train import train_dir
 
     out, _ = small_plan
     r = train_dir(out, "digits", 2, work=str(tmp_path / "w"), train_size=300, eval_each_epoch=True, export=False)

@@ -5,12 +5,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from compiler.compile import CompileOptions, build_graph, compile_model
-from compiler.frontend import trace_forward
-from compiler.lowering import lower
-from compiler.profiler import profile_nodes
-from compiler.run import run_plan
-from targets import load_target
+from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
+from edgetrain.compiler.graph.forward import trace_forward
+from edgetrain.compiler.graph.lowering import lower
+from edgetrain.compiler.graph.profiler import profile_nodes
+from edgetrain.compiler.workbench.run import run_plan
+from edgetrain.targets import load_target
 
 
 def _graph(model: nn.Module, shape, loss="cross_entropy"):
@@ -50,7 +50,7 @@ def test_it_times_the_runtime_kernels(small_cnn, monkeypatch):
     """A kernel made 50 ms slower shows up 50 ms slower, and runs once plus `repeats` times per node."""
     import time
 
-    from runtime.python.kernels import KERNELS
+    from edgetrain.runtime.python.kernels import KERNELS
 
     calls = []
     fast = KERNELS["relu"]
@@ -124,7 +124,7 @@ def test_compile_small_cnn_on_host_end_to_end(tmp_path):
     out = str(tmp_path / "host")
     r = compile_model(CompileOptions(model="small_cnn", target="host", budget="100%", out=out, batch_size=4))
     assert r["target"] == "host"
-    from compiler import schedule
+    from edgetrain.compiler.schedule_file import format as schedule
 
     body = schedule.load(out)
     assert body["target"]["measured"] is True and body["target"]["flops_per_s"] > 0

@@ -43,21 +43,21 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler.compile import CompileOptions, build_graph, compile_model
-from compiler.decisions import Decisions, build_steps
-from compiler.errors import BudgetError, ValidationError
-from compiler.frontend import trace_forward
-from compiler.heuristics import candidates, checkpoint, dtr, page_all, paging_only, store_all
-from compiler.ir import TrainingGraph
-from compiler.liveness import Liveness, analyze
-from compiler.lowering import apply_costs, lower
-from compiler.milp.registry import solve_with
-from compiler.poet import build as build_poet
-from compiler.run import run_plan
-from compiler.schedulers import SCHEDULERS, min_budget, run_scheduler
-from compiler.validator import Report, validate
+from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
+from edgetrain.compiler.scheduling.steps import Decisions, build_steps
+from edgetrain.compiler.errors import BudgetError, ValidationError
+from edgetrain.compiler.graph.forward import trace_forward
+from edgetrain.compiler.scheduling.heuristics import candidates, checkpoint, dtr, page_all, paging_only, store_all
+from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.compiler.graph.liveness import Liveness, analyze
+from edgetrain.compiler.graph.lowering import apply_costs, lower
+from edgetrain.compiler.scheduling.milp.registry import solve_with
+from edgetrain.compiler.scheduling.poet import build as build_poet
+from edgetrain.compiler.workbench.run import run_plan
+from edgetrain.compiler.scheduling.schedulers import SCHEDULERS, min_budget, run_scheduler
+from edgetrain.compiler.scheduling.validator import Report, validate
 from model_gen import FAMILIES, build, gen_spec, spec_from_seed
-from targets import load_target
+from edgetrain.targets import load_target
 
 # POET's trade-offs differ by device: on the Pi, paging costs less energy than recomputing but more time; on the
 # Cortex-M0+ compute is so slow that paging is cheap in both; on a Jetson recomputing costs ~1e-9 J, far below

@@ -9,9 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from runtime.python import (Ledger, LedgerError, PageStoreError, PlanError, Runtime, dropout_apply, dropout_mask,
-                            load_plan, runtime_for)
-from runtime.python.storage import FileStore
+from edgetrain.runtime.python import (Ledger, LedgerError, PageStoreError, PlanError, Runtime, dropout_apply, dropout_mask, load_plan, runtime_for)
+from edgetrain.runtime.python.storage import FileStore
 
 B, D, H, C = 4, 6, 5, 3
 LR, MOM, WD = 0.1, 0.9, 5e-4

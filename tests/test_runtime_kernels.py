@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from runtime.python import KERNELS, KernelContext, dropout_apply, dropout_mask, sgd_update
+from edgetrain.runtime.python import KERNELS, KernelContext, dropout_apply, dropout_mask, sgd_update
 
 torch.manual_seed(0)
 
@@ -44,7 +44,7 @@ def bwd_attrs(attrs, x, needs=True):
 
 
 def test_kernel_table_covers_the_op_registry():
-    ops = pytest.importorskip("compiler.ops")
+    ops = pytest.importorskip("edgetrain.compiler.graph.ops")
     names = {r.name for r in ops.OPS.values() if r.name not in ("input", "labels")}
     names |= {r.backward for r in ops.OPS.values() if r.backward} | {ops.GRAD_SUM}
     assert names <= set(KERNELS), sorted(names - set(KERNELS))

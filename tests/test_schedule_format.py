@@ -12,9 +12,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from compiler import schedule as schedule_format
-from compiler.compile import CompileOptions, compile_model
-from compiler.errors import ScheduleFormatError
+from edgetrain.compiler.schedule_file import format as schedule_format
+from edgetrain.compiler.pipeline import CompileOptions, compile_model
+from edgetrain.compiler.errors import ScheduleFormatError
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("compiler", "codegen", "runtime", "targets")
@@ -134,7 +134,7 @@ def test_compiling_twice_gives_the_same_files(tmp_path):
     a, b = tmp_path / "here", tmp_path / "there"
     args = ["compile", "small_cnn", "--target", "rpi4", "--budget", "55%", "--batch-size", "2"]
     seed = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"  # differs from this process's seed
-    proc = subprocess.Popen([sys.executable, "-m", "compiler.cli", *args, "--out", str(b), "--json"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "edgetrain.compiler.workbench.cli", *args, "--out", str(b), "--json"], cwd=ROOT,
                             env=dict(os.environ, PYTHONHASHSEED=seed), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

@@ -12,14 +12,14 @@ import sys
 import numpy as np
 import pytest
 
-from compiler.compile import CompileOptions, build_graph
-from compiler.decisions import build_steps
-from compiler.liveness import analyze
-from compiler.milp import highs
-from compiler.poet import build as build_poet, reads
-from compiler.schedulers import min_budget, run_scheduler, store_all
-from compiler.validator import validate
-from targets import load_target
+from edgetrain.compiler.pipeline import CompileOptions, build_graph
+from edgetrain.compiler.scheduling.steps import build_steps
+from edgetrain.compiler.graph.liveness import analyze
+from edgetrain.compiler.scheduling.milp import highs
+from edgetrain.compiler.scheduling.poet import build as build_poet, reads
+from edgetrain.compiler.scheduling.schedulers import min_budget, run_scheduler, store_all
+from edgetrain.compiler.scheduling.validator import validate
+from edgetrain.targets import load_target
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import solve as bench  # noqa: E402
@@ -160,7 +160,7 @@ def test_bound_ladder_climbs_to_the_proven_optimum():
 def test_greedy_keep_fits_the_budget(name, frac, request):
     """The budget-aware start validates within its budget (or says it found none); at store-all's peak it
     is store-all; and it never pages a tensor it keeps."""
-    from compiler.warmstart import greedy_keep
+    from edgetrain.compiler.scheduling.warmstart import greedy_keep
 
     G = request.getfixturevalue(name)
     b = G.budget(frac)
@@ -179,9 +179,9 @@ def test_greedy_keep_fits_the_budget(name, frac, request):
 
 def test_greedy_keep_beats_paging_everything_on_resnet18():
     """ResNet-18, nrf52840, batch 8, 40%: the start the MILP had before (page-all, 53.7 J) is far worse."""
-    from compiler.budget import parse_budget
-    from compiler.heuristics import page_all
-    from compiler.warmstart import greedy_keep
+    from edgetrain.compiler.scheduling.budget import parse_budget
+    from edgetrain.compiler.scheduling.heuristics import page_all
+    from edgetrain.compiler.scheduling.warmstart import greedy_keep
 
     G = Graph("resnet18", batch=8)
     act = max(p - G.g.nodes[t].workspace_bytes for t, p in enumerate(G.sa.stage_peaks)) - G.lv.state_bytes
@@ -192,8 +192,8 @@ def test_greedy_keep_beats_paging_everything_on_resnet18():
 
 
 def test_lns_only_improves_and_stays_feasible(mcu_resnet):
-    from compiler.heuristics import page_all
-    from compiler.lns import improve
+    from edgetrain.compiler.scheduling.heuristics import page_all
+    from edgetrain.compiler.scheduling.phased import improve
 
     G = mcu_resnet
     b = G.budget(0.1)
@@ -211,8 +211,8 @@ def test_local_branching_stays_within_its_radius_and_reaches_the_optimum_it_can(
     """local_branch solves the whole model within `radius` flipped binaries of the incumbent: its schedule is
     feasible, no worse, at most `radius` flips away; radius 0 can only return the incumbent; a radius as large
     as the distance to a proven optimum reaches the optimum's energy."""
-    from compiler.heuristics import page_all
-    from compiler.lns import local_branch
+    from edgetrain.compiler.scheduling.heuristics import page_all
+    from edgetrain.compiler.scheduling.phased import local_branch
 
     G = mcu_resnet
     pm = build_poet(G.g, G.lv, TARGET, G.budget(0.1))
@@ -234,7 +234,7 @@ def test_recompute_only_probe_is_a_restriction(mcu_resnet):
     """The probe's model fixes every page-out at 0: where the full optimum pages (30% of the range) it is
     infeasible; where it does not (60%), its optimum pages nothing, is a schedule of the full model and costs
     the full optimum."""
-    from compiler.lns import recompute_only
+    from edgetrain.compiler.scheduling.phased import recompute_only
 
     G = mcu_resnet
     for frac, feasible in ((0.3, False), (0.6, True)):

@@ -12,16 +12,16 @@ import sys
 import numpy as np
 import pytest
 
-from compiler.budget import parse_budget
-from compiler.compile import CompileOptions, build_graph
-from compiler.decisions import build_steps
-from compiler.liveness import analyze
-from compiler.milp import cpsat, gurobi, highs, registry, scipy_milp
-from compiler.milp.model import SparseMILP
-from compiler.poet import build as build_poet
-from compiler.schedulers import min_budget, store_all
-from compiler.validator import validate
-from targets import load_target
+from edgetrain.compiler.scheduling.budget import parse_budget
+from edgetrain.compiler.pipeline import CompileOptions, build_graph
+from edgetrain.compiler.scheduling.steps import build_steps
+from edgetrain.compiler.graph.liveness import analyze
+from edgetrain.compiler.scheduling.milp import cpsat, gurobi, highs, registry, scipy_milp
+from edgetrain.compiler.scheduling.milp.model import SparseMILP
+from edgetrain.compiler.scheduling.poet import build as build_poet
+from edgetrain.compiler.scheduling.schedulers import min_budget, store_all
+from edgetrain.compiler.scheduling.validator import validate
+from edgetrain.targets import load_target
 
 TARGET = load_target("rpi4")
 GAP = 1e-9  # solve the agreement instances to (near) proven optimality

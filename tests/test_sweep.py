@@ -9,11 +9,11 @@ import shutil
 
 import pytest
 
-from compiler.cli import main
-from compiler.errors import EdgetrainError
-from compiler.ir import TrainingGraph
-from compiler.plot import memory_curve, schedule_matrices
-from compiler.sweep import COLUMNS, SweepOptions, combo_key, read_rows, run_sweep
+from edgetrain.compiler.workbench.cli import main
+from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.compiler.workbench.plot import memory_curve, schedule_matrices
+from edgetrain.compiler.workbench.sweep import COLUMNS, SweepOptions, combo_key, read_rows, run_sweep
 
 BUDGETS = ["100%", "60%", "min"]
 DEADLINES = ["none", "1.2"]
@@ -193,7 +193,7 @@ def test_sweep_on_a_local_ray_instance(swept, tmp_path):
 
 def test_energy_plot_has_one_panel_per_deadline():
     """Each deadline of a sweep gets its panel; a deadline's points are drawn only in its own panel."""
-    from compiler.plot import _mpl, _versus_budget, deadline_panels
+    from edgetrain.compiler.workbench.plot import _mpl, _versus_budget, deadline_panels
 
     meta = {"model": "m", "target": "t", "batch_size": 2, "schedulers": ["poet", "dtr"],
             "deadlines": ["none", "1.2", "1.5"], "min_feasible_bytes": 1e6}

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-import targets
-from targets import Target, TargetProfileError, UnknownTargetError, list_targets, load_target
+import edgetrain.targets as targets
+from edgetrain.targets import Target, TargetProfileError, UnknownTargetError, list_targets, load_target
 
 BUILTINS = [
     "host", "jetson-agx-orin", "jetson-nano", "jetson-tx2", "jetson-xavier-nx",
@@ -209,8 +209,8 @@ def test_targets_imports_no_other_stage():
     import sys
 
     code = (
-        "import sys, targets; targets.load_target('rpi4'); "
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('compiler', 'codegen', 'runtime')]; "
+        "import sys; import edgetrain.targets as targets; targets.load_target('rpi4'); "
+        "bad = [m for m in sys.modules if m.startswith(('edgetrain.compiler', 'edgetrain.codegen', 'edgetrain.runtime'))]; "
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(targets.__file__).parent.parent)

@@ -8,8 +8,8 @@ included), so the error must be exactly 0, and no operand view may have needed a
 """
 import pytest
 
-from compiler.compile import CompileOptions, compile_model
-from compiler.run import run_plan
+from edgetrain.compiler.pipeline import CompileOptions, compile_model
+from edgetrain.compiler.workbench.run import run_plan
 
 HAND = "tests.transformer_models:hand_attention"
 CASES = [

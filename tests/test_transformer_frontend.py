@@ -8,16 +8,16 @@ import pytest
 import torch
 from torch import nn
 
-from compiler import cli
-from compiler.compile import CompileOptions, build_graph, compile_model
-from compiler.data import random_batches
-from compiler.errors import UnsupportedModelError
-from compiler.liveness import analyze
-from compiler.modelspec import resolve
-from compiler.poet import build as build_poet
-from compiler.zoo import ZOO, build
-from runtime.python.storage import FileStore
-from targets import load_target
+from edgetrain.compiler.workbench import cli
+from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
+from edgetrain.compiler.workbench.data import random_batches
+from edgetrain.compiler.errors import UnsupportedModelError
+from edgetrain.compiler.graph.liveness import analyze
+from edgetrain.compiler.frontend.modelspec import resolve
+from edgetrain.compiler.scheduling.poet import build as build_poet
+from edgetrain.compiler.frontend.zoo import ZOO, build
+from edgetrain.runtime.python.storage import FileStore
+from edgetrain.targets import load_target
 
 TF = ["bert_base", "gpt_small", "bert_tiny", "gpt_tiny"]
 

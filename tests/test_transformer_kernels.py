@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.python import KERNELS, KernelContext
+from edgetrain.runtime.python import KERNELS, KernelContext
 from tests.test_runtime_kernels import bwd_attrs, grads_of, same
 
 torch.manual_seed(0)
@@ -172,7 +172,7 @@ def test_linear_on_3d_input(bias):
 
 
 def test_every_transformer_kernel_is_registered():
-    from compiler.ops import TRANSFORMER_RULES
+    from edgetrain.compiler.graph.ops import TRANSFORMER_RULES
 
     names = {r.name for r in TRANSFORMER_RULES} | {r.backward for r in TRANSFORMER_RULES if r.backward}
     assert names <= set(KERNELS), sorted(names - set(KERNELS))

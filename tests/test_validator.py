@@ -3,14 +3,14 @@ import dataclasses
 
 import pytest
 
-from compiler.compile import CompileOptions, build_graph
-from compiler.decisions import Step, build_steps
-from compiler.errors import ValidationError
-from compiler.liveness import analyze
-from compiler.heuristics import checkpoint, page_all, store_all
-from compiler.schedulers import min_budget, run_scheduler
-from compiler.validator import validate
-from targets import load_target
+from edgetrain.compiler.pipeline import CompileOptions, build_graph
+from edgetrain.compiler.scheduling.steps import Step, build_steps
+from edgetrain.compiler.errors import ValidationError
+from edgetrain.compiler.graph.liveness import analyze
+from edgetrain.compiler.scheduling.heuristics import checkpoint, page_all, store_all
+from edgetrain.compiler.scheduling.schedulers import min_budget, run_scheduler
+from edgetrain.compiler.scheduling.validator import validate
+from edgetrain.targets import load_target
 
 TARGET = load_target("rpi4")
 
@@ -104,8 +104,8 @@ def test_milp_peak_equals_validator_peak_and_fits(resnet):
 
 def test_milp_is_infeasible_when_a_forward_stage_alone_exceeds_the_budget(resnet):
     """The forward-stage memory rows exist even without variables (one memory model for direct build() users)."""
-    from compiler.milp import highs
-    from compiler.poet import build
+    from edgetrain.compiler.scheduling.milp import highs
+    from edgetrain.compiler.scheduling.poet import build
 
     g, lv = resnet
     budget = max(lv.static[: lv.B0]) - 1

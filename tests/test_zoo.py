@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from compiler import zoo
-from compiler.zoo import ZOO, ZooEntry, build
+from edgetrain.compiler.frontend import zoo
+from edgetrain.compiler.frontend.zoo import ZOO, ZooEntry, build
 
 EXPECTED = ["mlp", "small_cnn", "vgg11", "vgg16", "vgg19", "resnet10", "resnet18", "resnet50", "mobilenetv2",
             "mcu_cnn", "mcu_resnet"]

@@ -8,8 +8,8 @@ weights, dominate memory (otherwise no budget below store-all is feasible).
 """
 import pytest
 
-from compiler.compile import CompileOptions, compile_model
-from compiler.run import run_plan
+from edgetrain.compiler.pipeline import CompileOptions, compile_model
+from edgetrain.compiler.workbench.run import run_plan
 
 BATCH = {"mlp": 128, "small_cnn": 8, "vgg11": 8, "vgg16": 8, "vgg19": 8, "resnet18": 4, "mobilenetv2": 4}
 CASES = [(m, b) for m in BATCH for b in ("100%", "70%", "50%")] + [("resnet18", "40%"), ("vgg16", "40%")]

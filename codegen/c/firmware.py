@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
-from compiler.errors import BudgetError, UnsupportedModelError  # messages for the user, not a solver
-from compiler.schedule import content_hash  # the schedule format
+from edgetrain.compiler.errors import BudgetError, UnsupportedModelError  # messages for the user, not a solver
+from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 
-from ..templating import environment
+from edgetrain.codegen.templating import environment
 from .arena import Lifetime, Packing, pack
 from .names import Namer, c_comment
 

@@ -1,1 +1,2 @@
-"""Local learning (NeuroFlux, issue 5): AAN-LL heads, per-layer memory lines, the Algorithm 1 partitioner."""
+"""Stage 3, local learning (NeuroFlux): a model's locally trained layers, their auxiliary heads, their
+measured memory lines, and Algorithm 1's partition into blocks under the budget."""

@@ -22,7 +22,7 @@ Sizing rule (AAN-LL: the head adapts to its layer so that its memory stays small
   DGL's auxiliary net also pools to 2x2.
 
 :func:`sizing_table` gives the numbers for a model; :func:`print_sizing_table` prints them
-(``python -m compiler.local.heads vgg11 vgg16 resnet18``).
+(``python -m edgetrain.compiler.local.heads vgg11 vgg16 resnet18``).
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .. import zoo
-from ..errors import UnsupportedModelError
+from edgetrain.compiler.frontend import zoo
+from edgetrain.compiler.errors import UnsupportedModelError
 
 __all__ = [
     "HeadSpec", "TrainableLayer", "head_spec", "make_head", "split_layers", "sizing_table",
@@ -91,9 +91,9 @@ def head_spec(out_shape: tuple[int, int, int], classes: int = 10, *, frac: float
 
 
 def make_head(spec: HeadSpec) -> nn.Sequential:
-    """The head as modules, built from its spec (:func:`compiler.local.spec.head_layer_spec`), exactly as the
+    """The head as modules, built from its spec (:func:`edgetrain.compiler.local.spec.head_layer_spec`), exactly as the
     runtime builds it, so the profiled head is the trained one."""
-    from runtime.python.local_layers import build
+    from edgetrain.runtime.python.local_layers import build
 
     from .spec import head_layer_spec
 

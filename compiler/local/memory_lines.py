@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.python.local_memory import StepBytes, counted_step
+from edgetrain.runtime.python.local_memory import StepBytes, counted_step
 
 from .heads import head_spec, make_head, split_layers
 from .partition import DEFAULT_CAP, Line, feasible_batch
@@ -107,7 +107,7 @@ def _one_step_setup(modules: Sequence[nn.Module], in_shape: Sequence[int], batch
 def _counted_step(modules: Sequence[nn.Module], forward: Callable[[torch.Tensor], Sequence[torch.Tensor]],
                   x: torch.Tensor, y: torch.Tensor, params: list[nn.Parameter],
                   opt: torch.optim.Optimizer) -> StepBytes:
-    """One real SGD step counted by the runtime's rule (``runtime.python.local_memory``: the trainer counts
+    """One real SGD step counted by the runtime's rule (``edgetrain.runtime.python.local_memory``: the trainer counts
     its real steps with the same code, so lines and the trainer's measured peaks agree by construction)."""
     return counted_step(modules, forward, x, y, opt)[0]
 
@@ -271,7 +271,7 @@ def max_batch_under(line: LineFit | Line, budget_bytes: float, cap: int = DEFAUL
     """Largest batch (at most ``cap``) whose line value fits ``budget_bytes``: Algorithm 1's rule for one
     layer, so the backprop baseline and the local-learning blocks are held to the same budget.
 
-    Raises :class:`~compiler.local.partition.PartitionError` when not even batch 1 fits.
+    Raises :class:`~edgetrain.compiler.local.partition.PartitionError` when not even batch 1 fits.
     """
     if isinstance(line, LineFit):
         line = line.to_line(name)
@@ -279,14 +279,14 @@ def max_batch_under(line: LineFit | Line, budget_bytes: float, cap: int = DEFAUL
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m compiler.local.memory_lines MODEL [--budget-mb B] [--method counter|profiler]``:
+    """``python -m edgetrain.compiler.local.memory_lines MODEL [--budget-mb B] [--method counter|profiler]``:
     prints each layer's line, R² and held-out check, then Algorithm 1's blocks under the budget."""
     import argparse
 
-    from .. import zoo
+    from edgetrain.compiler.frontend import zoo
     from .partition import partition
 
-    ap = argparse.ArgumentParser(prog="python -m compiler.local.memory_lines")
+    ap = argparse.ArgumentParser(prog="python -m edgetrain.compiler.local.memory_lines")
     ap.add_argument("model")
     ap.add_argument("--budget-mb", type=float, default=64.0)
     ap.add_argument("--method", default="counter", choices=("counter", "profiler", "cuda"))

@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from ..errors import BudgetError
+from edgetrain.compiler.errors import BudgetError
 
 __all__ = [
     "Line", "LayerBatch", "Block", "Partition", "PartitionError",

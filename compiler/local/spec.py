@@ -1,6 +1,6 @@
-"""Torch modules of a locally trained layer as JSON specs (the inverse of ``runtime.python.local_layers``).
+"""Torch modules of a locally trained layer as JSON specs (the inverse of ``edgetrain.runtime.python.local_layers``).
 
-:func:`layer_spec` describes a :class:`~compiler.local.heads.TrainableLayer`'s module; :func:`head_layer_spec`
+:func:`layer_spec` describes a :class:`~edgetrain.compiler.local.heads.TrainableLayer`'s module; :func:`head_layer_spec`
 an AAN-LL head. :func:`copy_weights` moves a zoo layer's parameters and buffers into the module built from
 its spec, checking shapes and that both compute the same function.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import zoo
-from ..errors import UnsupportedModelError
+from edgetrain.compiler.frontend import zoo
+from edgetrain.compiler.errors import UnsupportedModelError
 from .heads import HeadSpec
 
 __all__ = ["layer_spec", "head_layer_spec", "copy_weights"]

@@ -4,7 +4,7 @@ The Controller walks the plan's blocks in order. For each block a Worker trains 
 auxiliary head's loss (the layer's output is detached before the next layer: no gradient crosses layers), at
 the block's own batch size (AB-LL), for ``epochs`` epochs. Then one pass in eval mode measures every head's
 validation and test accuracy and writes the block's outputs for all three splits to a memory-mapped
-:mod:`activation cache <runtime.python.activation_cache>`, which is the next block's input: trained blocks
+:mod:`activation cache <edgetrain.runtime.python.activation_cache>`, which is the next block's input: trained blocks
 never run again. ``cache=False`` gives classic local learning (inputs re-run through the trained layers).
 
 Resume: after every epoch the whole state (weights, BN statistics, SGD momentum) goes to

@@ -1,0 +1,158 @@
+"""The compile pipeline: model -> training DAG -> schedule -> validated schedule file -> generated plan."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from . import __version__
+from .schedule_file import format as schedule_format
+from .graph.backends import get_backend
+from .scheduling.budget import parse_budget, parse_deadline
+from .scheduling.steps import build_steps
+from .errors import OutputDirError, UnsupportedModelError
+from .graph.forward import trace_forward
+from .graph.ir import SGDConfig
+from .graph.liveness import analyze
+from .graph.lowering import apply_costs, lower
+from .frontend.modelspec import resolve
+from .scheduling.schedulers import min_budget, run_scheduler, store_all
+from .scheduling.validator import validate
+
+
+@dataclass
+class CompileOptions:
+    model: str
+    target: str
+    budget: str
+    out: str
+    scheduler: str = "poet"
+    deadline: str | None = None
+    batch_size: int = 8
+    input_shape: tuple[int, ...] | None = None
+    time_limit: float = 60.0
+    solver: str = "auto"  # MILP backend: auto (Gurobi with a full license, else HiGHS), highs, gurobi, scipy, cpsat
+    loss: str = "cross_entropy"
+    optimizer: SGDConfig = field(default_factory=SGDConfig)
+    seed: int = 0
+    model_kwargs: dict = field(default_factory=dict)
+    emit: str = "python"  # the runtime the plan is generated for: "python" (torch) or "c" (runtime/c firmware)
+    lns: float = 0.0  # share of time_limit for neighbourhood search when its first 20% does not prove the gap
+    cuts: float = 0.0  # most share of time_limit for window and memory cuts before the last solve (with lns)
+
+
+def prepare_out_dir(path: str) -> None:
+    """Fail before any solving if the output directory cannot be written."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".edgetrain-write-test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise OutputDirError(f"cannot write to output directory {path!r}: {e.strerror or e}. "
+                             "Choose another --out or fix its permissions.") from None
+
+
+def build_graph(opts: CompileOptions, target):
+    """Resolve, trace and lower the model; annotate costs for the target. Returns (resolved, model, graph)."""
+    torch.manual_seed(opts.seed)  # zoo models initialize deterministically from the seed
+    resolved = resolve(opts.model, **opts.model_kwargs)
+    shape = opts.input_shape or resolved.input_shape
+    if not shape:
+        raise UnsupportedModelError(f"the input shape of {opts.model!r} is unknown; pass --input-shape C,H,W")
+    model = resolved.module.train()
+    gen = torch.Generator().manual_seed(opts.seed)
+    if resolved.input_dtype == "int64":  # token ids
+        example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
+    else:
+        example = torch.randn(opts.batch_size, *shape, generator=gen)
+    fwd = trace_forward(model, example, resolved.input_high)
+    graph = lower(fwd, opts.model, opts.loss, opts.optimizer, backend=get_backend(opts.emit))
+    measured = None
+    if getattr(target, "measured", False):
+        from .graph.profiler import profile_nodes
+
+        measured = profile_nodes(graph)
+    apply_costs(graph, target, measured)
+    return resolved, model, graph
+
+
+def compile_model(opts: CompileOptions, progress=None) -> dict:
+    from edgetrain.targets import load_target
+    from edgetrain.codegen import render_python_plan, write_weights
+
+    budget = parse_budget(opts.budget)
+    get_backend(opts.emit)  # an unknown --emit fails before any work
+    target = load_target(opts.target)
+    prepare_out_dir(opts.out)
+    resolved, model, graph = build_graph(opts, target)
+    lv = analyze(graph)
+    sa = validate(graph, build_steps(graph, lv, store_all(graph, lv)), target, None)
+    activation_peak = max(p - graph.nodes[t].workspace_bytes for t, p in enumerate(sa.stage_peaks)) - lv.state_bytes
+    budget_bytes = budget.resolve(lv.fixed_bytes, activation_peak)
+    deadline_s = parse_deadline(opts.deadline, sa.time_s)
+    if progress:
+        progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors")
+    result = run_scheduler(graph, lv, target, budget_bytes, scheduler=opts.scheduler, deadline_s=deadline_s,
+                           time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
+    rep = result.report
+    body = {
+        "edgetrain": __version__,
+        "mode": "poet",
+        "model": {"spec": resolved.spec, "kwargs": resolved.kwargs, "input_shape": list(graph.input_shape[1:]),
+                  "num_classes": graph.num_classes, "loss": graph.loss,
+                  **({"input_dtype": graph.input_dtype, "input_high": graph.input_high}
+                     if graph.input_dtype != "float32" else {})},
+        # Without the profile's file path: a schedule must not depend on where the checkout lies.
+        "target": {k: v for k, v in target.to_dict().items() if k != "path"},
+        "budget": {"spec": budget.text, "bytes": budget_bytes, "min_feasible_bytes": min_budget(lv),
+                   "fixed_bytes": lv.fixed_bytes, "activation_peak_bytes": activation_peak,
+                   "deadline_s": deadline_s},
+        "graph": graph.to_json(),
+        "summary": dict(graph.summary(), decision_tensors=len(lv.decision)),
+        "steps": [s.to_json() for s in result.steps],
+        "predicted": rep.to_json(),
+        "store_all": sa.to_json(),
+        "solver": result.solver,
+        "scheduler": opts.scheduler,
+        "schedule_kind": result.name,
+        "seed": opts.seed,
+        "backend": opts.emit,
+    }
+    firmware = None
+    if opts.emit == "c":
+        from edgetrain.codegen.c import FIRMWARE_FILES, render_c_firmware
+
+        # Weights first (the C initializers are read from them); the schedule last, so a folder whose
+        # firmware could not be generated (arena over budget) holds no schedule that looks compiled.
+        for name in FIRMWARE_FILES + ("schedule.json", "plan.py"):
+            if os.path.exists(os.path.join(opts.out, name)):
+                os.remove(os.path.join(opts.out, name))
+        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), opts.out)
+        checked = json.loads(schedule_format.dumps(body))  # exactly what schedule.json will hold
+        firmware = render_c_firmware(checked, opts.out)
+        schedule_format.save(body, opts.out)
+    else:
+        schedule_format.save(body, opts.out)
+        render_python_plan(schedule_format.load(opts.out), opts.out)
+        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), opts.out)
+    out = {
+        "out": opts.out, "model": resolved.spec, "target": target.name, "scheduler": opts.scheduler,
+        "schedule": result.name, "nodes": len(graph.nodes), "budget_bytes": budget_bytes,
+        "min_feasible_bytes": min_budget(lv), "peak_bytes": rep.peak_bytes, "energy_j": rep.energy_j,
+        "time_s": rep.time_s, "deadline_s": deadline_s, "recomputes": rep.recomputes, "page_ins": rep.page_ins,
+        "page_outs": rep.page_outs, "store_all_peak_bytes": sa.peak_bytes, "store_all_energy_j": sa.energy_j,
+        "store_all_time_s": sa.time_s, "state_bytes": lv.state_bytes, "fixed_bytes": lv.fixed_bytes,
+        "activation_peak_bytes": activation_peak,
+        "solver": {k: result.solver.get(k) for k in ("name", "requested", "notice", "status", "gap", "seconds",
+                                                     "objective", "bound", "variables", "constraints")},
+        "emit": opts.emit,
+    }
+    if firmware is not None:
+        out["arena_bytes"] = firmware["arena_bytes"]
+        out["paged_bytes_per_step"] = firmware["paged_bytes_per_step"]
+        out["pages"] = len(firmware["pages"])
+    return out

@@ -1,0 +1,87 @@
+"""The schedule file: versioned JSON, checked against a JSON Schema and a checksum on load.
+
+The schedule is the contract between the compiler and codegen: it holds everything codegen needs (the
+graph's nodes with their kernels and attributes, the ordered steps) and the predictions to hold the run
+against. Loading rejects another format version, a corrupt file and a hand-edited one, with the fix.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib import resources
+
+import jsonschema
+
+from edgetrain.compiler.errors import ScheduleFormatError
+
+FORMAT = "edgetrain.schedule"
+# 2: a `mode` field ("poet" or "local") and the local-learning section (`local`: layers, heads, partition).
+FORMAT_VERSION = 2
+FILENAME = "schedule.json"
+
+
+def _schema() -> dict:
+    return json.loads(resources.files(__package__).joinpath("schema.json").read_text())
+
+
+def _checksum(body: dict) -> str:
+    canon = json.dumps({k: v for k, v in body.items() if k != "checksum"}, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+
+
+PLAN_FIELDS = {
+    "poet": ("format", "version", "edgetrain", "mode", "model", "target", "budget", "graph", "steps", "seed"),
+    "local": ("format", "version", "edgetrain", "mode", "model", "target", "budget", "local", "seed"),
+}
+
+
+def content_hash(body: dict) -> str:
+    """Hash of what a generated plan is made of (not the solver's wall time), so plans are reproducible."""
+    canon = json.dumps({k: body[k] for k in PLAN_FIELDS[body["mode"]]}, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+
+
+def dumps(body: dict) -> str:
+    body = dict(body, format=FORMAT, version=FORMAT_VERSION)
+    body["checksum"] = _checksum(body)
+    jsonschema.validate(body, _schema())
+    return json.dumps(body, indent=1, sort_keys=True) + "\n"
+
+
+def save(body: dict, out_dir: str) -> str:
+    path = os.path.join(out_dir, FILENAME)
+    text = dumps(body)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)  # never leave a half-written schedule behind
+    return path
+
+
+def load(path: str) -> dict:
+    if os.path.isdir(path):
+        path = os.path.join(path, FILENAME)
+    try:
+        with open(path) as f:
+            body = json.load(f)
+    except FileNotFoundError:
+        raise ScheduleFormatError(f"{path}: no schedule here; run `edgetrain compile ... --out DIR` first") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ScheduleFormatError(f"{path}: corrupt schedule (not valid JSON: {e}); recompile it with "
+                                  "`edgetrain compile`") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise ScheduleFormatError(f"{path}: not an edgetrain schedule (format field is {body.get('format')!r} "
+                                  f"instead of {FORMAT!r})" if isinstance(body, dict) else f"{path}: not an edgetrain schedule")
+    if body.get("version") != FORMAT_VERSION:
+        raise ScheduleFormatError(f"{path}: schedule format version {body.get('version')!r}, but this edgetrain "
+                                  f"reads version {FORMAT_VERSION}; recompile the model with this edgetrain")
+    if body.get("checksum") != _checksum(body):
+        raise ScheduleFormatError(f"{path}: checksum mismatch: the schedule was edited or corrupted after it "
+                                  "was written; recompile it with `edgetrain compile` instead of editing it")
+    try:
+        jsonschema.validate(body, _schema())
+    except jsonschema.ValidationError as e:
+        raise ScheduleFormatError(f"{path}: schedule does not match the format: {e.message} at "
+                                  f"{'/'.join(map(str, e.absolute_path))}") from None
+    return body

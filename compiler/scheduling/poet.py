@@ -1,0 +1,219 @@
+"""The POET MILP: recompute, keep, page out and page in every decision tensor, minimizing energy.
+
+Unlike the reference formulation (5T^2 + T|E| binaries over all stages and nodes), variables exist only
+where a choice exists: a decision tensor i has K_i (held from the forward pass into backward) and PO_i
+(written to storage right after its forward compute), and for each backward stage t of its window
+[B0, E_i]: S[t,i] (held entering t; S[B0,i] is K_i), R[t,i] (recomputed at t, only up to the SGD update
+of its own parameters) and P[t,i] (paged in at t, only where something may read it). Memory rows are exact for the step order of
+`decisions.build_steps`: the peak of a stage is reached while its node runs, and frees happen at the end.
+
+Energy = sum R*E_comp + PO*E_out + P*E_in (+ the constant energy of computing every node once).
+Deadline: the same with times, paging included.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .steps import Decisions
+from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.compiler.graph.liveness import Liveness
+from .milp.model import SparseMILP
+
+
+@dataclass
+class PoetModel:
+    milp: SparseMILP
+    K: dict[str, int]
+    PO: dict[str, int]
+    S: dict[tuple[int, str], int]
+    R: dict[tuple[int, str], int]
+    P: dict[tuple[int, str], int]
+    base_energy_j: float
+    base_time_s: float
+    free: dict[int, float] = field(default_factory=dict)  # backward stage -> bytes its memory row allows
+
+    def entering(self, t: int, i: str, B0: int) -> int | None:
+        """The variable "i held entering backward stage t": K at the first backward stage B0, then S."""
+        return self.K[i] if t == B0 else self.S.get((t, i))
+
+    def decisions(self, x: np.ndarray, lv: Liveness) -> Decisions:
+        on = lambda j: x[j] > 0.5  # noqa: E731
+        d = Decisions(keep={i for i, j in self.K.items() if on(j)}, page_out={i for i, j in self.PO.items() if on(j)})
+        for t in range(lv.B0, lv.T):
+            d.resident[t] = set()
+            d.recompute[t] = []
+            d.page_in[t] = []
+        d.resident[lv.B0] = set(d.keep)
+        for (t, i), j in self.S.items():
+            if on(j):
+                d.resident[t].add(i)
+        for (t, i), j in self.R.items():
+            if on(j):
+                d.recompute[t].append(i)
+        for (t, i), j in self.P.items():
+            if on(j):
+                d.page_in[t].append(i)
+        order = {n: k for k, n in enumerate(lv.decision)}
+        for t in d.recompute:
+            d.recompute[t].sort(key=order.__getitem__)
+        return d
+
+    def vector(self, d: Decisions) -> np.ndarray:
+        """The variable vector of a heuristic's decisions (for a warm start)."""
+        x = np.zeros(self.milp.n_vars)
+        for i, j in self.K.items():
+            x[j] = i in d.keep
+        for i, j in self.PO.items():
+            x[j] = i in d.page_out
+        for (t, i), j in self.S.items():
+            x[j] = i in d.resident.get(t, ())
+        for (t, i), j in self.R.items():
+            x[j] = i in d.recompute.get(t, ())
+        for (t, i), j in self.P.items():
+            x[j] = i in d.page_in.get(t, ())
+        return x
+
+
+def reads(lv: Liveness, can_recompute: dict[str, bool]) -> dict[str, set[int]]:
+    """Per decision tensor, the backward stages where something may read it: its own backward readers, and
+    every stage where a tensor it feeds may be recomputed."""
+    out: dict[str, set[int]] = {i: set() for i in lv.decision}
+    for t in range(lv.B0, lv.T):
+        for i in lv.needs[t]:
+            out[i].add(t)
+    for c in lv.decision:
+        if can_recompute[c]:
+            for i in lv.inputs_of[c]:
+                out[i].update(range(lv.B0, lv.recompute_until[c] + 1))
+    return out
+
+
+def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s: float | None = None, *,
+          paging: bool = True, recompute: bool = True, prune: bool = True, held_once: str = "needs",
+          sources: bool = True) -> PoetModel:
+    """The MILP. `prune` leaves out dominated page-ins; `held_once` ("none", "needs", "all") says where rows
+    say a tensor is held at most once (see below); `sources` adds, per tensor, "held at its first reader only
+    if kept, recomputed by then, or stored". All keep the optimum; the switches exist to measure them."""
+    m = SparseMILP()
+    B0 = lv.B0
+    node = {n.name: n for n in g.nodes}
+    K, PO, S, R, P = {}, {}, {}, {}, {}
+    can_recompute = {i: recompute and lv.recomputable(i) for i in lv.decision}
+    read_at = reads(lv, can_recompute)
+    for i in lv.decision:
+        size = lv.size[i]
+        K[i] = m.add_var(f"K[{i}]")
+        if paging:
+            PO[i] = m.add_var(f"PO[{i}]", cost=target.page_out_energy_j(size))
+        for t in range(B0, lv.window_end[i] + 1):
+            if t > B0:
+                S[t, i] = m.add_var(f"S[{t},{i}]")
+            if can_recompute[i] and t <= lv.recompute_until[i]:
+                R[t, i] = m.add_var(f"R[{t},{i}]", cost=node[i].energy_j)
+            # A page-in where nothing can read the tensor is dominated: paging it in at its next read instead
+            # costs the same and holds less memory at every instant in between.
+            if paging and (t in read_at[i] or not prune):
+                P[t, i] = m.add_var(f"P[{t},{i}]", cost=target.page_in_energy_j(size))
+
+    def held(t: int, i: str) -> list[tuple[int, float]]:
+        """Terms of 'i is resident during stage t' (entering, recomputed, or paged in)."""
+        terms = [(K[i] if t == B0 else S[t, i], 1.0)]
+        if (t, i) in R:
+            terms.append((R[t, i], 1.0))
+        if (t, i) in P:
+            terms.append((P[t, i], 1.0))
+        return terms
+
+    for i in lv.decision:
+        for t in range(B0, lv.window_end[i]):
+            m.add_row([(S[t + 1, i], 1.0)] + [(j, -v) for j, v in held(t, i)], hi=0.0)
+        for t in range(B0, lv.window_end[i] + 1):
+            if (t, i) in P:
+                m.add_row([(P[t, i], 1.0), (PO[i], -1.0)], hi=0.0)
+            if (t, i) in R:
+                for j in lv.inputs_of[i]:
+                    m.add_row([(R[t, i], 1.0)] + [(c, -v) for c, v in held(t, j)], hi=0.0)
+    # Held at most once: a recompute or page-in of a tensor already held only adds cost and memory, so no
+    # optimum has one; saying so cuts those points from the LP relaxation. "needs": where a node reads the
+    # tensor, "held >= 1" becomes "== 1" (no extra row); "all": a row at every stage of its window.
+    for t in range(B0, lv.T):
+        for i in lv.needs[t]:
+            m.add_row(held(t, i), lo=1.0, hi=1.0 if held_once != "none" else math.inf)
+    if sources:
+        first = {}
+        for t in range(B0, lv.T):
+            for i in lv.needs[t]:
+                first.setdefault(i, t)
+        for i, t in first.items():
+            terms = [(K[i], 1.0)] + ([(PO[i], 1.0)] if i in PO else [])
+            terms += [(R[s, i], 1.0) for s in range(B0, t + 1) if (s, i) in R]
+            m.add_row(terms, lo=1.0)
+    if held_once == "all":
+        for i in lv.decision:
+            for t in range(B0, lv.window_end[i] + 1):
+                if len(held(t, i)) > 1:
+                    m.add_row(held(t, i), hi=1.0)
+    # Memory: forward stages hold a decision tensor past its last forward use only if it is kept.
+    for t in range(0, B0):
+        terms = [(K[i], float(lv.size[i])) for i in lv.decision if lv.end[i] < t]
+        # Always a row, even with no variable: a stage whose fixed memory alone exceeds the budget makes the
+        # model infeasible for anyone calling build() directly, as the validator would.
+        m.add_row(terms, hi=float(budget_bytes - lv.static[t]))
+    free = {t: float(budget_bytes - lv.static[t]) for t in range(B0, lv.T)}
+    for t in range(B0, lv.T):
+        terms = []
+        for i in lv.decision:
+            if t <= lv.window_end[i]:
+                terms += [(j, float(lv.size[i]) * v) for j, v in held(t, i)]
+        m.add_row(terms, hi=free[t])
+    # A recompute with a workspace (max-pool's pooled values) peaks while it runs, before node t does: one
+    # more row for that instant (page-ins, then recomputes in forward order, are already resident).
+    order = {name: k for k, name in enumerate(lv.decision)}
+    for (t, i), r in R.items():
+        w = node[i].workspace_bytes
+        if not w:
+            continue
+        terms = [(r, float(w))]
+        for k in lv.decision:
+            if t <= lv.window_end[k]:
+                terms += [(j, float(lv.size[k])) for j, v in held(t, k)
+                          if (t, k) not in R or j != R[t, k] or order[k] <= order[i]]
+        m.add_row(terms, hi=float(budget_bytes - lv.before_node(g, t)))
+    base_time = sum(n.time_s for n in g.nodes)
+    base_energy = sum(n.energy_j for n in g.nodes)
+    if deadline_s is not None:
+        terms = [(j, node[i].time_s) for (t, i), j in R.items()]
+        terms += [(j, target.page_out_time_s(lv.size[i])) for i, j in PO.items()]
+        terms += [(j, target.page_in_time_s(lv.size[i])) for (t, i), j in P.items()]
+        # Seconds can be ~1e-11 per recompute on a Jetson, far below a solver's feasibility tolerance (~1e-7):
+        # scale the row (by a power of two, exactly) so its smallest time is about 1.
+        positive = [v for _, v in terms if v > 0]
+        scale = 1.0
+        if positive:
+            scale = math.ldexp(1.0, -math.frexp(min(positive))[1])
+            scale = min(scale, math.ldexp(1.0, 20 - math.frexp(max(positive))[1]))  # keep the largest <= ~1e6
+        m.add_row([(j, v * scale) for j, v in terms], hi=(deadline_s - base_time) * scale)
+    m.offset = base_energy
+    return PoetModel(milp=m, K=K, PO=PO, S=S, R=R, P=P, base_energy_j=base_energy, base_time_s=base_time,
+                     free=free)
+
+
+def without_redundant_holds(pm: PoetModel, lv: Liveness, x: np.ndarray) -> np.ndarray:
+    """`x` with every recompute or page-in of a tensor that is already resident removed (and a page-in beside a
+    recompute): each only adds energy, time and memory, and the tensor stays resident, so the result is
+    feasible wherever `x` is and costs no more. Window cuts assume schedules without them."""
+    x = np.round(np.asarray(x, dtype=np.float64))
+    for i in lv.decision:
+        for t in range(lv.B0, lv.window_end[i] + 1):
+            entering = x[pm.entering(t, i, lv.B0)]
+            r, p = pm.R.get((t, i)), pm.P.get((t, i))
+            if entering > 0.5:
+                for j in (r, p):
+                    if j is not None:
+                        x[j] = 0.0
+            elif r is not None and p is not None and x[r] > 0.5:
+                x[p] = 0.0
+    return x

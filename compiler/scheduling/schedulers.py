@@ -1,0 +1,163 @@
+"""Schedulers: the heuristics of `heuristics.py` and the MILPs (POET; Checkmate = POET without paging).
+
+All return `Scheduled`.
+
+Every schedule goes through the validator before it is returned; a failure is an error, never a warning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .steps import Decisions, Step, build_steps
+from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
+from edgetrain.compiler.errors import BudgetError, ValidationError
+from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.compiler.graph.liveness import Liveness
+from .phased import solve_phased
+from .milp.registry import solve_with
+from .poet import build as build_poet
+from .validator import Report, validate
+from .warmstart import greedy_keep
+
+SCHEDULERS = ("poet", "checkmate", "paging", "dtr", "checkpoint", "store-all")
+_MILPS = {"poet": True, "checkmate": False}  # scheduler -> paging allowed
+
+
+@dataclass
+class Scheduled:
+    name: str  # the scheduler, or for poet the schedule actually kept ("milp" or a heuristic's name)
+    decisions: Decisions
+    steps: list[Step]
+    report: Report
+    solver: dict
+
+
+def min_budget(lv: Liveness) -> int:
+    """The smallest budget any schedule can meet: each backward stage must hold what its node reads.
+
+    With paging it is attained (store everything, page in what each stage reads, free it at once).
+    """
+    need = max(lv.static[t] for t in range(lv.B0))
+    for t in range(lv.B0, lv.T):
+        need = max(need, lv.static[t] + sum(lv.size[i] for i in lv.needs[t]))
+    return need
+
+
+def _finish(g, lv, name, d, target, budget, solver) -> Scheduled:
+    steps = build_steps(g, lv, d)
+    report = validate(g, steps, target, budget)
+    return Scheduled(name=name, decisions=d, steps=steps, report=report, solver=solver)
+
+
+def _heuristic(g, lv, scheduler: str, target, budget_bytes: int, deadline_s: float | None) -> Scheduled:
+    none = {"name": "none", "status": "not run", "gap": None, "seconds": 0.0}
+    if scheduler == "dtr":
+        d = dtr(g, lv, budget_bytes)
+        if d is None:
+            raise BudgetError(f"the DTR-like greedy eviction finds no schedule within {budget_bytes} B (it cannot "
+                              "page, and greedy eviction is not optimal); use --scheduler poet or a larger budget.")
+        options = [d]
+    elif scheduler == "paging":
+        options = [paging_only(g, lv, retain=True), paging_only(g, lv, retain=False)]
+    else:
+        options = [store_all(g, lv) if scheduler == "store-all" else checkpoint(g, lv)]
+    err = None
+    for d in options:
+        try:
+            s = _finish(g, lv, scheduler, d, target, budget_bytes, none)
+        except ValidationError as e:
+            err = e
+            continue
+        if deadline_s is not None and s.report.time_s > deadline_s * (1 + 1e-9):
+            raise BudgetError(f"the {scheduler} schedule takes {s.report.time_s:.6g} s, over the deadline of "
+                              f"{deadline_s:.6g} s; use --scheduler poet or relax --deadline.")
+        return s
+    peak = min(_finish(g, lv, scheduler, d, target, None, none).report.peak_bytes for d in options)
+    raise BudgetError(f"the {scheduler} schedule needs {peak} B, above the budget of {budget_bytes} B "
+                      f"({err}). Use --scheduler poet, or a budget of at least {peak}B.")
+
+
+def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, scheduler: str = "poet",
+                  deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4,
+                  solver: str = "auto", threads: int | None = None, lns: float = 0.0,
+                  cuts: float = 0.0) -> Scheduled:
+    """`lns`: the share of `time_limit` given to large-neighbourhood search when the first 20% of the time
+    does not prove the gap (see lns.solve_phased); 0 solves once, for the whole time limit. `cuts` (with `lns`):
+    the most share of it spent adding window and memory cuts before the last solve (see lns.solve_phased)."""
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
+    paging = _MILPS.get(scheduler, True)
+    smallest = min_budget(lv)
+    if budget_bytes < smallest:
+        raise BudgetError(
+            f"budget {budget_bytes} B is below the smallest feasible budget for this model and batch: "
+            f"{smallest} B ({smallest / 1e6:.3f} MB), of which {lv.state_bytes} B is parameters, optimizer "
+            f"state and buffers. Raise --budget to at least {smallest}B or lower --batch-size."
+        )
+    base_time = sum(n.time_s for n in g.nodes)
+    if deadline_s is not None and deadline_s < base_time * (1 - 1e-12):
+        raise BudgetError(f"deadline {deadline_s:.6g} s is below the time of computing every node once "
+                          f"({base_time:.6g} s on this target); no schedule can meet it.")
+    if scheduler not in _MILPS:
+        return _heuristic(g, lv, scheduler, target, budget_bytes, deadline_s)
+    none = {"name": "none", "status": "not run", "gap": None, "seconds": 0.0}
+
+    fitting: list[Scheduled] = []
+    options = candidates(g, lv, paging)
+    greedy = dtr(g, lv, budget_bytes)  # budget-aware, so often the best start when the others do not fit
+    if greedy is not None:
+        options["dtr"] = greedy
+    kept = greedy_keep(g, lv, target, budget_bytes, paging=paging, retain=True)  # pages too, where DTR cannot
+    if kept is not None:
+        options["greedy-keep"] = kept
+    for name, d in options.items():
+        try:
+            s = _finish(g, lv, name, d, target, budget_bytes, none)
+        except ValidationError:
+            continue
+        if deadline_s is None or s.report.time_s <= deadline_s * (1 + 1e-9):
+            fitting.append(s)
+    best = min(fitting, key=lambda s: s.report.energy_j, default=None)
+    if best is not None and best.name == "store-all":
+        # Nothing is recomputed or paged: the energy equals its lower bound, no solve is needed.
+        best.solver = {"name": "none", "status": "optimal", "objective": best.report.energy_j,
+                       "bound": best.report.energy_j, "gap": 0.0, "seconds": 0.0,
+                       "note": "store-all fits the budget; its energy is the lower bound"}
+        best.name = "store-all"
+        return best
+    model = build_poet(g, lv, target, budget_bytes, deadline_s, paging=paging)
+    warm = model.vector(best.decisions) if best is not None else None
+    if warm is not None and not model.milp.is_feasible(warm):
+        warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
+    if lns > 0:
+        res = solve_phased(solver, model, lv, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm,
+                           threads=threads, lns=lns, cuts=cuts)
+    else:
+        res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap,
+                         threads=threads)
+    info = res.to_json()  # the backend that ran, the one requested, and after a fallback a one-line notice
+    info["warm_start"] = best.name if warm is not None else None
+    chosen = None
+    if res.values is not None:
+        chosen = _finish(g, lv, "milp", model.decisions(res.values, lv), target, budget_bytes, info)
+        if deadline_s is not None and chosen.report.time_s > deadline_s * (1 + 1e-9):
+            # Within the solver's tolerances but over the deadline as the validator counts it: not kept.
+            info["note"] = (f"the solver's schedule takes {chosen.report.time_s:.6g} s, over the deadline "
+                            f"{deadline_s:.6g} s by less than its tolerance; not kept")
+            chosen = None
+    if best is not None and (chosen is None or best.report.energy_j < chosen.report.energy_j - 1e-15):
+        best.solver = info
+        chosen = best
+    if chosen is None:
+        if res.status == "infeasible" and not paging:
+            raise BudgetError(f"no recompute-only (Checkmate) schedule fits {budget_bytes} B; the input batch "
+                              f"cannot be recomputed. With paging (--scheduler poet) the smallest feasible budget "
+                              f"is {smallest} B.")
+        if res.status == "infeasible":
+            raise BudgetError(
+                f"no schedule meets budget {budget_bytes} B with deadline {deadline_s} s "
+                f"(the smallest budget without a deadline is {smallest} B; the fastest schedule, store-all, "
+                f"takes {base_time:.6g} s). Raise the budget or relax --deadline.")
+        raise BudgetError(f"the solver found no schedule within {time_limit} s ({res.status}); "
+                          "raise --time-limit or the budget.")
+    return chosen

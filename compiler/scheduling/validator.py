@@ -1,0 +1,137 @@
+"""Replays a schedule against the DAG and the budget, independently of the schedulers.
+
+It knows only the graph, the steps and the target: every operand must be resident when read, a recompute
+must come before the SGD update of the node's own parameters (else it would use new weights), a page-in
+needs a stored copy, memory (state + resident tensors + the running node's output and workspace) must
+never exceed the budget, and every tensor must be freed by the end. It returns peak, time and energy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgetrain.compiler.errors import ValidationError
+from edgetrain.compiler.graph.ir import TrainingGraph
+
+
+@dataclass
+class Report:
+    peak_bytes: int
+    peak_stage: int
+    time_s: float
+    energy_j: float
+    compute_time_s: float
+    paging_time_s: float
+    recomputes: int
+    page_ins: int
+    page_outs: int
+    paged_bytes: int
+    stage_peaks: list[int]
+
+    def to_json(self) -> dict:
+        d = dict(self.__dict__)
+        d.pop("stage_peaks")
+        return d
+
+
+def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None) -> Report:
+    index = {n.name: i for i, n in enumerate(g.nodes)}
+    resident: dict[str, int] = {}
+    stored: set[str] = set()
+    computed: set[str] = set()
+    updated: set[str] = set()  # forward nodes whose parameters SGD has changed
+    live = g.state_bytes
+    peak, peak_stage = live, 0
+    stage_peaks = [0] * len(g.nodes)
+    time_s = energy = paging_time = 0.0
+    recomputes = page_ins = page_outs = paged = 0
+    last_stage = -1
+
+    def fail(k: int, step, msg: str) -> ValidationError:
+        return ValidationError(f"step {k} (stage {step.stage}, {step.action} {step.tensor}): {msg}")
+
+    for k, st in enumerate(steps):
+        if st.stage < last_stage:
+            raise fail(k, st, "stages out of order")
+        last_stage = st.stage
+        if st.action in ("compute", "recompute"):
+            if st.tensor not in index:
+                raise fail(k, st, "unknown node")
+            n = g.nodes[index[st.tensor]]
+            if st.action == "compute":
+                if n.name in computed:
+                    raise fail(k, st, "computed twice; a second computation must be a recompute")
+                if index[n.name] != st.stage:
+                    raise fail(k, st, f"node {n.name} belongs to stage {index[n.name]}")
+            else:
+                if not n.recomputable or n.name not in computed:
+                    raise fail(k, st, "only a forward node computed before can be recomputed")
+                if n.name in updated:
+                    raise fail(k, st, "recompute after the node's parameters were updated would not be exact")
+                if n.name in resident:
+                    raise fail(k, st, "recompute of a tensor that is resident")
+            for r in n.inputs:
+                if r.name not in resident:
+                    raise fail(k, st, f"operand {r.name} is not resident")
+            if n.aux_of and f"{n.aux_of}.aux" not in resident:
+                raise fail(k, st, f"statistics {n.aux_of}.aux are not resident")
+            new = n.bytes + (n.aux_bytes if st.action == "compute" else 0)
+            at_node = live + new + n.workspace_bytes
+            if budget_bytes is not None and at_node > budget_bytes:
+                raise fail(k, st, f"memory {at_node} B exceeds the budget of {budget_bytes} B")
+            if at_node > peak:
+                peak, peak_stage = at_node, st.stage
+            stage_peaks[st.stage] = max(stage_peaks[st.stage], at_node)
+            if n.bytes:
+                resident[n.name] = n.bytes
+            if st.action == "compute" and n.aux_bytes:
+                resident[f"{n.name}.aux"] = n.aux_bytes
+            live += new
+            computed.add(n.name)
+            if n.kind == "backward" and n.params and n.forward_of:
+                updated.add(n.forward_of)
+            time_s += n.time_s
+            energy += n.energy_j
+            recomputes += st.action == "recompute"
+        elif st.action == "page_out":
+            if st.tensor not in resident:
+                raise fail(k, st, "page-out of a tensor that is not resident")
+            b = resident[st.tensor]
+            stored.add(st.tensor)
+            dt = target.page_out_time_s(b)
+            time_s += dt
+            paging_time += dt
+            energy += target.page_out_energy_j(b)
+            page_outs += 1
+            paged += b
+        elif st.action == "page_in":
+            if st.tensor not in stored:
+                raise fail(k, st, "page-in of a tensor that was never paged out")
+            if st.tensor in resident:
+                raise fail(k, st, "page-in of a tensor that is resident")
+            b = g.nodes[index[st.tensor]].bytes
+            if budget_bytes is not None and live + b > budget_bytes:
+                raise fail(k, st, f"memory {live + b} B exceeds the budget of {budget_bytes} B")
+            resident[st.tensor] = b
+            live += b
+            peak = max(peak, live)
+            stage_peaks[st.stage] = max(stage_peaks[st.stage], live)
+            dt = target.page_in_time_s(b)
+            time_s += dt
+            paging_time += dt
+            energy += target.page_in_energy_j(b)
+            page_ins += 1
+            paged += b
+        elif st.action == "free":
+            if st.tensor not in resident:
+                raise fail(k, st, "free of a tensor that is not resident")
+            live -= resident.pop(st.tensor)
+        else:
+            raise fail(k, st, f"unknown action {st.action!r}")
+    missing = [n.name for n in g.nodes if n.name not in computed]
+    if missing:
+        raise ValidationError(f"nodes never computed: {missing[:5]}")
+    if resident:
+        raise ValidationError(f"tensors still resident at the end of the step: {sorted(resident)[:5]}")
+    return Report(peak_bytes=peak, peak_stage=peak_stage, time_s=time_s, energy_j=energy,
+                  compute_time_s=time_s - paging_time, paging_time_s=paging_time, recomputes=recomputes,
+                  page_ins=page_ins, page_outs=page_outs, paged_bytes=paged, stage_peaks=stage_peaks)

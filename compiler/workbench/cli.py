@@ -1,0 +1,339 @@
+"""The `edgetrain` command: compile, run, inspect. Every command takes --json and then prints one object."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.compiler.graph.ir import SGDConfig
+from .local_cli import (add_compile_options, add_train_parser, compile_local_cmd, inspect_local, print_local, train_cmd)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--input-shape {text!r}: write C,H,W (e.g. 3,32,32)") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"--input-shape {text!r}: dimensions must be positive")
+    return dims
+
+
+def _phases() -> tuple[float, float]:
+    """(the first solve's share of --time-limit, what --lns and --cuts may share: the last solve needs some)."""
+    from edgetrain.compiler.scheduling.phased import FIRST_SHARE  # imported here: the solver stack is not needed to parse arguments
+
+    return FIRST_SHARE, 1.0 - FIRST_SHARE
+
+
+def _share(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    first, phases = _phases()
+    if not 0.0 <= x < phases:
+        raise argparse.ArgumentTypeError(f"{text!r}: a share of the time limit in [0, {phases:g}) (the first "
+                                         f"solve takes {first:.0%})")
+    return x
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return n
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error under --json still prints one JSON object (then exits 2 as argparse does)."""
+
+    json_errors = False
+
+    def error(self, message: str):
+        if _Parser.json_errors:
+            print(json.dumps({"ok": False, "error": message, "error_type": "UsageError"}))
+        super().error(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="edgetrain", description="Compile PyTorch training to fit a device's memory.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    c = sub.add_parser("compile", help="model -> validated schedule -> generated plan")
+    c.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
+    c.add_argument("--target", required=True)
+    c.add_argument("--budget", required=True, help="2MB, 512KiB, 1.5GB, or B%% of store-all's activations")
+    c.add_argument("--deadline", help="multiple of the store-all time (1.2) or seconds (0.5s)")
+    c.add_argument("--scheduler", default="poet",
+                   choices=["poet", "checkmate", "paging", "dtr", "checkpoint", "store-all"],
+                   help="poet: recompute+paging MILP; checkmate: recompute-only MILP; paging: Capuchin-like; "
+                        "dtr: greedy eviction; checkpoint: Chen sqrt(n); store-all: plain backprop")
+    c.add_argument("--batch-size", type=_positive_int, default=8)
+    c.add_argument("--input-shape", type=_shape)
+    c.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
+    c.add_argument("--solver", default="auto", choices=["auto", "highs", "gurobi", "scipy", "cpsat"],
+                   help="MILP backend (default auto: Gurobi with a full license, else HiGHS)")
+    c.add_argument("--lns", type=_share, default=0.0,
+                   help="share of --time-limit for large-neighbourhood search when the first 20%% does not prove "
+                        "the gap (e.g. 0.45; default 0: one solve)")
+    c.add_argument("--cuts", type=_share, default=0.0,
+                   help="with --lns: most share of --time-limit for window and memory cuts before the last solve "
+                        "(e.g. 0.15)")
+    c.add_argument("--loss", default="cross_entropy", choices=["cross_entropy", "mse"])
+    c.add_argument("--lr", type=float, default=0.01)
+    c.add_argument("--momentum", type=float, default=0.9)
+    c.add_argument("--weight-decay", type=float, default=5e-4)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--emit", default="python", choices=["python", "c"],
+                   help="python: a plan for the torch runtime (Jetson, Pi, host); c: C training firmware for "
+                        "runtime/c (Cortex-M: plan.c/plan.h, drivers, Makefile)")
+    c.add_argument("--out", required=True)
+    c.add_argument("--json", action="store_true")
+    add_compile_options(c)
+    r = sub.add_parser("run", help="execute a compiled plan")
+    r.add_argument("dir")
+    r.add_argument("--steps", type=_positive_int, default=1)
+    r.add_argument("--data", default="random", choices=["random", "fashion-mnist"])
+    r.add_argument("--check", action="store_true", help="compare with PyTorch autograd from the same weights and data")
+    r.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    r.add_argument("--seed", type=int, default=1, help="seed of the data")
+    r.add_argument("--qemu", action="store_true",
+                   help="C firmware: build with arm-none-eabi-gcc and run on a Cortex-M4F under qemu-system-arm "
+                        "(default for C firmware: build and run on the host)")
+    r.add_argument("--cycle", type=_positive_int,
+                   help="C firmware: train on the first N batches in turn (a memorization check: the loss falls)")
+    r.add_argument("--timeout", type=float, default=600.0, help="C firmware: seconds before the run is stopped")
+    r.add_argument("--inject-corrupt-page", type=int, metavar="ID",
+                   help="C firmware, fault injection: flip a bit of page ID on the medium right after the first "
+                        "step pages it out (the CRC check must stop the step)")
+    r.add_argument("--json", action="store_true")
+    i = sub.add_parser("inspect", help="what a schedule does")
+    i.add_argument("dir")
+    i.add_argument("--json", action="store_true")
+    w = sub.add_parser("sweep", help="solve every (budget, deadline, scheduler) combination; CSV and JSON results")
+    w.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
+    w.add_argument("--target", required=True)
+    w.add_argument("--budgets", default="100%,80%,60%,40%,min",
+                   help="comma-separated budgets: sizes (2MB), percentages (60%%) or min (the smallest feasible)")
+    w.add_argument("--deadlines", default="none,1.0,1.2,1.5",
+                   help="comma-separated deadlines: none, multiples of the store-all time (1.2) or seconds (0.5s)")
+    w.add_argument("--schedulers", default="poet,checkmate,paging,dtr,checkpoint")
+    w.add_argument("--time-limit", type=float, default=60.0, help="solver time limit per solve, seconds")
+    w.add_argument("--batch-size", type=_positive_int, default=8)
+    w.add_argument("--input-shape", type=_shape)
+    w.add_argument("--solver", default="auto", choices=["auto", "highs", "gurobi", "scipy", "cpsat"])
+    w.add_argument("--jobs", type=_positive_int, default=2,
+                   help="solves at once (local process pool; with --executor ray, the CPUs of a local Ray instance)")
+    w.add_argument("--executor", default="local", choices=["local", "ray"],
+                   help="local: a process pool; ray: tasks on a Ray cluster (pip install ray)")
+    w.add_argument("--ray-address", help="with --executor ray: the cluster to join (ray.init(address=...)); "
+                   "default: a local Ray instance")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--out", required=True, help="results folder; a rerun into it resumes the sweep")
+    w.add_argument("--json", action="store_true")
+    add_train_parser(sub)
+    pl = sub.add_parser("plot", help="figures of a sweep (PNG and SVG) in DIR/plots/")
+    pl.add_argument("dir")
+    pl.add_argument("--solve", metavar="KEY", help="the solve to draw schedule matrices and memory for "
+                    "(default: POET at the tightest budget); keys are in results.csv")
+    pl.add_argument("--json", action="store_true")
+    return p
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.3f} MB"
+
+
+def _cmd_compile(a) -> dict:
+    from edgetrain.compiler.pipeline import CompileOptions, compile_model
+
+    if a.mode == "local":
+        if a.json or not sys.stderr.isatty():
+            return compile_local_cmd(a)
+        with _console().status("compiling (local learning)") as status:
+            return compile_local_cmd(a, progress=lambda msg: status.update(msg))
+
+    if a.cuts > 0 and a.lns == 0:
+        raise EdgetrainError("--cuts works inside the phased solve: give --lns too (e.g. --lns 0.45 --cuts 0.15)")
+    first, phases = _phases()
+    if a.lns + a.cuts >= phases:
+        raise EdgetrainError(f"--lns {a.lns} and --cuts {a.cuts} leave no time for the last solve (the first "
+                             f"takes {first:.0%}): keep their sum below {phases:g}")
+    opts = CompileOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, scheduler=a.scheduler,
+                          deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
+                          time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
+                          lns=a.lns, cuts=a.cuts,
+                          optimizer=SGDConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
+    if a.json or not sys.stderr.isatty():
+        return compile_model(opts)
+    with _console().status("compiling") as status:
+        return compile_model(opts, progress=lambda msg: status.update(msg))
+
+
+def _cmd_run(a) -> dict:
+    from .run import run_plan
+    from .run_c import is_c_plan, run_firmware
+
+    if is_c_plan(a.dir):
+        return run_firmware(a.dir, qemu=a.qemu, steps=a.steps, data=a.data, check=a.check, seed=a.seed,
+                            cycle=a.cycle, timeout_s=a.timeout, corrupt_page=a.inject_corrupt_page)
+    if a.qemu or a.cycle or a.inject_corrupt_page is not None:
+        raise EdgetrainError(f"{a.dir} holds a plan for the Python runtime; --qemu, --cycle and "
+                             "--inject-corrupt-page need C firmware: compile with `--emit c`")
+    if a.json or not sys.stderr.isatty():
+        return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed)
+    from rich.progress import Progress
+
+    with Progress(console=_console(), transient=True) as bar:
+        task = bar.add_task("training steps", total=a.steps)
+        return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed,
+                        progress=lambda k, n: bar.update(task, completed=k))
+
+
+def _cmd_inspect(a) -> dict:
+    from edgetrain.compiler.schedule_file import format as schedule_format
+    from .inspect_schedule import summarize
+
+    body = schedule_format.load(a.dir)
+    return inspect_local(body) if body.get("mode") == "local" else summarize(a.dir)
+
+
+def _cmd_train(a) -> dict:
+    return train_cmd(a, _console())
+
+
+def _cmd_sweep(a) -> dict:
+    from .sweep import SweepOptions, run_sweep
+
+    opts = SweepOptions(model=a.model, target=a.target, out=a.out, budgets=a.budgets, deadlines=a.deadlines,
+                        schedulers=a.schedulers, time_limit=a.time_limit, batch_size=a.batch_size, jobs=a.jobs,
+                        solver=a.solver, seed=a.seed, input_shape=a.input_shape, executor=a.executor,
+                        ray_address=a.ray_address)
+    if a.json or not sys.stderr.isatty():
+        return run_sweep(opts)
+    with _console().status("sweeping") as status:
+        return run_sweep(opts, progress=lambda msg: status.update(msg))
+
+
+def _cmd_plot(a) -> dict:
+    from .plot import plot_sweep
+
+    return plot_sweep(a.dir, solve=a.solve)
+
+
+def _print_human(cmd: str, r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    if r.get("mode") == "local" or cmd == "train":
+        print_local(cmd, r, con)
+    elif cmd == "compile":
+        s = r["solver"]
+        if s.get("notice"):
+            con.print(f"[yellow]{s['notice']}")
+        gap = "-" if s.get("gap") is None else f"{100 * s['gap']:.3f}%"
+        con.print(f"[bold]{r['model']}[/] on {r['target']}: {r['nodes']} stages, scheduler {r['scheduler']} "
+                  f"(kept: {r['schedule']}; solver {s['name']} {s['status']}, gap {gap}, {s['seconds']:.2f} s)")
+        con.print(f"budget {_mb(r['budget_bytes'])} (smallest feasible {_mb(r['min_feasible_bytes'])}), "
+                  f"peak {_mb(r['peak_bytes'])} vs store-all {_mb(r['store_all_peak_bytes'])}")
+        con.print(f"energy {r['energy_j']:.6g} J vs store-all {r['store_all_energy_j']:.6g} J "
+                  f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s; "
+                  f"{r['recomputes']} recomputes, {r['page_ins']} page-ins, {r['page_outs']} page-outs")
+        if r.get("emit") == "c":
+            con.print(f"static arena {r['arena_bytes']} B (schedule's activation peak "
+                      f"{r['peak_bytes'] - r['state_bytes']} B) + parameters and momentum {r['state_bytes']} B, "
+                      f"budget {r['budget_bytes']} B; {r['paged_bytes_per_step']} B paged per step")
+            con.print(f"wrote {r['out']}/schedule.json, plan.c, plan.h, main_host.c, main_qemu.c, Makefile, "
+                      "firmware.json, et_runtime/")
+        else:
+            con.print(f"wrote {r['out']}/schedule.json, plan.py, weights.safetensors")
+    elif cmd == "run" and "build" in r:  # C firmware
+        con.print(f"{r.get('steps_done', 0)}/{r['steps']} steps ({r['build']}), losses "
+                  f"{[round(x, 4) for x in r.get('losses', [])]}")
+        con.print(f"arena {r['arena_bytes']} B, budget {r['budget_bytes']} B, paged {r.get('paged_bytes')} B, "
+                  f"instructions/step {r['instructions_per_step']}"
+                  + (f", RAM (.data+.bss) {r['ram_bytes']} B, flash {r['flash_bytes']} B" if "ram_bytes" in r else ""))
+        if r.get("checked") and r.get("max_abs_err") is not None:
+            con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
+                      f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
+        if not r["ok"]:
+            con.print(f"[red]{r.get('error')}")
+    elif cmd == "sweep":
+        t = Table(title=f"{r['model']} on {r['target']}, batch {r['batch_size']}: {r['combinations']} combinations "
+                        f"({r['solved']} solved now, {r['skipped']} from earlier runs)")
+        for col in ("budget", "deadline", "scheduler", "status", "energy (J)", "time (s)", "peak", "solver"):
+            t.add_column(col)
+        for x in r["rows"]:
+            sol = "-" if x.get("solver_name") in (None, "none") else f"{x['solver_name']} {x['solver_status']}"
+            t.add_row(x["budget"], x["deadline"], x["scheduler"], x["status"],
+                      "-" if x["energy_j"] is None else f"{x['energy_j']:.6g}",
+                      "-" if x["time_s"] is None else f"{x['time_s']:.6g}", _mb(x["peak_bytes"]), sol)
+        con.print(t)
+        con.print(f"wrote {r['results_csv']}, {r['results_json']}")
+    elif cmd == "plot":
+        con.print(f"wrote {len(r['files'])} files to {r['plots']}" + (f" (solve {r['solve']})" if r["solve"] else ""))
+    elif cmd == "run":
+        con.print(f"{r['steps']} steps on {r['device']}, losses {[round(x, 4) for x in r['losses']]}")
+        con.print(f"measured peak {_mb(r['measured_peak_bytes'])} (predicted {_mb(r['predicted_peak_bytes'])}, "
+                  f"budget {_mb(r['budget_bytes'])}), paged {r['paged_bytes']} B")
+        if r.get("checked"):
+            con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
+                      f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
+        if not r["ok"]:
+            con.print(f"[red]{r.get('error')}")
+    else:
+        t = Table(title=f"{r['model']} on {r['target']}: stages with recomputes or paging ({len(r['active_stages'])}"
+                        f" of {r['stages']})")
+        for col in ("stage", "node", "recompute", "page in", "page out"):
+            t.add_column(col)
+        for s in r["active_stages"]:
+            t.add_row(str(s["stage"]), s["node"], ", ".join(s["recompute"]), ", ".join(s["page_in"]),
+                      ", ".join(s["page_out"]))
+        con.print(t)
+        s = Table(title="schedule vs store-all")
+        for col in ("", "schedule", "store-all"):
+            s.add_column(col)
+        s.add_row("peak memory", _mb(r["peak_bytes"]), _mb(r["store_all_peak_bytes"]))
+        s.add_row("budget", _mb(r["budget_bytes"]), "")
+        s.add_row("energy (J)", f"{r['energy_j']:.6g}", f"{r['store_all_energy_j']:.6g}")
+        s.add_row("time (s)", f"{r['time_s']:.6g}", f"{r['store_all_time_s']:.6g}")
+        s.add_row("recomputes / page-ins / page-outs", f"{r['recomputes']} / {r['page_ins']} / {r['page_outs']}", "0 / 0 / 0")
+        con.print(s)
+        sol = r["solver"]
+        con.print(f"solver {sol['name']}: {sol['status']}, gap {sol.get('gap')}, {sol.get('seconds')} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
+    a = _parser().parse_args(argv)
+    handlers = {"compile": _cmd_compile, "run": _cmd_run, "inspect": _cmd_inspect, "sweep": _cmd_sweep,
+                "plot": _cmd_plot,
+                "train": _cmd_train}
+    try:
+        result = handlers[a.cmd](a)
+    except (EdgetrainError, ValueError) as e:  # targets' and data's errors derive from ValueError or ours
+        if getattr(a, "json", False):
+            print(json.dumps({"ok": False, "error": str(e), "error_type": type(e).__name__}))
+        print(f"edgetrain {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    result.setdefault("ok", True)  # every --json object says whether the command succeeded
+    if a.json:
+        print(json.dumps(result, default=str))
+    else:
+        _print_human(a.cmd, result)
+    return 0 if result.get("ok", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""`edgetrain run`: execute a compiled plan with the Python runtime, and check it against autograd."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import torch
+
+from edgetrain.runtime.python import Runtime, load_plan
+
+from edgetrain.compiler.schedule_file import format as schedule_format
+from .data import fashion_mnist_batches, random_batches
+from edgetrain.compiler.scheduling.steps import Step
+from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.compiler.graph.ir import TrainingGraph
+from .reference import train_reference
+from edgetrain.compiler.scheduling.validator import validate
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _target(body: dict):
+    from edgetrain.targets import Target
+
+    return Target(**body["target"])
+
+
+def _batches(body: dict, data: str, steps: int, seed: int) -> list:
+    shape = body["graph"]["input_shape"]
+    if data == "random":
+        if body["model"]["loss"] == "mse":
+            g = torch.Generator().manual_seed(seed)
+            n = body["graph"]["nodes"]
+            out_shape = next(x for x in n if x["kind"] == "labels")["shape"]
+            return [(torch.randn(*shape, generator=g), torch.randn(*out_shape, generator=g)) for _ in range(steps)]
+        labels = next(x for x in body["graph"]["nodes"] if x["kind"] == "labels")["shape"]
+        return list(random_batches(tuple(shape[1:]), body["model"]["num_classes"], shape[0], steps, seed,
+                                   input_high=body["graph"].get("input_high"), label_shape=tuple(labels[1:])))
+    if body["graph"].get("input_dtype", "float32") != "float32":
+        raise EdgetrainError(f"--data {data} holds images; this model takes token ids: use --data random")
+    if data == "fashion-mnist":
+        return list(fashion_mnist_batches(tuple(shape[1:]), shape[0], steps, seed))
+    raise EdgetrainError(f"unknown data {data!r}; choose random or fashion-mnist")
+
+
+def _device(device: str | None):
+    if not device:
+        return None
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise EdgetrainError(f"unknown device {device!r}; use cpu or cuda (cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EdgetrainError(f"device {device!r} asked for, but this torch has no usable CUDA device; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise EdgetrainError(f"device {device!r} is not supported; use cpu or cuda")
+    return dev
+
+
+def _compare(model, rt) -> tuple[float, float, list[str]]:
+    max_abs = max_rel = 0.0
+    bad = []
+    ours = {**{f"param {k}": v for k, v in rt.params.items()}, **{f"buffer {k}": v for k, v in rt.buffers.items()}}
+    theirs = {**{f"param {k}": v for k, v in model.named_parameters()},
+              **{f"buffer {k}": v for k, v in model.named_buffers()}}
+    for k, ref in theirs.items():
+        a, b = ours[k].detach().to("cpu"), ref.detach().to("cpu")
+        if a.dtype != torch.float32:
+            if not torch.equal(a, b):
+                bad.append(k)
+            continue
+        diff = (a - b).abs()
+        max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
+        rel = diff / b.abs().clamp_min(ATOL)
+        max_rel = max(max_rel, float(rel.max()) if rel.numel() else 0.0)
+        if not torch.allclose(a, b, rtol=RTOL, atol=ATOL):
+            bad.append(k)
+    return max_abs, max_rel, bad
+
+
+def run_plan(out_dir: str, *, steps: int = 1, data: str = "random", check: bool = False, seed: int = 1,
+             device: str | None = None, progress=None) -> dict:
+    body = schedule_format.load(out_dir)
+    graph = TrainingGraph.from_json(body["graph"])
+    # The schedule is replayed once more before it runs: a plan that could exceed its budget never runs.
+    report = validate(graph, [Step(**s) for s in body["steps"]], _target(body), body["budget"]["bytes"])
+    plan = load_plan(out_dir)
+    if plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
+        raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
+    batches = _batches(body, data, steps, seed)
+    pages = os.path.join(out_dir, "pages")
+    shutil.rmtree(pages, ignore_errors=True)
+    dev = _device(device)
+    opt = body["graph"]["optimizer"]
+    rt = Runtime(os.path.join(out_dir, "weights.safetensors"), pages, device=dev, lr=opt["lr"],
+                 momentum=opt["momentum"], weight_decay=opt["weight_decay"], seed=body["seed"])
+    t0 = time.perf_counter()
+    for k, (x, y) in enumerate(batches):
+        rt.begin_step(x, y)
+        plan.train_step(rt)
+        if progress:
+            progress(k + 1, len(batches))
+    wall = time.perf_counter() - t0
+    result = {
+        "ok": True, "steps": len(batches), "data": data, "device": str(rt.device), "losses": rt.losses,
+        "budget_bytes": body["budget"]["bytes"], "predicted_peak_bytes": report.peak_bytes,
+        "measured_peak_bytes": rt.ledger.peak_bytes, "cuda_max_memory_allocated": rt.cuda_max_memory_allocated,
+        "paged_bytes": rt.paged_bytes, "view_copied_bytes": rt.view_copied_bytes, "wall_s": wall, "checked": check, "max_abs_err": None, "max_rel_err": None,
+    }
+    if rt.ledger.peak_bytes > body["budget"]["bytes"]:
+        result["ok"] = False
+        result["error"] = f"measured peak {rt.ledger.peak_bytes} B exceeds the budget {body['budget']['bytes']} B"
+    if check:
+        model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches, rt.device)
+        max_abs, max_rel, bad = _compare(model, rt)
+        result.update(max_abs_err=max_abs, max_rel_err=max_rel, reference_losses=ref_losses, mismatched=bad[:20])
+        if bad:
+            result["ok"] = False
+            result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}: "
+                               f"{', '.join(bad[:5])}")
+    return result

@@ -1,0 +1,199 @@
+"""`edgetrain run DIR [--qemu]` for C firmware: build it, run it, read the weights back, check them.
+
+Without --qemu the generated Makefile builds the firmware with the host gcc and runs it here; with --qemu
+it builds for the Cortex-M4F with arm-none-eabi-gcc and runs it under `qemu-system-arm -M mps2-an386`
+with semihosting (the page store is a host folder) and `-icount shift=0`, so the board's timer counts
+instructions. The run is gated on the exit code; the final weights (and the loss of every step) come
+back through files and are held against PyTorch autograd from the same initial weights and data.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+
+import numpy as np
+import torch
+
+from edgetrain.compiler.schedule_file import format as schedule_format
+from edgetrain.compiler.errors import EdgetrainError
+from .reference import train_reference
+
+RTOL, ATOL = 1e-5, 1e-6
+APT = "apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
+STATUS = {0: "ET_OK", -1: "ET_ERR_ARG", -2: "ET_ERR_IO", -3: "ET_ERR_NOT_FOUND", -4: "ET_ERR_CRC",
+          -5: "ET_ERR_FORMAT", -6: "ET_ERR_NOT_INIT"}
+DATA_MAGIC, RESULT_MAGIC, NO_PAGE = 0x54445445, 0x53525445, 0xFFFFFFFF
+QEMU_ARGS = ["-M", "mps2-an386", "-nographic", "-monitor", "none", "-semihosting-config",
+             "enable=on,target=native", "-icount", "shift=0"]
+
+
+class FirmwareError(EdgetrainError):
+    """The firmware could not be built or run (toolchain missing, compile error, crash, timeout)."""
+
+
+def _need(*tools: str) -> None:
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        raise FirmwareError(f"{', '.join(missing)} not found. Install the toolchain: `{APT}` "
+                            "(as root; `make toolchain` or `make test` in the edgetrain checkout does it)")
+
+
+def is_c_plan(out_dir: str) -> bool:
+    """Whether a compiled folder holds C firmware (its schedule was compiled with --emit c)."""
+    return schedule_format.load(out_dir).get("backend") == "c"
+
+
+def load_firmware(out_dir: str) -> tuple[dict, dict]:
+    body = schedule_format.load(out_dir)
+    if body.get("backend") != "c":
+        raise EdgetrainError(f"{out_dir} holds a plan for the Python runtime; --qemu needs C firmware: compile "
+                             "with `--emit c`")
+    path = os.path.join(out_dir, "firmware.json")
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise EdgetrainError(f"{out_dir} has a C schedule but no firmware.json; recompile with --emit c") from None
+    if manifest.get("schedule_content") != schedule_format.content_hash(body):
+        raise EdgetrainError(f"{out_dir}: the firmware was generated from another schedule; recompile the model")
+    return body, manifest
+
+
+def build(out_dir: str, qemu: bool) -> str:
+    """Run the generated Makefile; returns the path of the program."""
+    if qemu:
+        _need("make", "arm-none-eabi-gcc", "qemu-system-arm")
+    else:
+        _need("make", "gcc")
+    target = "qemu" if qemu else "host"
+    p = subprocess.run(["make", "-s", "-C", out_dir, target], capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise FirmwareError(f"building the firmware ({target}) failed:\n{(p.stdout + p.stderr)[-3000:]}")
+    return os.path.join(out_dir, "build", "m4f", "fw.elf") if qemu else os.path.join(out_dir, "build", "host", "fw")
+
+
+def elf_size(elf: str) -> dict:
+    """text/data/bss of the firmware as arm-none-eabi-size reports them (Berkeley format)."""
+    _need("arm-none-eabi-size")
+    out = subprocess.run(["arm-none-eabi-size", elf], capture_output=True, text=True, check=True).stdout
+    text, data, bss = (int(v) for v in out.splitlines()[1].split()[:3])
+    return {"text_bytes": text, "data_bytes": data, "bss_bytes": bss, "ram_bytes": data + bss, "flash_bytes": text + data}
+
+
+def write_data(path: str, manifest: dict, batches: list, corrupt_step: int | None,
+               corrupt_page: int | None) -> None:
+    """The driver's input: a header, then each step's x (float32) and labels (int32), little-endian."""
+    with open(path, "wb") as f:
+        f.write(struct.pack("<8I", DATA_MAGIC, 1, len(batches), manifest["input_floats"], manifest["batch"],
+                            NO_PAGE if corrupt_step is None else corrupt_step,
+                            NO_PAGE if corrupt_page is None else corrupt_page, 0))
+        for x, y in batches:
+            f.write(np.ascontiguousarray(x.numpy(), dtype="<f4").tobytes())
+            f.write(np.ascontiguousarray(y.numpy(), dtype="<i4").tobytes())
+
+
+def read_result(work: str, manifest: dict) -> dict:
+    with open(os.path.join(work, "result.bin"), "rb") as f:
+        raw = f.read()
+    magic, version, status, done, p_out, p_in, n_params, n_logits = struct.unpack_from("<8I", raw)
+    if magic != RESULT_MAGIC or version != 1:
+        raise FirmwareError(f"{work}/result.bin is not a result file")
+    status = struct.unpack("<i", struct.pack("<I", status))[0]
+    floats = np.frombuffer(raw, dtype="<f4", offset=32)
+    if floats.size != n_params + n_logits:
+        raise FirmwareError(f"{work}/result.bin is truncated ({floats.size} floats, expected {n_params + n_logits})")
+    params, k = {}, 0
+    for p in manifest["params"]:
+        params[p["name"]] = torch.from_numpy(floats[k:k + p["floats"]].copy()).reshape(p["shape"])
+        k += p["floats"]
+    losses = np.fromfile(os.path.join(work, "losses.bin"), dtype="<f4").tolist()
+    ticks = np.fromfile(os.path.join(work, "ticks.bin"), dtype="<u4").tolist()
+    return {"status": status, "steps_done": done, "paged_out": p_out, "paged_in": p_in, "params": params,
+            "logits": torch.from_numpy(floats[n_params:].copy()), "losses": losses, "ticks": ticks,
+            "params_sha256": hashlib.sha256(raw[32:32 + 4 * n_params]).hexdigest()}
+
+
+def _compare(ours: dict, model) -> tuple[float, float, list[str]]:
+    max_abs = max_rel = 0.0
+    bad = []
+    for k, ref in model.named_parameters():
+        a, b = ours[k], ref.detach().cpu()
+        diff = (a - b).abs()
+        max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
+        max_rel = max(max_rel, float((diff / b.abs().clamp_min(ATOL)).max()) if diff.numel() else 0.0)
+        if not torch.allclose(a, b, rtol=RTOL, atol=ATOL):
+            bad.append(f"param {k}")
+    return max_abs, max_rel, bad
+
+
+def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "random", check: bool = False,
+                 seed: int = 1, cycle: int | None = None, timeout_s: float = 600.0, corrupt_page: int | None = None,
+                 corrupt_step: int = 0) -> dict:
+    from .run import _batches
+
+    body, manifest = load_firmware(out_dir)
+    if cycle:  # the first `cycle` batches in turn
+        base = _batches(body, data, min(cycle, steps), seed)
+        batches = [base[k % len(base)] for k in range(steps)]
+    else:
+        batches = _batches(body, data, steps, seed)
+    program = build(out_dir, qemu)
+    where = "qemu" if qemu else "host"
+    work = os.path.join(out_dir, f"run-{where}")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(os.path.join(work, "pages"))
+    write_data(os.path.join(work, "data.bin"), manifest, batches, corrupt_step if corrupt_page is not None else None,
+               corrupt_page)
+    cmd = ["qemu-system-arm", *QEMU_ARGS, "-kernel", os.path.abspath(program)] if qemu else [os.path.abspath(program)]
+    try:
+        p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise FirmwareError(f"the firmware ran past {timeout_s:.0f} s ({where}) and was stopped") from None
+    result: dict = {
+        "ok": p.returncode == 0, "build": where, "exit_code": p.returncode, "steps": len(batches), "data": data,
+        "cycle": cycle,
+        "checked": check, "arena_bytes": manifest["arena_bytes"], "budget_bytes": manifest["budget_bytes"],
+        "state_bytes": manifest["state_bytes"], "predicted_peak_bytes": manifest["predicted_peak_bytes"],
+        "predicted_paged_bytes_per_step": manifest["paged_bytes_per_step"], "max_abs_err": None,
+        "max_rel_err": None, "instructions_per_step": None,
+    }
+    if qemu:
+        result.update(elf_size(program))
+    if p.returncode not in (0, 3):
+        meaning = {1: "the MCU faulted (HardFault/BusFault/...)", 2: "the driver could not read data.bin or "
+                   "write its results"}.get(p.returncode, "unexpected exit code")
+        result["error"] = f"the firmware exited with {p.returncode} ({where}): {meaning}. {(p.stdout + p.stderr)[-500:]}"
+        return result
+    r = read_result(work, manifest)
+    done = r["steps_done"]
+    result.update(steps_done=done, losses=r["losses"], status=STATUS.get(r["status"], str(r["status"])),
+                  paged_bytes=r["paged_out"] + r["paged_in"],
+                  paged_bytes_per_step=(r["paged_out"] + r["paged_in"]) / done if done else None,
+                  params_sha256=r["params_sha256"])
+    if qemu and done:
+        instr = [t * manifest["instructions_per_tick"] for t in r["ticks"]]
+        result.update(instructions=instr, instructions_per_step=sum(instr) / len(instr))
+    if r["status"] != 0:
+        result["ok"] = False
+        result["error"] = (f"training step {done} stopped with {result['status']} ({r['status']})"
+                           + (": a page failed its CRC check at page-in; the step never used it"
+                              if r["status"] == -4 else ""))
+        return result
+    if check:
+        model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
+                                            torch.device("cpu"))
+        max_abs, max_rel, bad = _compare(r["params"], model)
+        with torch.no_grad():
+            ref_logits = model(batches[-1][0]).reshape(-1) if batches else torch.zeros(0)
+        logit_err = float((r["logits"] - ref_logits).abs().max()) if batches else 0.0
+        result.update(max_abs_err=max_abs, max_rel_err=max_rel, reference_losses=ref_losses, mismatched=bad[:20],
+                      predict_max_abs_err=logit_err)
+        if bad:
+            result["ok"] = False
+            result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}: "
+                               f"{', '.join(bad[:5])} (max abs err {max_abs:.3g}, max rel err {max_rel:.3g})")
+    return result

@@ -153,14 +153,14 @@ def test_a_last_solve_that_would_repeat_the_first_is_skipped(resnet18, monkeypat
     3.9 s against 1.2 s, a loaded machine once skipped it). Either way the schedule is valid and the bound below
     it."""
     import edgetrain.compiler.scheduling.cuts as cuts_mod
-    import edgetrain.compiler.scheduling.phased as lns_mod
+    import edgetrain.compiler.scheduling.phased as phased
     import edgetrain.compiler.scheduling.milp.registry as registry
 
     events = []
-    solve, improve = registry.solve_with, lns_mod.improve
+    solve, improve = registry.solve_with, phased.improve
     monkeypatch.setattr(registry, "solve_with", lambda *a, **k: events.append("solve") or solve(*a, **k))
-    monkeypatch.setattr(lns_mod, "improve", lambda *a, **k: events.append("search") or improve(*a, **k))
-    monkeypatch.setattr(lns_mod, "_worth_it", lambda *a: False)
+    monkeypatch.setattr(phased, "improve", lambda *a, **k: events.append("search") or improve(*a, **k))
+    monkeypatch.setattr(phased, "_worth_it", lambda *a: False)
     strengthen = cuts_mod.strengthen  # never "too slow" (that path has its own test)
     monkeypatch.setattr(cuts_mod, "strengthen", lambda *a, **k: strengthen(*a, **{**k, "then": 1e6}))
     G = resnet18  # its smallest budget is not proven in 6 s, so every phase runs

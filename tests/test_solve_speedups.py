@@ -193,7 +193,7 @@ def test_greedy_keep_beats_paging_everything_on_resnet18():
 
 def test_lns_only_improves_and_stays_feasible(mcu_resnet):
     from edgetrain.compiler.scheduling.heuristics import page_all
-    from edgetrain.compiler.scheduling.phased import improve
+    from edgetrain.compiler.scheduling.search import improve
 
     G = mcu_resnet
     b = G.budget(0.1)
@@ -212,7 +212,7 @@ def test_local_branching_stays_within_its_radius_and_reaches_the_optimum_it_can(
     feasible, no worse, at most `radius` flips away; radius 0 can only return the incumbent; a radius as large
     as the distance to a proven optimum reaches the optimum's energy."""
     from edgetrain.compiler.scheduling.heuristics import page_all
-    from edgetrain.compiler.scheduling.phased import local_branch
+    from edgetrain.compiler.scheduling.search import local_branch
 
     G = mcu_resnet
     pm = build_poet(G.g, G.lv, TARGET, G.budget(0.1))
@@ -234,7 +234,7 @@ def test_recompute_only_probe_is_a_restriction(mcu_resnet):
     """The probe's model fixes every page-out at 0: where the full optimum pages (30% of the range) it is
     infeasible; where it does not (60%), its optimum pages nothing, is a schedule of the full model and costs
     the full optimum."""
-    from edgetrain.compiler.scheduling.phased import recompute_only
+    from edgetrain.compiler.scheduling.search import recompute_only
 
     G = mcu_resnet
     for frac, feasible in ((0.3, False), (0.6, True)):

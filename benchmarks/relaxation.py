@@ -26,13 +26,14 @@ from rich.table import Table  # noqa: E402
 from edgetrain.compiler.scheduling.cuts import strengthen  # noqa: E402
 from edgetrain.compiler.scheduling.milp import highs  # noqa: E402
 from edgetrain.compiler.scheduling.poet import build as build_poet  # noqa: E402
-from solve import graph_arguments, resolve_budget, training_graph, write_json  # noqa: E402
+from edgetrain.compiler.scheduling.budget import parse_budget  # noqa: E402
+from solve import graph_arguments, training_graph, write_json  # noqa: E402
 
 
 def ladder(model: str, target_name: str, budget_text: str, batch: int, cut_seconds: float, mip_seconds: float,
            threads: int | None = 1) -> dict:
-    g, lv, target, _, act = training_graph(model, target_name, batch)
-    budget = resolve_budget(budget_text, lv, act)
+    g, lv, target, anchor = training_graph(model, target_name, batch)
+    budget = parse_budget(budget_text).resolve(anchor)
     pm = build_poet(g, lv, target, budget)
     base = pm.base_energy_j
     added = lambda v: None if v is None else v - base  # noqa: E731

@@ -9,7 +9,7 @@ same budget.
         [--out build/bench/solve.json]
 
 `--models` takes any zoo name. `--time-limit` and `--mip-gap` take a default and optional per-model values.
-`min` is the smallest feasible budget (`schedulers.min_budget`). Prints one table per target and writes JSON.
+`min` is the smallest feasible budget (`budget.min_budget`). Prints one table per target and writes JSON.
 "ref vars" is the size of the reference POET formulation, 5T^2 + T|E| binaries, for the same graph.
 "gap" is relative to the whole energy (what the solver stops at); "extra gap" is the same absolute gap
 relative to the energy the schedule adds over computing every node once (recomputes and paging), a stricter
@@ -28,14 +28,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from edgetrain.compiler.scheduling.budget import parse_budget  # noqa: E402
+from edgetrain.compiler.scheduling.budget import anchors, parse_budget  # noqa: E402
 from edgetrain.compiler.pipeline import CompileOptions, build_graph  # noqa: E402
-from edgetrain.compiler.scheduling.steps import build_steps  # noqa: E402
 from edgetrain.compiler.errors import BudgetError  # noqa: E402
 from edgetrain.compiler.graph.liveness import analyze  # noqa: E402
 from edgetrain.compiler.scheduling.poet import build as build_poet  # noqa: E402
-from edgetrain.compiler.scheduling.schedulers import min_budget, run_scheduler, store_all  # noqa: E402
-from edgetrain.compiler.scheduling.validator import validate  # noqa: E402
+from edgetrain.compiler.scheduling.schedulers import run_scheduler  # noqa: E402
+from edgetrain.compiler.workbench.report import percent  # noqa: E402
 from edgetrain.targets import load_target  # noqa: E402
 
 BASELINES = ("checkmate", "paging", "dtr", "checkpoint", "store-all")
@@ -53,31 +52,25 @@ def per_model(text: str, cast=float) -> dict[str, float]:
     return out
 
 
-def resolve_budget(text: str, lv, activation_peak: int) -> int:
-    return min_budget(lv) if text.strip().lower() == "min" else parse_budget(text).resolve(lv.fixed_bytes,
-                                                                                            activation_peak)
-
-
 def training_graph(model: str, target_name: str, batch: int):
-    """(graph, liveness, target, store-all's validation report, its activation peak) of a zoo model."""
+    """(graph, liveness, target, the budget anchors) of a zoo model."""
     target = load_target(target_name)
     _, _, g = build_graph(CompileOptions(model=model, target=target_name, budget="100%", out="", batch_size=batch),
                           target)
     lv = analyze(g)
-    sa = validate(g, build_steps(g, lv, store_all(g, lv)), target, None)
-    act = max(p - g.nodes[t].workspace_bytes for t, p in enumerate(sa.stage_peaks)) - lv.state_bytes
-    return g, lv, target, sa, act
+    return g, lv, target, anchors(g, lv, target)
 
 
 def bench_model(model: str, target_name: str, budgets: list[str], batch: int, time_limit: float,
                 mip_gap: float, threads: int | None = None, baselines: tuple[str, ...] = BASELINES,
                 lns: float = 0.45, cuts: float = 0.15) -> list[dict]:
-    g, lv, target, sa, act = training_graph(model, target_name, batch)
+    g, lv, target, anchor = training_graph(model, target_name, batch)
+    sa = anchor.store_all
     T, E = len(g.nodes), sum(len(n.inputs) for n in g.nodes)
     base_energy = sum(n.energy_j for n in g.nodes)  # every node computed once: no schedule spends less
     rows = []
     for b in budgets:
-        budget = resolve_budget(b, lv, act)
+        budget = parse_budget(b).resolve(anchor)
         size = build_poet(g, lv, target, budget).milp
         t0 = time.perf_counter()
         try:
@@ -103,7 +96,7 @@ def bench_model(model: str, target_name: str, budgets: list[str], batch: int, ti
                 base[name] = {"energy_j": None, "status": "infeasible", "error": str(e)}
         rows.append({
             "model": model, "target": target_name, "batch": batch, "budget": b, "budget_bytes": budget,
-            "min_feasible_bytes": min_budget(lv), "nodes": T, "edges": E, "ref_vars": 5 * T * T + T * E,
+            "min_feasible_bytes": anchor.min_feasible_bytes, "nodes": T, "edges": E, "ref_vars": 5 * T * T + T * E,
             "vars": size.n_vars, "constraints": size.n_rows, "time_limit": time_limit, "mip_gap": mip_gap,
             "schedule": s.name if s else None, "status": sol.get("status", "error"),
             "solver": sol.get("name"), "objective": sol.get("objective"), "bound": sol.get("bound"),
@@ -117,9 +110,6 @@ def bench_model(model: str, target_name: str, budgets: list[str], batch: int, ti
         })
     return rows
 
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.3f}%"
 
 
 def table(rows: list[dict], title: str) -> Table:
@@ -139,8 +129,8 @@ def table(rows: list[dict], title: str) -> Table:
             else:
                 cells.append(f"{b['energy_j']:.4g} J")
         t.add_row(r["model"], r["budget"], f"{r['budget_bytes'] / 1e6:.2f}", f"{r['ref_vars']:,}", f"{r['vars']:,}",
-                  f"{r['constraints']:,}", f"{r['solve_s'] or 0:.2f}", r["status"], _pct(r["gap"]),
-                  _pct(r["extra_gap"]), "-" if r["energy_j"] is None else f"{r['energy_j']:.4f}", *cells)
+                  f"{r['constraints']:,}", f"{r['solve_s'] or 0:.2f}", r["status"], percent(r["gap"]),
+                  percent(r["extra_gap"]), "-" if r["energy_j"] is None else f"{r['energy_j']:.4f}", *cells)
     return t
 
 

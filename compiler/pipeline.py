@@ -7,19 +7,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import __version__
-from .schedule_file import format as schedule_format
-from .graph.backends import get_backend
-from .scheduling.budget import parse_budget, parse_deadline
-from .scheduling.steps import build_steps
 from .errors import OutputDirError, UnsupportedModelError
+from .frontend.modelspec import resolve
+from .graph.backends import get_backend
 from .graph.forward import trace_forward
 from .graph.ir import SGDConfig
 from .graph.liveness import analyze
 from .graph.lowering import apply_costs, lower
-from .frontend.modelspec import resolve
-from .scheduling.schedulers import min_budget, run_scheduler, store_all
-from .scheduling.validator import validate
+from .schedule_file import format as schedule_format
+from .scheduling.budget import anchors, parse_budget, parse_deadline
+from .scheduling.schedulers import run_scheduler
 
 
 @dataclass
@@ -90,38 +87,19 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     prepare_out_dir(opts.out)
     resolved, model, graph = build_graph(opts, target)
     lv = analyze(graph)
-    sa = validate(graph, build_steps(graph, lv, store_all(graph, lv)), target, None)
-    activation_peak = max(p - graph.nodes[t].workspace_bytes for t, p in enumerate(sa.stage_peaks)) - lv.state_bytes
-    budget_bytes = budget.resolve(lv.fixed_bytes, activation_peak)
+    anchor = anchors(graph, lv, target)
+    sa = anchor.store_all
+    budget_bytes = budget.resolve(anchor)
     deadline_s = parse_deadline(opts.deadline, sa.time_s)
     if progress:
         progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors")
     result = run_scheduler(graph, lv, target, budget_bytes, scheduler=opts.scheduler, deadline_s=deadline_s,
                            time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
     rep = result.report
-    body = {
-        "edgetrain": __version__,
-        "mode": "poet",
-        "model": {"spec": resolved.spec, "kwargs": resolved.kwargs, "input_shape": list(graph.input_shape[1:]),
-                  "num_classes": graph.num_classes, "loss": graph.loss,
-                  **({"input_dtype": graph.input_dtype, "input_high": graph.input_high}
-                     if graph.input_dtype != "float32" else {})},
-        # Without the profile's file path: a schedule must not depend on where the checkout lies.
-        "target": {k: v for k, v in target.to_dict().items() if k != "path"},
-        "budget": {"spec": budget.text, "bytes": budget_bytes, "min_feasible_bytes": min_budget(lv),
-                   "fixed_bytes": lv.fixed_bytes, "activation_peak_bytes": activation_peak,
-                   "deadline_s": deadline_s},
-        "graph": graph.to_json(),
-        "summary": dict(graph.summary(), decision_tensors=len(lv.decision)),
-        "steps": [s.to_json() for s in result.steps],
-        "predicted": rep.to_json(),
-        "store_all": sa.to_json(),
-        "solver": result.solver,
-        "scheduler": opts.scheduler,
-        "schedule_kind": result.name,
-        "seed": opts.seed,
-        "backend": opts.emit,
-    }
+    body = schedule_format.backprop_body(
+        spec=resolved.spec, kwargs=resolved.kwargs, graph=graph, target=target, budget_text=budget.text,
+        budget_bytes=budget_bytes, anchor=anchor, decision_tensors=len(lv.decision),
+        deadline_s=deadline_s, scheduled=result, scheduler=opts.scheduler, seed=opts.seed, backend=opts.emit)
     firmware = None
     if opts.emit == "c":
         from edgetrain.codegen.c import FIRMWARE_FILES, render_c_firmware
@@ -142,11 +120,11 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     out = {
         "out": opts.out, "model": resolved.spec, "target": target.name, "scheduler": opts.scheduler,
         "schedule": result.name, "nodes": len(graph.nodes), "budget_bytes": budget_bytes,
-        "min_feasible_bytes": min_budget(lv), "peak_bytes": rep.peak_bytes, "energy_j": rep.energy_j,
+        "min_feasible_bytes": anchor.min_feasible_bytes, "peak_bytes": rep.peak_bytes, "energy_j": rep.energy_j,
         "time_s": rep.time_s, "deadline_s": deadline_s, "recomputes": rep.recomputes, "page_ins": rep.page_ins,
         "page_outs": rep.page_outs, "store_all_peak_bytes": sa.peak_bytes, "store_all_energy_j": sa.energy_j,
         "store_all_time_s": sa.time_s, "state_bytes": lv.state_bytes, "fixed_bytes": lv.fixed_bytes,
-        "activation_peak_bytes": activation_peak,
+        "activation_peak_bytes": anchor.activation_peak_bytes, "budget": budget.text,
         "solver": {k: result.solver.get(k) for k in ("name", "requested", "notice", "status", "gap", "seconds",
                                                      "objective", "bound", "variables", "constraints")},
         "emit": opts.emit,

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import save_file
 
+from edgetrain.runtime.python.activation_cache import CACHE_DTYPES
 from edgetrain.runtime.python.local_layers import build
 
-from . import __version__
 from .schedule_file import format as schedule_format
 from .scheduling.budget import parse_budget
 from .errors import BudgetError, UnsupportedModelError
@@ -69,10 +69,10 @@ def compile_local(opts: LocalOptions, progress=None) -> dict:
     budget = parse_budget(opts.budget)
     if budget.nbytes is None:
         raise BudgetError(f"--mode local needs the budget in bytes (like 64MB or 512KiB), not {budget.text!r}: "
-                          "a percentage refers to plain backprop's activation peak, which local learning "
+                          "a percentage or min refers to plain backprop's activations, which local learning "
                           "never holds")
-    if opts.cache_dtype not in ("float32", "float16"):
-        raise BudgetError(f"--cache-dtype must be float32 or float16, got {opts.cache_dtype!r}")
+    if opts.cache_dtype not in CACHE_DTYPES:
+        raise BudgetError(f"--cache-dtype must be one of {', '.join(CACHE_DTYPES)}, got {opts.cache_dtype!r}")
     target = load_target(opts.target)
     prepare_out_dir(opts.out)
     torch.manual_seed(opts.seed)
@@ -115,26 +115,20 @@ def compile_local(opts: LocalOptions, progress=None) -> dict:
                           "params": hs.params, "act_bytes_per_sample": hs.act_bytes_per_sample,
                           "spec": head_layer_spec(hs)})
     min_feasible = max(math.ceil(p.fit.predict(1)) for p in profiles)
-    body = {
-        "edgetrain": __version__,
-        "mode": "local",
-        "model": {"spec": resolved.spec, "kwargs": resolved.kwargs, "input_shape": list(in_shape),
-                  "num_classes": opts.num_classes, "loss": "cross_entropy"},
-        "target": {k: v for k, v in target.to_dict().items() if k != "path"},
-        "budget": {"spec": budget.text, "bytes": budget.nbytes, "min_feasible_bytes": min_feasible,
-                   "deadline_s": None},
-        "local": {
+    body = schedule_format.local_body(
+        spec=resolved.spec, kwargs=resolved.kwargs, input_shape=list(in_shape), num_classes=opts.num_classes,
+        target=target, budget_text=budget.text, budget_bytes=budget.nbytes, min_feasible_bytes=min_feasible,
+        local={
             "layers": layer_rows, "heads": head_rows, "partition": part.to_dict(),
             "profile": {"method": opts.profile_method, "device": "cuda" if opts.profile_method == "cuda" else "cpu",
                         "batches": list(opts.profile_batches), "head_frac": HEAD_FRAC,
                         "cuda_context_bytes": context},
-            "training": {"lr": opts.lr, "lr_reference_batch": opts.lr_reference_batch, "momentum": opts.momentum, "weight_decay": opts.weight_decay,
-                         "cache_dtype": opts.cache_dtype, "val_fraction": opts.val_fraction,
-                         "exit_tolerance_points": opts.exit_tolerance_points},
+            "training": {"lr": opts.lr, "lr_reference_batch": opts.lr_reference_batch, "momentum": opts.momentum,
+                         "weight_decay": opts.weight_decay, "cache_dtype": opts.cache_dtype,
+                         "val_fraction": opts.val_fraction, "exit_tolerance_points": opts.exit_tolerance_points},
             "full_params": _params(model),
         },
-        "seed": opts.seed,
-    }
+        seed=opts.seed)
     for name in ("schedule.json", "plan.py", WEIGHTS):
         if os.path.exists(os.path.join(opts.out, name)):
             os.remove(os.path.join(opts.out, name))

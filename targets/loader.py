@@ -27,11 +27,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-# Which code generator each device family gets: microcontrollers run generated C99, everything
-# that can host a Python interpreter runs the generated Python plan on the torch runtime.
-FAMILY_CODEGEN: Mapping[str, str] = MappingProxyType(
-    {"jetson": "python", "sbc": "python", "mcu": "c", "host": "python"}
-)
+# Device families: Jetson modules, single-board computers, microcontrollers, the machine itself.
+FAMILIES = ("jetson", "sbc", "mcu", "host")
 
 # Figures that a profile with ``measured = true`` may leave to the loader by writing "measured".
 MEASURED = "measured"
@@ -52,7 +49,7 @@ _FLOAT_FIELDS = (
 )
 _ZERO_ALLOWED = frozenset({"page_in_latency_s", "page_out_latency_s"})
 FIGURE_FIELDS = _INT_FIELDS + _FLOAT_FIELDS
-_TEXT_FIELDS = ("name", "description", "family", "codegen")
+_TEXT_FIELDS = ("name", "description", "family")
 REQUIRED_FIELDS = _TEXT_FIELDS + FIGURE_FIELDS + ("sources",)
 _OPTIONAL_FIELDS = frozenset({"measured"})
 
@@ -76,7 +73,6 @@ class Target:
     name: str
     description: str
     family: str
-    codegen: str
     ram_bytes: int
     storage_bytes: int
     flops_per_s: float
@@ -228,11 +224,8 @@ def _validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
             raise fail(fld, f"must be a non-empty string, got {value!r}")
         out[fld] = value
 
-    if out["family"] not in FAMILY_CODEGEN:
-        raise fail("family", f"must be one of {sorted(FAMILY_CODEGEN)}, got {out['family']!r}")
-    expected = FAMILY_CODEGEN[out["family"]]
-    if out["codegen"] != expected:
-        raise fail("codegen", f"must be {expected!r} for family {out['family']!r}, got {out['codegen']!r}")
+    if out["family"] not in FAMILIES:
+        raise fail("family", f"must be one of {', '.join(FAMILIES)}, got {out['family']!r}")
 
     for fld in FIGURE_FIELDS:
         out[fld] = _validate_figure(raw[fld], fld, measured, fail)

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from edgetrain.compiler.scheduling.budget import Budget, parse_budget, parse_deadline
+from edgetrain.compiler.scheduling.budget import Anchors, Budget, parse_budget, parse_deadline
 from edgetrain.compiler.errors import BudgetError, EdgetrainError
+
+
+def _anchors(fixed: int, activations: int, smallest: int = 1) -> Anchors:
+    return Anchors(fixed_bytes=fixed, activation_peak_bytes=activations, min_feasible_bytes=smallest, store_all=None)
 
 
 @pytest.mark.parametrize("text, nbytes", [
@@ -26,18 +30,25 @@ def test_absolute_sizes(text, nbytes):
     assert b.nbytes == nbytes and isinstance(b.nbytes, int)
     assert b.percent is None
     # An absolute budget ignores what the model needs.
-    assert b.resolve(fixed_bytes=10**9, activation_peak_bytes=10**9) == nbytes
+    assert b.resolve(_anchors(10**9, 10**9)) == nbytes
 
 
 def test_percent_is_of_store_all_activations_on_top_of_the_fixed_state():
     b = parse_budget("40%")
     assert b == Budget(text="40%", percent=40.0)
     assert b.nbytes is None
-    assert b.resolve(fixed_bytes=1000, activation_peak_bytes=10_000) == 1000 + 4000
-    assert parse_budget("100%").resolve(1000, 10_000) == 11_000  # store-all's peak always fits
-    assert parse_budget("0%").resolve(1000, 10_000) == 1000
-    assert parse_budget("12.5%").resolve(0, 800) == 100
+    assert b.resolve(_anchors(1000, 10_000)) == 1000 + 4000
+    assert parse_budget("100%").resolve(_anchors(1000, 10_000)) == 11_000  # store-all's peak always fits
+    assert parse_budget("0%").resolve(_anchors(1000, 10_000)) == 1000
+    assert parse_budget("12.5%").resolve(_anchors(0, 800)) == 100
     assert parse_budget(" 150% ").percent == 150.0
+
+
+@pytest.mark.parametrize("text", ["min", "MIN", " min "])
+def test_min_is_the_smallest_feasible_budget(text):
+    b = parse_budget(text)
+    assert b.smallest and b.nbytes is None and b.percent is None and b.text == "min"
+    assert b.resolve(_anchors(1000, 10_000, smallest=3456)) == 3456
 
 
 @pytest.mark.parametrize("text", [

@@ -78,6 +78,17 @@ def test_backends_count_what_their_runtime_holds():
     assert PYTHON.index_dtype == "int64" and C.index_dtype == "int32"
 
 
+def test_every_op_of_the_c_backend_has_an_emitter_and_nothing_else_does():
+    """The C backend's op table is the one list: each op (and its backward kernel) has an emitter method, and
+    no emitter exists for an op the table does not list."""
+    from edgetrain.codegen.c.firmware import _Emitter
+    from edgetrain.compiler.graph.ops import GRAD_SUM, OPS
+
+    wanted = {GRAD_SUM} | set(C.ops) | {OPS[op].backward for op in C.ops if OPS[op].backward}
+    have = {name[3:] for name in dir(_Emitter) if name.startswith("op_")}
+    assert have == wanted
+
+
 @pytest.mark.parametrize("model, op, node, line", [
     ("resnet18", "batch_norm", "bn1", "zoo.py:"),
     ("tests.c_models:tiny_dropout", "dropout", "drop", "c_models.py:"),
@@ -87,8 +98,9 @@ def test_emit_c_rejects_ops_without_a_c_kernel(tmp_path, capsys, model, op, node
         _compile(tmp_path / "o", model, "100%")
     msg = str(e.value)
     assert f"op `{op}`" in msg and f"node `{node}`" in msg and line in msg  # op, node, source line
-    for supported in ("conv2d", "linear", "relu6", "max-pool", "avg-pool", "global average pool", "residual add",
-                      "concat", "flatten", "cross-entropy"):
+    assert C.supported_text in msg  # the list comes from the backend's table
+    for supported in ("conv2d", "linear", "relu6", "max-pool", "avg_pool2d", "adaptive_avg_pool2d (to 1x1 only)",
+                      "add (residual)", "cat (along channels, dim 1)", "flatten", "cross_entropy"):
         assert supported in msg
     assert not (tmp_path / "o" / "plan.c").exists()
     rc = cli.main(["compile", model, "--target", "nrf52840", "--budget", "100%", "--emit", "c", "--batch-size", "1",

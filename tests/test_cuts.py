@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from edgetrain.compiler.scheduling.budget import parse_budget
+from edgetrain.compiler.scheduling.budget import anchors, parse_budget
 from edgetrain.compiler.scheduling.cuts import separate, separate_memory, strengthen
 from edgetrain.compiler.scheduling.heuristics import candidates, dtr
 from edgetrain.compiler.scheduling.milp import highs
@@ -86,8 +86,7 @@ def test_cuts_lift_the_lp_bound_on_resnet18(resnet18):
     """The staircase this was written for (ResNet-18, nrf52840, 40%): the LP's added energy over computing
     every node once grows by more than half (measured 0.275 -> 0.476 J), and the first LP point violates cuts."""
     G = resnet18
-    act = G.sa.peak_bytes - G.lv.state_bytes - max(n.workspace_bytes for n in G.g.nodes)
-    b = parse_budget("40%").resolve(G.lv.fixed_bytes, act)
+    b = parse_budget("40%").resolve(anchors(G.g, G.lv, TARGET))
     pm = build_poet(G.g, G.lv, TARGET, b)
     base = pm.milp.offset
     lp = highs.LpSession(pm.milp, threads=1).solve(60)

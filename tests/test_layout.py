@@ -289,3 +289,21 @@ def test_targets_load_without_the_other_stages_or_torch():
     """)
     assert "rpi4" in out["names"] and len(out["names"]) >= 5
     assert all(c > 0 for c in out["costs"].values())
+
+
+def test_no_import_circles():
+    """Modules import each other one way: the import graph of the four folders (every import, also inside a
+    function) has no cycle."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    files = [f for folder in FOLDERS for f in sorted((ROOT / folder).rglob("*.py"))]
+    known = {_module_of(f) for f in files}
+    for f in files:
+        me = _module_of(f)
+        g.add_node(me)
+        for _, mod in imports_of(f.read_text(), _package_of(f), str(f)):
+            if mod in known and mod != me and not me.startswith(mod + "."):  # a package's face is not a circle
+                g.add_edge(me, mod)
+    cycles = list(nx.simple_cycles(g))
+    assert not cycles, cycles[:3]

@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from edgetrain.compiler.frontend import zoo
 from edgetrain.compiler.workbench.local_export import (DEFAULT_OPSET, ExportError, OnnxUnavailableError, check_onnx, count_params, exit_model, export_onnx, export_safetensors, load_safetensors, select_exit)
-from edgetrain.compiler.local.heads import head_spec, make_head, split_layers
+from edgetrain.compiler.local.heads import head_spec, split_layers
+from edgetrain.compiler.local.spec import make_head
 
 # -- select_exit -----------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from edgetrain.compiler.frontend import zoo
-from edgetrain.compiler.local.heads import (HEAD_FRAC, MAX_FAN_IN, MAX_HEAD_CH, MIN_HEAD_CH, head_spec, make_head, print_sizing_table, sizing_table, split_layers)
+from edgetrain.compiler.local.heads import (HEAD_FRAC, MAX_FAN_IN, MAX_HEAD_CH, MIN_HEAD_CH, head_spec, print_sizing_table, sizing_table, split_layers)
+from edgetrain.compiler.local.spec import make_head
 
 EXPECTED_LAYERS = {
     "vgg11": ["features.0", "features.4", "features.8", "features.11", "features.15", "features.18",

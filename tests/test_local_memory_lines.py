@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from edgetrain.compiler.frontend import zoo
-from edgetrain.compiler.local.heads import head_spec, make_head, split_layers
+from edgetrain.compiler.local.heads import head_spec, split_layers
+from edgetrain.compiler.local.spec import make_head
 from edgetrain.compiler.local.memory_lines import (fit_line, max_batch_under, measure_model_step_bytes, measure_step_bytes, model_memory_line, profile_layers, profiler_peak_bytes)
 from edgetrain.compiler.local.partition import PartitionError, partition
 

@@ -54,7 +54,8 @@ from edgetrain.compiler.graph.lowering import apply_costs, lower
 from edgetrain.compiler.scheduling.milp.registry import solve_with
 from edgetrain.compiler.scheduling.poet import build as build_poet
 from edgetrain.compiler.workbench.run import run_plan
-from edgetrain.compiler.scheduling.schedulers import SCHEDULERS, min_budget, run_scheduler
+from edgetrain.compiler.scheduling.budget import min_budget
+from edgetrain.compiler.scheduling.schedulers import SCHEDULERS, run_scheduler
 from edgetrain.compiler.scheduling.validator import Report, validate
 from model_gen import FAMILIES, build, gen_spec, spec_from_seed
 from edgetrain.targets import load_target

@@ -17,7 +17,9 @@ from edgetrain.compiler.scheduling.steps import build_steps
 from edgetrain.compiler.graph.liveness import analyze
 from edgetrain.compiler.scheduling.milp import highs
 from edgetrain.compiler.scheduling.poet import build as build_poet, reads
-from edgetrain.compiler.scheduling.schedulers import min_budget, run_scheduler, store_all
+from edgetrain.compiler.scheduling.budget import min_budget
+from edgetrain.compiler.scheduling.heuristics import store_all
+from edgetrain.compiler.scheduling.schedulers import run_scheduler
 from edgetrain.compiler.scheduling.validator import validate
 from edgetrain.targets import load_target
 
@@ -179,13 +181,12 @@ def test_greedy_keep_fits_the_budget(name, frac, request):
 
 def test_greedy_keep_beats_paging_everything_on_resnet18():
     """ResNet-18, nrf52840, batch 8, 40%: the start the MILP had before (page-all, 53.7 J) is far worse."""
-    from edgetrain.compiler.scheduling.budget import parse_budget
+    from edgetrain.compiler.scheduling.budget import anchors, parse_budget
     from edgetrain.compiler.scheduling.heuristics import page_all
     from edgetrain.compiler.scheduling.warmstart import greedy_keep
 
     G = Graph("resnet18", batch=8)
-    act = max(p - G.g.nodes[t].workspace_bytes for t, p in enumerate(G.sa.stage_peaks)) - G.lv.state_bytes
-    b = parse_budget("40%").resolve(G.lv.fixed_bytes, act)
+    b = parse_budget("40%").resolve(anchors(G.g, G.lv, TARGET))
     mine = validate(G.g, build_steps(G.g, G.lv, greedy_keep(G.g, G.lv, TARGET, b)), TARGET, b).energy_j
     pages = validate(G.g, build_steps(G.g, G.lv, page_all(G.g, G.lv, retain=True)), TARGET, b).energy_j
     assert mine < pages - 3.0, (mine, pages)

@@ -12,14 +12,15 @@ import sys
 import numpy as np
 import pytest
 
-from edgetrain.compiler.scheduling.budget import parse_budget
+from edgetrain.compiler.scheduling.budget import anchors, parse_budget
 from edgetrain.compiler.pipeline import CompileOptions, build_graph
 from edgetrain.compiler.scheduling.steps import build_steps
 from edgetrain.compiler.graph.liveness import analyze
 from edgetrain.compiler.scheduling.milp import cpsat, gurobi, highs, registry, scipy_milp
 from edgetrain.compiler.scheduling.milp.model import SparseMILP
 from edgetrain.compiler.scheduling.poet import build as build_poet
-from edgetrain.compiler.scheduling.schedulers import min_budget, store_all
+from edgetrain.compiler.scheduling.budget import min_budget
+from edgetrain.compiler.scheduling.heuristics import store_all
 from edgetrain.compiler.scheduling.validator import validate
 from edgetrain.targets import load_target
 
@@ -66,8 +67,7 @@ class Poet:
 
     def percent(self, text: str) -> int:
         """A budget as `edgetrain compile --budget 40%` resolves it."""
-        activation = max(p - self.g.nodes[t].workspace_bytes for t, p in enumerate(self.sa.stage_peaks))
-        return parse_budget(text).resolve(self.lv.fixed_bytes, activation - self.lv.state_bytes)
+        return parse_budget(text).resolve(anchors(self.g, self.lv, TARGET))
 
 
 @pytest.fixture(scope="module")

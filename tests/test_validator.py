@@ -8,7 +8,8 @@ from edgetrain.compiler.scheduling.steps import Step, build_steps
 from edgetrain.compiler.errors import ValidationError
 from edgetrain.compiler.graph.liveness import analyze
 from edgetrain.compiler.scheduling.heuristics import checkpoint, page_all, store_all
-from edgetrain.compiler.scheduling.schedulers import min_budget, run_scheduler
+from edgetrain.compiler.scheduling.budget import min_budget
+from edgetrain.compiler.scheduling.schedulers import run_scheduler
 from edgetrain.compiler.scheduling.validator import validate
 from edgetrain.targets import load_target
 

@@ -19,6 +19,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from edgetrain.compiler.errors import BudgetError, UnsupportedModelError  # messages for the user, not a solver
+from edgetrain.compiler.graph.ir import TensorRef, view_shape  # the schedule's operands and their views
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 
 from edgetrain.codegen.templating import environment
@@ -87,20 +88,21 @@ class _Emitter:
         """A C pointer to an operand (through its views) and the shape it is seen in."""
         base = self.by_name[ref["t"]]
         lt = lts[ref["t"]]
-        shape, off = list(base["shape"]), 0
-        for v in ref.get("view", []):
-            if v[0] == "reshape":
-                shape = list(v[1])
-            elif v[0] == "narrow":
-                dim, start, length = int(v[1]), int(v[2]), int(v[3])
+        view = TensorRef.from_json(ref).view
+        off = 0
+        for k, v in enumerate(view):  # a reshape moves nothing; a narrow of a contiguous block is an offset
+            if v[0] == "narrow":
+                shape = view_shape(base["shape"], view[:k])
+                dim, start = int(v[1]), int(v[2])
                 if _numel(shape[:dim]) != 1:
                     raise CodegenError(
                         f"the gradient slice of `{c_comment(ref['t'])}` along dim {dim} is strided (batch > 1 "
                         "through a concat); the C plan supports concat gradients at batch size 1 only")
                 off += start * _numel(shape[dim + 1:])
-                shape[dim] = length
-            else:
-                raise CodegenError(f"unknown view {v!r} on `{c_comment(ref['t'])}`")
+            elif v[0] != "reshape":
+                raise CodegenError(f"view {v!r} on `{c_comment(ref['t'])}` has no C equivalent (reshape and "
+                                   "contiguous narrow only)")
+        shape = list(view_shape(base["shape"], view))
         macro = "ET_I" if base["dtype"] == "int32" else "ET_F"
         if base["dtype"] not in ("int32", "float32"):
             raise CodegenError(f"tensor `{c_comment(ref['t'])}` has dtype {base['dtype']}; the C runtime holds "
@@ -151,14 +153,8 @@ class _Emitter:
                                       "layers": [node["name"]]}
 
     def _in_shape(self, node: dict, k: int) -> list[int]:
-        ref = node["inputs"][k]
-        shape = list(self.by_name[ref["t"]]["shape"])
-        for v in ref.get("view", []):
-            if v[0] == "reshape":
-                shape = list(v[1])
-            elif v[0] == "narrow":
-                shape[int(v[1])] = int(v[3])
-        return shape
+        ref = TensorRef.from_json(node["inputs"][k])
+        return list(view_shape(self.by_name[ref.name]["shape"], ref.view))
 
     # -- one node ----------------------------------------------------------------------------------
     def call(self, node: dict, out: str | None, ins: list[tuple[str, list[int]]], first: bool) -> list[str]:

@@ -38,17 +38,6 @@ class ForwardGraph:
     input_high: int | None = None  # token ids lie in [0, input_high)
 
 
-SUPPORTED = (
-    "modules: Conv2d, Linear, ReLU, ReLU6, BatchNorm2d (training mode), MaxPool2d, AvgPool2d, "
-    "AdaptiveAvgPool2d, Flatten, Dropout, Identity, Embedding, LayerNorm, GELU, Tanh, Softmax; functions: "
-    "+ / torch.add (same shapes, or one operand broadcast), torch.cat, torch.flatten, F.relu, F.relu6, "
-    "F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.gelu, torch.tanh, F.softmax, "
-    "F.scaled_dot_product_attention (no mask, no dropout), torch.matmul / @ / torch.bmm (equal ranks), "
-    "* or / by a constant, torch.arange, indexing with ints and slices; methods: .view, .reshape, "
-    ".flatten, .size, .relu, .contiguous, .transpose, .permute, .unsqueeze, .matmul, .softmax"
-)
-
-
 _PREFIX = {"batch_norm": "bn", "maxpool_argmax": "maxpool", "maxpool_gather": "maxpool",
            "adaptive_avg_pool2d": "gap", "avg_pool2d": "avgpool"}
 
@@ -303,13 +292,29 @@ _METHODS: dict[str, Callable] = {
 }
 
 
-def _holds_tensor(value) -> bool:
-    """A tensor, or a tuple/list holding one (x.split(...)): not a constant of the trace."""
-    if isinstance(value, (tuple, list)):
-        return any(_holds_tensor(v) for v in value)
-    return isinstance(value, torch.Tensor)
+_OPERATORS = {"add": "+", "iadd": "+=", "mul": "*", "truediv": "/", "matmul": "@", "getitem": "[] (indexing)"}
 
 
+def _function_name(fn) -> str:
+    module, name = getattr(fn, "__module__", "") or "", getattr(fn, "__name__", str(fn))
+    if module in ("operator", "_operator"):
+        return _OPERATORS.get(name, f"operator.{name}")
+    if getattr(F, name, None) is fn:
+        return f"F.{name}"
+    if getattr(torch, name, None) is fn:
+        return f"torch.{name}"
+    return f"{module}.{name}"
+
+
+def supported_text() -> str:
+    """The constructs the tables above map, in words: what an unsupported-op error offers instead."""
+    modules = ", ".join(sorted(m.__name__ for m in _MODULES))
+    functions = ", ".join(sorted(dict.fromkeys(_function_name(f) for f in _FUNCTIONS)))
+    methods = ", ".join(f".{m}" for m in sorted(_METHODS))
+    return f"modules: {modules}; functions: {functions}; methods: {methods}"
+
+
+SUPPORTED = supported_text()
 
 
 def _holds_tensor(value) -> bool:

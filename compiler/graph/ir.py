@@ -13,6 +13,7 @@ from typing import Literal
 import networkx as nx
 
 DTYPE_BYTES = {"float32": 4, "int64": 8, "int32": 4}
+LOSSES = ("cross_entropy", "mse")  # what TrainingGraph.loss may be
 
 # input: the data batch; labels: the targets (pinned for the whole step); forward/loss: recomputable;
 # backward: gradient kernels with their fused SGD updates; grad_sum: accumulation of gradient contributions.

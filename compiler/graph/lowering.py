@@ -16,10 +16,9 @@ from math import prod
 
 from .backends import PYTHON, Backend
 from .forward import ForwardGraph
-from .ir import Node, SGDConfig, TensorRef, TrainingGraph, inverse_view, view_shape
+from .ir import LOSSES, Node, SGDConfig, TensorRef, TrainingGraph, inverse_view, view_shape
 from .ops import GRAD_SUM, OPS, grad_sum_flops, sgd_flops
 
-LOSSES = ("cross_entropy", "mse")
 
 
 def _view_shape(shapes: dict[str, tuple], r: TensorRef) -> tuple:

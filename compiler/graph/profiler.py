@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from edgetrain.runtime.python.kernels import KERNELS, KernelContext
+from edgetrain.runtime.python.kernel_api import KernelContext
+from edgetrain.runtime.python.kernels import KERNELS
 from edgetrain.runtime.python.sgd import sgd_update
 from edgetrain.runtime.python.views import ViewError, apply_views
 

@@ -36,7 +36,7 @@ from edgetrain.compiler.frontend import zoo
 from edgetrain.compiler.errors import UnsupportedModelError
 
 __all__ = [
-    "HeadSpec", "TrainableLayer", "head_spec", "make_head", "split_layers", "sizing_table",
+    "HeadSpec", "TrainableLayer", "head_spec", "split_layers", "sizing_table",
     "print_sizing_table", "HEAD_FRAC", "MIN_HEAD_CH", "MAX_HEAD_CH", "MAX_FAN_IN",
 ]
 
@@ -88,16 +88,6 @@ def head_spec(out_shape: tuple[int, int, int], classes: int = 10, *, frac: float
         h = max(MIN_HEAD_CH, h // 2)
         spec = HeadSpec(c, height, width, h, _pool_size(h, height, width), classes)
     return spec
-
-
-def make_head(spec: HeadSpec) -> nn.Sequential:
-    """The head as modules, built from its spec (:func:`edgetrain.compiler.local.spec.head_layer_spec`), exactly as the
-    runtime builds it, so the profiled head is the trained one."""
-    from edgetrain.runtime.python.local_layers import build
-
-    from .spec import head_layer_spec
-
-    return build(head_layer_spec(spec))
 
 
 @dataclass

@@ -47,7 +47,8 @@ from torch import nn
 
 from edgetrain.runtime.python.local_memory import StepBytes, counted_step
 
-from .heads import head_spec, make_head, split_layers
+from .heads import head_spec, split_layers
+from .spec import make_head
 from .partition import DEFAULT_CAP, Line, feasible_batch
 
 __all__ = [
@@ -56,6 +57,9 @@ __all__ = [
     "DEFAULT_BATCHES", "DEFAULT_HELD_OUT",
 ]
 
+# How a layer's training memory is measured: counting the tensors a step holds (CPU), torch.profiler's memory
+# events (CPU), or the CUDA allocator's high-water mark.
+METHODS = ("counter", "profiler", "cuda")
 DEFAULT_BATCHES = (2, 4, 8, 16)
 DEFAULT_HELD_OUT = 32
 
@@ -222,7 +226,7 @@ def profile_layers(model: nn.Module, in_shape: Sequence[int] = (3, 32, 32), clas
     with a per-component breakdown in ``detail``), "profiler" (:func:`profiler_peak_bytes`) or "cuda"
     (:func:`cuda_peak_bytes`; the CUDA context is :func:`cuda_context_bytes`, reported apart).
     """
-    if method not in ("counter", "profiler", "cuda"):
+    if method not in METHODS:
         raise ValueError(f"profile_layers: method must be 'counter', 'profiler' or 'cuda', got {method!r}")
     if method == "cuda" and not torch.cuda.is_available():
         raise ValueError("profile_layers: method 'cuda' needs a CUDA device; this torch sees none "
@@ -289,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m edgetrain.compiler.local.memory_lines")
     ap.add_argument("model")
     ap.add_argument("--budget-mb", type=float, default=64.0)
-    ap.add_argument("--method", default="counter", choices=("counter", "profiler", "cuda"))
+    ap.add_argument("--method", default="counter", choices=METHODS)
     ap.add_argument("--cap", type=int, default=256)
     ap.add_argument("--rho", type=float, default=0.40)
     args = ap.parse_args(argv)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from edgetrain.runtime.python.local_layers import build
+
 from edgetrain.compiler.frontend import zoo
 from edgetrain.compiler.errors import UnsupportedModelError
 from .heads import HeadSpec
 
-__all__ = ["layer_spec", "head_layer_spec", "copy_weights"]
+__all__ = ["layer_spec", "head_layer_spec", "make_head", "copy_weights"]
 
 
 def _pair(v) -> int:
@@ -100,3 +102,9 @@ def copy_weights(src: nn.Module, dst: nn.Module, in_shape: tuple[int, ...]) -> N
     if not same:
         raise UnsupportedModelError("local learning: the module built from the layer spec computes another "
                                     "function than the model's layer; this is a bug in compiler/local/spec.py")
+
+
+def make_head(spec: HeadSpec) -> nn.Sequential:
+    """The head as modules, built from its spec (:func:`head_layer_spec`), exactly as the
+    runtime builds it, so the profiled head is the trained one."""
+    return build(head_layer_spec(spec))

@@ -13,6 +13,7 @@ from importlib import resources
 
 import jsonschema
 
+from edgetrain.compiler import __version__
 from edgetrain.compiler.errors import ScheduleFormatError
 
 FORMAT = "edgetrain.schedule"
@@ -30,16 +31,70 @@ def _checksum(body: dict) -> str:
     return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
 
 
+# What each mode's plan is made of: "poet" is one backprop step scheduled by the MILP (or a baseline),
+# "local" is NeuroFlux's block-wise local learning.
 PLAN_FIELDS = {
     "poet": ("format", "version", "edgetrain", "mode", "model", "target", "budget", "graph", "steps", "seed"),
     "local": ("format", "version", "edgetrain", "mode", "model", "target", "budget", "local", "seed"),
 }
 
 
+MODES = tuple(PLAN_FIELDS)
+
+
 def content_hash(body: dict) -> str:
     """Hash of what a generated plan is made of (not the solver's wall time), so plans are reproducible."""
     canon = json.dumps({k: body[k] for k in PLAN_FIELDS[body["mode"]]}, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _target_section(target) -> dict:
+    """The device profile, without its file path: a schedule must not depend on where the checkout lies."""
+    return {k: v for k, v in target.to_dict().items() if k != "path"}
+
+
+def backprop_body(*, spec: str, kwargs: dict, graph, target, budget_text: str, budget_bytes: int, anchor,
+                  decision_tensors: int, deadline_s: float | None, scheduled, scheduler: str,
+                  seed: int, backend: str) -> dict:
+    """The body of a backprop schedule (`mode: poet`): the graph, its steps and what they are predicted to cost."""
+    return {
+        "edgetrain": __version__,
+        "mode": "poet",
+        "model": {"spec": spec, "kwargs": kwargs, "input_shape": list(graph.input_shape[1:]),
+                  "num_classes": graph.num_classes, "loss": graph.loss,
+                  **({"input_dtype": graph.input_dtype, "input_high": graph.input_high}
+                     if graph.input_dtype != "float32" else {})},
+        "target": _target_section(target),
+        "budget": {"spec": budget_text, "bytes": budget_bytes, "min_feasible_bytes": anchor.min_feasible_bytes,
+                   "fixed_bytes": anchor.fixed_bytes, "activation_peak_bytes": anchor.activation_peak_bytes,
+                   "deadline_s": deadline_s},
+        "graph": graph.to_json(),
+        "summary": dict(graph.summary(), decision_tensors=decision_tensors),
+        "steps": [s.to_json() for s in scheduled.steps],
+        "predicted": scheduled.report.to_json(),
+        "store_all": anchor.store_all.to_json(),
+        "solver": scheduled.solver,
+        "scheduler": scheduler,
+        "schedule_kind": scheduled.name,
+        "seed": seed,
+        "backend": backend,
+    }
+
+
+def local_body(*, spec: str, kwargs: dict, input_shape: list[int], num_classes: int, target, budget_text: str,
+               budget_bytes: int, min_feasible_bytes: int, local: dict, seed: int) -> dict:
+    """The body of a local-learning schedule (`mode: local`): layers, heads and their partition into blocks."""
+    return {
+        "edgetrain": __version__,
+        "mode": "local",
+        "model": {"spec": spec, "kwargs": kwargs, "input_shape": list(input_shape), "num_classes": num_classes,
+                  "loss": "cross_entropy"},
+        "target": _target_section(target),
+        "budget": {"spec": budget_text, "bytes": budget_bytes, "min_feasible_bytes": min_feasible_bytes,
+                   "deadline_s": None},
+        "local": local,
+        "seed": seed,
+    }
 
 
 def dumps(body: dict) -> str:

@@ -1,11 +1,11 @@
-"""Budget and deadline syntax.
+"""Budgets and deadlines: their syntax, and the figures of a model every budget is relative to.
 
-Budget: an absolute size for the whole RAM the step may use (`2MB`, `512KiB`, `1.5GB`, `300000` bytes), or
-`B%`: the fixed state plus B% of store-all's (plain backprop's) activation peak. The fixed state is what
-no schedule can avoid: parameters, optimizer state, buffers, and the gradients of the largest layer, which
-fused SGD holds while it applies them (the other layers' gradients never exist at the same time). The
-activation peak is the most store-all holds at once besides the state and the running node's workspace.
-So 100% always fits store-all, and 0% is below any feasible budget.
+Budget: an absolute size for the whole RAM the step may use (`2MB`, `512KiB`, `1.5GB`, `300000` bytes),
+`B%`: the fixed state plus B% of store-all's (plain backprop's) activation peak, or `min`: the smallest
+feasible budget. The fixed state is what no schedule can avoid: parameters, optimizer state, buffers, and
+the gradients of the largest layer, which fused SGD holds while it applies them (the other layers' gradients
+never exist at the same time). The activation peak is the most store-all holds at once besides the state and
+the running node's workspace. So 100% always fits store-all, and 0% is below any feasible budget.
 Deadline: a multiple of the store-all time (`1.2`), or seconds (`0.5s`, `20ms`).
 """
 from __future__ import annotations
@@ -15,9 +15,44 @@ import re
 from dataclasses import dataclass
 
 from edgetrain.compiler.errors import BudgetError
+from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.compiler.graph.liveness import Liveness
+
+from .heuristics import store_all
+from .steps import build_steps
+from .validator import Report, validate
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def min_budget(lv: Liveness) -> int:
+    """The smallest budget any schedule can meet: each backward stage must hold what its node reads.
+
+    With paging it is attained (store everything, page in what each stage reads, free it at once).
+    """
+    need = max(lv.static[t] for t in range(lv.B0))
+    for t in range(lv.B0, lv.T):
+        need = max(need, lv.static[t] + sum(lv.size[i] for i in lv.needs[t]))
+    return need
+
+
+@dataclass(frozen=True)
+class Anchors:
+    """What a budget is relative to: the fixed state, store-all's activation peak, the smallest feasible budget,
+    and store-all's own schedule as the validator counts it (its peak, time and energy)."""
+
+    fixed_bytes: int
+    activation_peak_bytes: int
+    min_feasible_bytes: int
+    store_all: Report
+
+
+def anchors(g: TrainingGraph, lv: Liveness, target) -> Anchors:
+    sa = validate(g, build_steps(g, lv, store_all(g, lv)), target, None)
+    peak = max(p - g.nodes[t].workspace_bytes for t, p in enumerate(sa.stage_peaks)) - lv.state_bytes
+    return Anchors(fixed_bytes=lv.fixed_bytes, activation_peak_bytes=peak, min_feasible_bytes=min_budget(lv),
+                   store_all=sa)
 
 
 @dataclass(frozen=True)
@@ -25,16 +60,21 @@ class Budget:
     text: str
     percent: float | None = None
     nbytes: int | None = None
+    smallest: bool = False  # `min`
 
-    def resolve(self, fixed_bytes: int, activation_peak_bytes: int) -> int:
+    def resolve(self, a: Anchors) -> int:
+        if self.smallest:
+            return a.min_feasible_bytes
         if self.nbytes is not None:
             return self.nbytes
         assert self.percent is not None
-        return int(fixed_bytes + self.percent / 100.0 * activation_peak_bytes)
+        return int(a.fixed_bytes + self.percent / 100.0 * a.activation_peak_bytes)
 
 
 def parse_budget(text: str) -> Budget:
     s = str(text).strip()
+    if s.lower() == "min":
+        return Budget(text="min", smallest=True)
     if s.endswith("%"):
         try:
             p = float(s[:-1])
@@ -46,7 +86,7 @@ def parse_budget(text: str) -> Budget:
     m = _SIZE.match(s)
     if not m or m.group(2).lower() not in _UNITS:
         raise BudgetError(f"budget {text!r} is not understood; write a size like 2MB, 512KiB, 1.5GB or 300000, "
-                          "or a percentage like 40%")
+                          "a percentage like 40%, or min (the smallest feasible budget)")
     n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if n <= 0:
         raise BudgetError(f"budget {text!r} must be positive")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .steps import Decisions, Step, build_steps
+from .budget import min_budget
 from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
 from edgetrain.compiler.errors import BudgetError, ValidationError
 from edgetrain.compiler.graph.ir import TrainingGraph
@@ -19,7 +20,15 @@ from .poet import build as build_poet
 from .validator import Report, validate
 from .warmstart import greedy_keep
 
-SCHEDULERS = ("poet", "checkmate", "paging", "dtr", "checkpoint", "store-all")
+# Every scheduler, with what it does in a line (the CLI's help reads it).
+SCHEDULERS = {
+    "poet": "recompute and paging, the POET MILP",
+    "checkmate": "recompute only, the same MILP without paging",
+    "paging": "page out everything backward reads, Capuchin-like",
+    "dtr": "greedy eviction under the budget, DTR-like",
+    "checkpoint": "Chen's sqrt(n) checkpoints",
+    "store-all": "plain backprop",
+}
 _MILPS = {"poet": True, "checkmate": False}  # scheduler -> paging allowed
 
 
@@ -30,17 +39,6 @@ class Scheduled:
     steps: list[Step]
     report: Report
     solver: dict
-
-
-def min_budget(lv: Liveness) -> int:
-    """The smallest budget any schedule can meet: each backward stage must hold what its node reads.
-
-    With paging it is attained (store everything, page in what each stage reads, free it at once).
-    """
-    need = max(lv.static[t] for t in range(lv.B0))
-    for t in range(lv.B0, lv.T):
-        need = max(need, lv.static[t] + sum(lv.size[i] for i in lv.needs[t]))
-    return need
 
 
 def _finish(g, lv, name, d, target, budget, solver) -> Scheduled:

@@ -6,8 +6,17 @@ import json
 import sys
 
 from edgetrain.compiler.errors import EdgetrainError
-from edgetrain.compiler.graph.ir import SGDConfig
-from .local_cli import (add_compile_options, add_train_parser, compile_local_cmd, inspect_local, print_local, train_cmd)
+from edgetrain.compiler.graph.backends import BACKENDS
+from edgetrain.compiler.graph.ir import LOSSES, SGDConfig
+from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICES
+from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
+
+from .choices import Choices
+from .local_cli import add_compile_options, add_train_parser, compile_local_cmd, inspect_local, train_cmd
+from .report import console
+
+DATA_SOURCES = Choices("edgetrain.compiler.workbench.run", "DATA_SOURCES")
+EXECUTORS = Choices("edgetrain.compiler.workbench.sweep", "EXECUTORS")
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -66,16 +75,15 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="model -> validated schedule -> generated plan")
     c.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
     c.add_argument("--target", required=True)
-    c.add_argument("--budget", required=True, help="2MB, 512KiB, 1.5GB, or B%% of store-all's activations")
+    c.add_argument("--budget", required=True,
+                   help="2MB, 512KiB, 1.5GB, B%% of store-all's activations, or min (the smallest feasible budget)")
     c.add_argument("--deadline", help="multiple of the store-all time (1.2) or seconds (0.5s)")
     c.add_argument("--scheduler", default="poet",
-                   choices=["poet", "checkmate", "paging", "dtr", "checkpoint", "store-all"],
-                   help="poet: recompute+paging MILP; checkmate: recompute-only MILP; paging: Capuchin-like; "
-                        "dtr: greedy eviction; checkpoint: Chen sqrt(n); store-all: plain backprop")
+                   choices=list(SCHEDULERS), help="; ".join(f"{k}: {v}" for k, v in SCHEDULERS.items()))
     c.add_argument("--batch-size", type=_positive_int, default=8)
     c.add_argument("--input-shape", type=_shape)
     c.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
-    c.add_argument("--solver", default="auto", choices=["auto", "highs", "gurobi", "scipy", "cpsat"],
+    c.add_argument("--solver", default="auto", choices=SOLVER_CHOICES,
                    help="MILP backend (default auto: Gurobi with a full license, else HiGHS)")
     c.add_argument("--lns", type=_share, default=0.0,
                    help="share of --time-limit for large-neighbourhood search when the first 20%% does not prove "
@@ -83,12 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--cuts", type=_share, default=0.0,
                    help="with --lns: most share of --time-limit for window and memory cuts before the last solve "
                         "(e.g. 0.15)")
-    c.add_argument("--loss", default="cross_entropy", choices=["cross_entropy", "mse"])
+    c.add_argument("--loss", default="cross_entropy", choices=LOSSES)
     c.add_argument("--lr", type=float, default=0.01)
     c.add_argument("--momentum", type=float, default=0.9)
     c.add_argument("--weight-decay", type=float, default=5e-4)
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--emit", default="python", choices=["python", "c"],
+    c.add_argument("--emit", default="python", choices=list(BACKENDS),
                    help="python: a plan for the torch runtime (Jetson, Pi, host); c: C training firmware for "
                         "runtime/c (Cortex-M: plan.c/plan.h, drivers, Makefile)")
     c.add_argument("--out", required=True)
@@ -97,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="execute a compiled plan")
     r.add_argument("dir")
     r.add_argument("--steps", type=_positive_int, default=1)
-    r.add_argument("--data", default="random", choices=["random", "fashion-mnist"])
+    r.add_argument("--data", default="random", choices=DATA_SOURCES)
     r.add_argument("--check", action="store_true", help="compare with PyTorch autograd from the same weights and data")
     r.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     r.add_argument("--seed", type=int, default=1, help="seed of the data")
@@ -125,10 +133,10 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--time-limit", type=float, default=60.0, help="solver time limit per solve, seconds")
     w.add_argument("--batch-size", type=_positive_int, default=8)
     w.add_argument("--input-shape", type=_shape)
-    w.add_argument("--solver", default="auto", choices=["auto", "highs", "gurobi", "scipy", "cpsat"])
+    w.add_argument("--solver", default="auto", choices=SOLVER_CHOICES)
     w.add_argument("--jobs", type=_positive_int, default=2,
                    help="solves at once (local process pool; with --executor ray, the CPUs of a local Ray instance)")
-    w.add_argument("--executor", default="local", choices=["local", "ray"],
+    w.add_argument("--executor", default="local", choices=EXECUTORS,
                    help="local: a process pool; ray: tasks on a Ray cluster (pip install ray)")
     w.add_argument("--ray-address", help="with --executor ray: the cluster to join (ray.init(address=...)); "
                    "default: a local Ray instance")
@@ -144,23 +152,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _console():
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
-def _mb(n: int | None) -> str:
-    return "-" if n is None else f"{n / 1e6:.3f} MB"
-
-
 def _cmd_compile(a) -> dict:
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
 
     if a.mode == "local":
         if a.json or not sys.stderr.isatty():
             return compile_local_cmd(a)
-        with _console().status("compiling (local learning)") as status:
+        with console(stderr=True).status("compiling (local learning)") as status:
             return compile_local_cmd(a, progress=lambda msg: status.update(msg))
 
     if a.cuts > 0 and a.lns == 0:
@@ -176,7 +174,7 @@ def _cmd_compile(a) -> dict:
                           optimizer=SGDConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
     if a.json or not sys.stderr.isatty():
         return compile_model(opts)
-    with _console().status("compiling") as status:
+    with console(stderr=True).status("compiling") as status:
         return compile_model(opts, progress=lambda msg: status.update(msg))
 
 
@@ -194,7 +192,7 @@ def _cmd_run(a) -> dict:
         return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed)
     from rich.progress import Progress
 
-    with Progress(console=_console(), transient=True) as bar:
+    with Progress(console=console(stderr=True), transient=True) as bar:
         task = bar.add_task("training steps", total=a.steps)
         return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed,
                         progress=lambda k, n: bar.update(task, completed=k))
@@ -209,7 +207,7 @@ def _cmd_inspect(a) -> dict:
 
 
 def _cmd_train(a) -> dict:
-    return train_cmd(a, _console())
+    return train_cmd(a, console(stderr=True))
 
 
 def _cmd_sweep(a) -> dict:
@@ -221,7 +219,7 @@ def _cmd_sweep(a) -> dict:
                         ray_address=a.ray_address)
     if a.json or not sys.stderr.isatty():
         return run_sweep(opts)
-    with _console().status("sweeping") as status:
+    with console(stderr=True).status("sweeping") as status:
         return run_sweep(opts, progress=lambda msg: status.update(msg))
 
 
@@ -229,89 +227,6 @@ def _cmd_plot(a) -> dict:
     from .plot import plot_sweep
 
     return plot_sweep(a.dir, solve=a.solve)
-
-
-def _print_human(cmd: str, r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    con = Console()
-    if r.get("mode") == "local" or cmd == "train":
-        print_local(cmd, r, con)
-    elif cmd == "compile":
-        s = r["solver"]
-        if s.get("notice"):
-            con.print(f"[yellow]{s['notice']}")
-        gap = "-" if s.get("gap") is None else f"{100 * s['gap']:.3f}%"
-        con.print(f"[bold]{r['model']}[/] on {r['target']}: {r['nodes']} stages, scheduler {r['scheduler']} "
-                  f"(kept: {r['schedule']}; solver {s['name']} {s['status']}, gap {gap}, {s['seconds']:.2f} s)")
-        con.print(f"budget {_mb(r['budget_bytes'])} (smallest feasible {_mb(r['min_feasible_bytes'])}), "
-                  f"peak {_mb(r['peak_bytes'])} vs store-all {_mb(r['store_all_peak_bytes'])}")
-        con.print(f"energy {r['energy_j']:.6g} J vs store-all {r['store_all_energy_j']:.6g} J "
-                  f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s; "
-                  f"{r['recomputes']} recomputes, {r['page_ins']} page-ins, {r['page_outs']} page-outs")
-        if r.get("emit") == "c":
-            con.print(f"static arena {r['arena_bytes']} B (schedule's activation peak "
-                      f"{r['peak_bytes'] - r['state_bytes']} B) + parameters and momentum {r['state_bytes']} B, "
-                      f"budget {r['budget_bytes']} B; {r['paged_bytes_per_step']} B paged per step")
-            con.print(f"wrote {r['out']}/schedule.json, plan.c, plan.h, main_host.c, main_qemu.c, Makefile, "
-                      "firmware.json, et_runtime/")
-        else:
-            con.print(f"wrote {r['out']}/schedule.json, plan.py, weights.safetensors")
-    elif cmd == "run" and "build" in r:  # C firmware
-        con.print(f"{r.get('steps_done', 0)}/{r['steps']} steps ({r['build']}), losses "
-                  f"{[round(x, 4) for x in r.get('losses', [])]}")
-        con.print(f"arena {r['arena_bytes']} B, budget {r['budget_bytes']} B, paged {r.get('paged_bytes')} B, "
-                  f"instructions/step {r['instructions_per_step']}"
-                  + (f", RAM (.data+.bss) {r['ram_bytes']} B, flash {r['flash_bytes']} B" if "ram_bytes" in r else ""))
-        if r.get("checked") and r.get("max_abs_err") is not None:
-            con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
-                      f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
-        if not r["ok"]:
-            con.print(f"[red]{r.get('error')}")
-    elif cmd == "sweep":
-        t = Table(title=f"{r['model']} on {r['target']}, batch {r['batch_size']}: {r['combinations']} combinations "
-                        f"({r['solved']} solved now, {r['skipped']} from earlier runs)")
-        for col in ("budget", "deadline", "scheduler", "status", "energy (J)", "time (s)", "peak", "solver"):
-            t.add_column(col)
-        for x in r["rows"]:
-            sol = "-" if x.get("solver_name") in (None, "none") else f"{x['solver_name']} {x['solver_status']}"
-            t.add_row(x["budget"], x["deadline"], x["scheduler"], x["status"],
-                      "-" if x["energy_j"] is None else f"{x['energy_j']:.6g}",
-                      "-" if x["time_s"] is None else f"{x['time_s']:.6g}", _mb(x["peak_bytes"]), sol)
-        con.print(t)
-        con.print(f"wrote {r['results_csv']}, {r['results_json']}")
-    elif cmd == "plot":
-        con.print(f"wrote {len(r['files'])} files to {r['plots']}" + (f" (solve {r['solve']})" if r["solve"] else ""))
-    elif cmd == "run":
-        con.print(f"{r['steps']} steps on {r['device']}, losses {[round(x, 4) for x in r['losses']]}")
-        con.print(f"measured peak {_mb(r['measured_peak_bytes'])} (predicted {_mb(r['predicted_peak_bytes'])}, "
-                  f"budget {_mb(r['budget_bytes'])}), paged {r['paged_bytes']} B")
-        if r.get("checked"):
-            con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
-                      f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
-        if not r["ok"]:
-            con.print(f"[red]{r.get('error')}")
-    else:
-        t = Table(title=f"{r['model']} on {r['target']}: stages with recomputes or paging ({len(r['active_stages'])}"
-                        f" of {r['stages']})")
-        for col in ("stage", "node", "recompute", "page in", "page out"):
-            t.add_column(col)
-        for s in r["active_stages"]:
-            t.add_row(str(s["stage"]), s["node"], ", ".join(s["recompute"]), ", ".join(s["page_in"]),
-                      ", ".join(s["page_out"]))
-        con.print(t)
-        s = Table(title="schedule vs store-all")
-        for col in ("", "schedule", "store-all"):
-            s.add_column(col)
-        s.add_row("peak memory", _mb(r["peak_bytes"]), _mb(r["store_all_peak_bytes"]))
-        s.add_row("budget", _mb(r["budget_bytes"]), "")
-        s.add_row("energy (J)", f"{r['energy_j']:.6g}", f"{r['store_all_energy_j']:.6g}")
-        s.add_row("time (s)", f"{r['time_s']:.6g}", f"{r['store_all_time_s']:.6g}")
-        s.add_row("recomputes / page-ins / page-outs", f"{r['recomputes']} / {r['page_ins']} / {r['page_outs']}", "0 / 0 / 0")
-        con.print(s)
-        sol = r["solver"]
-        con.print(f"solver {sol['name']}: {sol['status']}, gap {sol.get('gap')}, {sol.get('seconds')} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(result, default=str))
     else:
-        _print_human(a.cmd, result)
+        from .report import print_human
+
+        print_human(a.cmd, result)
     return 0 if result.get("ok", True) else 1
 
 

@@ -4,21 +4,30 @@ from __future__ import annotations
 import argparse
 import sys
 
+from edgetrain.compiler.schedule_file.format import MODES
+
+from .choices import Choices
+
+# Registries whose modules import torch: read when an option is checked or help is printed, not at start-up.
+METHODS = Choices("edgetrain.compiler.local.memory_lines", "METHODS")
+CACHE_DTYPES = Choices("edgetrain.runtime.python.activation_cache", "CACHE_DTYPES")
+DATASETS = Choices("edgetrain.compiler.workbench.data", "DATASETS")
+
 __all__ = ["add_compile_options", "add_train_parser", "compile_local_cmd", "train_cmd", "inspect_local",
            "print_local"]
 
 
 def add_compile_options(c: argparse.ArgumentParser) -> None:
-    c.add_argument("--mode", default="poet", choices=["poet", "local"],
+    c.add_argument("--mode", default="poet", choices=MODES,
                    help="poet: one backprop step scheduled by the MILP; local: NeuroFlux block-wise local "
                         "learning (heads, memory lines, Algorithm 1; the budget must be a size like 64MB)")
     c.add_argument("--cap", type=int, default=256, help="--mode local: largest batch of a block")
     c.add_argument("--rho", type=float, default=0.40,
                    help="--mode local: neighbouring layers whose feasible batches differ by less than rho "
                         "(relative) share a block")
-    c.add_argument("--cache-dtype", default="float32", choices=["float32", "float16"],
+    c.add_argument("--cache-dtype", default="float32", choices=CACHE_DTYPES,
                    help="--mode local: dtype of the cached block outputs on storage")
-    c.add_argument("--profile", default="counter", choices=["counter", "profiler", "cuda"],
+    c.add_argument("--profile", default="counter", choices=METHODS,
                    help="--mode local: how layer memory is measured: counter (the tensors a step holds; CPU), "
                         "profiler (torch.profiler memory events; CPU), cuda (torch.cuda.max_memory_allocated)")
 
@@ -26,7 +35,7 @@ def add_compile_options(c: argparse.ArgumentParser) -> None:
 def add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="train a local-learning plan on a dataset; export the early-exit model")
     t.add_argument("dir")
-    t.add_argument("--data", default="fashion-mnist", choices=["fashion-mnist", "digits"])
+    t.add_argument("--data", default="fashion-mnist", choices=DATASETS)
     t.add_argument("--epochs", type=int, default=1, help="epochs per block")
     t.add_argument("--train-size", type=int, help="a seeded subset of the training split (default: all)")
     t.add_argument("--test-size", type=int, help="the first N test images (default: all)")

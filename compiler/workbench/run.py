@@ -18,6 +18,7 @@ from .reference import train_reference
 from edgetrain.compiler.scheduling.validator import validate
 
 RTOL, ATOL = 1e-5, 1e-6
+DATA_SOURCES = ("random", "fashion-mnist")  # what `run --data` takes
 
 
 def _target(body: dict):
@@ -41,7 +42,7 @@ def _batches(body: dict, data: str, steps: int, seed: int) -> list:
         raise EdgetrainError(f"--data {data} holds images; this model takes token ids: use --data random")
     if data == "fashion-mnist":
         return list(fashion_mnist_batches(tuple(shape[1:]), shape[0], steps, seed))
-    raise EdgetrainError(f"unknown data {data!r}; choose random or fashion-mnist")
+    raise EdgetrainError(f"unknown data {data!r}; choose one of {', '.join(DATA_SOURCES)}")
 
 
 def _device(device: str | None):

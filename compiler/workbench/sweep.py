@@ -35,6 +35,7 @@ from edgetrain.compiler.errors import BudgetError, EdgetrainError
 DEFAULT_BUDGETS = ("100%", "80%", "60%", "40%", "min")
 DEFAULT_DEADLINES = ("none", "1.0", "1.2", "1.5")
 DEFAULT_SCHEDULERS = ("poet", "checkmate", "paging", "dtr", "checkpoint")
+EXECUTORS = ("local", "ray")  # a process pool, or tasks on a Ray cluster
 
 COLUMNS = (
     "key", "model", "target", "batch_size", "budget", "budget_bytes", "deadline", "deadline_s", "scheduler",
@@ -87,8 +88,7 @@ def _check_specs(opts: SweepOptions) -> None:
     if not opts.budgets or not opts.deadlines or not opts.schedulers:
         raise BudgetError("--budgets, --deadlines and --schedulers each need at least one value")
     for b in opts.budgets:
-        if b.lower() != "min":
-            parse_budget(b)  # raises BudgetError naming the bad value
+        parse_budget(b)  # raises BudgetError naming the bad value
     for d in opts.deadlines:
         if _norm_deadline(d) != "none":
             parse_deadline(d, 1.0)
@@ -97,8 +97,8 @@ def _check_specs(opts: SweepOptions) -> None:
             raise ValueError(f"unknown scheduler {s!r} in --schedulers; choose from {', '.join(SCHEDULERS)}")
     if opts.jobs < 1:
         raise ValueError("--jobs must be at least 1")
-    if opts.executor not in ("local", "ray"):
-        raise ValueError(f"unknown executor {opts.executor!r}; choose local or ray")
+    if opts.executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {opts.executor!r}; choose one of {', '.join(EXECUTORS)}")
 
 
 # -- workers ---------------------------------------------------------------------------------------------
@@ -268,11 +268,9 @@ def write_results(out: str, order: list[str] | None = None) -> list[dict]:
 def run_sweep(opts: SweepOptions, progress=None) -> dict:
     from edgetrain.targets import load_target
 
-    from edgetrain.compiler.pipeline import CompileOptions, build_graph, prepare_out_dir
-    from edgetrain.compiler.scheduling.steps import build_steps
     from edgetrain.compiler.graph.liveness import analyze
-    from edgetrain.compiler.scheduling.schedulers import min_budget, store_all
-    from edgetrain.compiler.scheduling.validator import validate
+    from edgetrain.compiler.pipeline import CompileOptions, build_graph, prepare_out_dir
+    from edgetrain.compiler.scheduling.budget import anchors
 
     opts.budgets = split_list(opts.budgets)
     opts.deadlines = [_norm_deadline(d) for d in split_list(opts.deadlines)]
@@ -287,9 +285,8 @@ def run_sweep(opts: SweepOptions, progress=None) -> dict:
                            time_limit=opts.time_limit, solver=opts.solver)
     resolved, _model, graph = build_graph(copts, target)
     lv = analyze(graph)
-    sa = validate(graph, build_steps(graph, lv, store_all(graph, lv)), target, None)
-    activation_peak = max(p - graph.nodes[t].workspace_bytes for t, p in enumerate(sa.stage_peaks)) - lv.state_bytes
-    smallest = min_budget(lv)
+    anchor = anchors(graph, lv, target)
+    sa, activation_peak, smallest = anchor.store_all, anchor.activation_peak_bytes, anchor.min_feasible_bytes
 
     meta = {"model": resolved.spec, "target": target.name, "batch_size": opts.batch_size, "seed": opts.seed,
             "input_shape": list(graph.input_shape[1:]), "solver": opts.solver}
@@ -314,7 +311,7 @@ def run_sweep(opts: SweepOptions, progress=None) -> dict:
 
     tasks, order = [], []
     for b in opts.budgets:
-        bbytes = smallest if b.lower() == "min" else parse_budget(b).resolve(lv.fixed_bytes, activation_peak)
+        bbytes = parse_budget(b).resolve(anchor)
         for d in opts.deadlines:
             dl = None if d == "none" else parse_deadline(d, sa.time_s)
             for s in opts.schedulers:

@@ -7,7 +7,8 @@ from pathlib import Path
 from types import ModuleType
 
 from .executor import PlanError, Runtime
-from .kernels import KERNELS, KernelContext, KernelResult, dropout_apply, dropout_mask
+from .kernel_api import KernelContext, KernelResult
+from .kernels import KERNELS, dropout_apply, dropout_mask
 from .ledger import Ledger, LedgerError
 from .sgd import sgd_update
 from .storage import FileStore, PageStoreError

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from .kernels import KERNELS, KernelContext, KernelResult
+from .kernel_api import KernelContext, KernelResult
+from .kernels import KERNELS
 from .ledger import Ledger
 from .sgd import sgd_update
 from .storage import FileStore

@@ -7,38 +7,13 @@ params (the executor applies SGD) and the big temporaries it keeps visible to th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
-
 import torch
 from torch import Tensor
 
-aten = torch.ops.aten
+from .kernel_api import IGNORE_INDEX, MEAN, Kernel, KernelResult, aten, grad_mask
+from .transformer_kernels import TRANSFORMER_KERNELS
 
-MEAN = 1  # at::Reduction::Mean
-IGNORE_INDEX = -100  # F.cross_entropy's default
 _MASK64 = (1 << 64) - 1
-
-
-@dataclass
-class KernelContext:
-    first: bool = True  # False on a recompute
-    buffers: list[Tensor] = field(default_factory=list)
-    aux: tuple | None = None  # aux of the forward node a backward node differentiates
-    step: int = 0
-    seed: int = 0
-    device: torch.device | str = "cpu"
-
-
-@dataclass
-class KernelResult:
-    out: Tensor | None
-    aux: tuple[Tensor, ...] | None = None
-    grads: list[Tensor] = field(default_factory=list)
-    scratch: list[Tensor] = field(default_factory=list)
-
-
-Kernel = Callable[[KernelContext, list[Tensor], list[Tensor], dict], KernelResult]
 
 
 def _pair(v) -> list[int]:
@@ -48,10 +23,6 @@ def _pair(v) -> list[int]:
 def _shape_dummy(shape, like: Tensor) -> Tensor:
     """A tensor of `shape` that owns 1 element: for backward ops that read only the size of `self`."""
     return torch.empty((), dtype=like.dtype, device=like.device).expand(tuple(shape))
-
-
-def _grad_mask(attrs: dict) -> bool:
-    return bool(attrs.get("needs_input_grad", True))
 
 
 # -- convolution and linear ---------------------------------------------------------------------------
@@ -70,7 +41,7 @@ def conv2d_bwd(ctx, inputs, params, attrs):
     bias_sizes = [w.shape[0]] if has_bias else [0]
     gx, gw, gb = aten.convolution_backward(
         gy, x, w, bias_sizes, _pair(attrs["stride"]), _pair(attrs["padding"]), _pair(attrs["dilation"]),
-        False, [0, 0], int(attrs["groups"]), [_grad_mask(attrs), True, has_bias])
+        False, [0, 0], int(attrs["groups"]), [grad_mask(attrs), True, has_bias])
     return KernelResult(gx, grads=[gw, gb] if has_bias else [gw])
 
 
@@ -89,7 +60,7 @@ def linear_bwd(ctx, inputs, params, attrs):
     if x.dim() > 2:
         x, gy = x.view(-1, x.shape[-1]), gy.reshape(-1, gy.shape[-1])
     gx = None
-    if _grad_mask(attrs):
+    if grad_mask(attrs):
         # mm_mat1_backward: a column-major x gets its gradient computed transposed.
         if x.dim() == 2 and x.stride(0) == 1 and x.stride(1) == x.shape[0]:
             gx = w.t().mm(gy.t()).t()
@@ -166,7 +137,7 @@ def batch_norm_bwd(ctx, inputs, params, attrs):
     w, _ = _bn_affine(params)
     gx, gw, gb = aten.native_batch_norm_backward(
         gy, x, w, None, None, save_mean, save_invstd, True, float(attrs["eps"]),
-        [_grad_mask(attrs), bool(params), bool(params)])
+        [grad_mask(attrs), bool(params), bool(params)])
     return KernelResult(gx, grads=[gw, gb] if params else [])
 
 
@@ -334,8 +305,6 @@ def mse_bwd(ctx, inputs, params, attrs):
     one = torch.ones((), dtype=pred.dtype, device=pred.device)
     return KernelResult(aten.mse_loss_backward(one, pred, target, MEAN))
 
-
-from .transformer_kernels import TRANSFORMER_KERNELS  # noqa: E402  (they use the helpers above)
 
 KERNELS: dict[str, Kernel] = {**TRANSFORMER_KERNELS, **{f.__name__: f for f in (
     conv2d, conv2d_bwd, linear, linear_bwd, relu, relu_bwd, relu6, relu6_bwd, batch_norm, batch_norm_bwd,

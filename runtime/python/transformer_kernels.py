@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import KernelResult, _grad_mask, aten
+from .kernel_api import KernelResult, grad_mask, aten
 
 
 def _fresh(t, *operands):
@@ -53,7 +53,7 @@ def layer_norm_bwd(ctx, inputs, params, attrs):
         raise ValueError("layer_norm_bwd needs the aux (mean, rstd) of its forward node")
     mean, rstd = ctx.aux
     gx, gw, gb = aten.native_layer_norm_backward(gy, x, list(attrs["normalized_shape"]), mean, rstd, params[0],
-                                                 params[1], [_grad_mask(attrs), True, True])
+                                                 params[1], [grad_mask(attrs), True, True])
     return KernelResult(gx, grads=[gw, gb])
 
 

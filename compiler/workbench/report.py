@@ -1,0 +1,121 @@
+"""Human output of the `edgetrain` commands (what `--json` prints as one object, written for a reader).
+
+Off a terminal (piped, redirected) nothing wraps mid-phrase: lines are written whole and tables get a wide
+fixed width. Values from the run (losses, errors) are escaped, never read as markup.
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .local_cli import print_local
+
+PIPED_WIDTH = 200  # tables off a terminal: wide enough for every column, never wrapped mid-phrase
+
+
+def console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr, soft_wrap=True)
+    return Console(stderr=stderr, soft_wrap=True, width=PIPED_WIDTH)
+
+
+def percent(gap: float | None) -> str:
+    """A solver's relative gap, the one way it is printed: `0.735%`."""
+    return "-" if gap is None else f"{100 * gap:.3f}%"
+
+
+def mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.3f} MB"
+
+
+def losses(values) -> str:
+    """Losses rounded for reading; a non-finite one is printed as such (nan, inf)."""
+    return escape("[" + ", ".join(f"{x:.4f}" if math.isfinite(x) else str(x) for x in values) + "]")
+
+
+def print_human(cmd: str, r: dict) -> None:
+    con = console()
+    if r.get("mode") == "local" or cmd == "train":
+        print_local(cmd, r, con)
+    elif cmd == "compile":
+        s = r["solver"]
+        if s.get("notice"):
+            con.print(f"[yellow]{s['notice']}")
+        con.print(f"[bold]{r['model']}[/] on {r['target']}: {r['nodes']} stages, scheduler {r['scheduler']} "
+                  f"(kept: {r['schedule']}; solver {s['name']} {s['status']}, gap {percent(s.get('gap'))}, "
+                  f"{s['seconds']:.2f} s)")
+        con.print(f"budget {r['budget']} = {mb(r['budget_bytes'])} (smallest feasible {mb(r['min_feasible_bytes'])}), "
+                  f"peak {mb(r['peak_bytes'])} vs store-all {mb(r['store_all_peak_bytes'])}")
+        con.print(f"energy {r['energy_j']:.6g} J vs store-all {r['store_all_energy_j']:.6g} J "
+                  f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s; "
+                  f"{r['recomputes']} recomputes, {r['page_ins']} page-ins, {r['page_outs']} page-outs")
+        if r.get("emit") == "c":
+            con.print(f"static arena {r['arena_bytes']} B (schedule's activation peak "
+                      f"{r['peak_bytes'] - r['state_bytes']} B) + parameters and momentum {r['state_bytes']} B, "
+                      f"budget {r['budget_bytes']} B; {r['paged_bytes_per_step']} B paged per step")
+            con.print(f"wrote {r['out']}/schedule.json, plan.c, plan.h, main_host.c, main_qemu.c, Makefile, "
+                      "firmware.json, et_runtime/")
+        else:
+            con.print(f"wrote {r['out']}/schedule.json, plan.py, weights.safetensors")
+    elif cmd == "run" and "build" in r:  # C firmware
+        con.print(f"{r.get('steps_done', 0)}/{r['steps']} steps ({r['build']}), losses "
+                  f"{losses(r.get('losses', []))}")
+        con.print(f"arena {r['arena_bytes']} B, budget {r['budget_bytes']} B, paged {r.get('paged_bytes')} B, "
+                  f"instructions/step {r['instructions_per_step']}"
+                  + (f", RAM (.data+.bss) {r['ram_bytes']} B, flash {r['flash_bytes']} B" if "ram_bytes" in r else ""))
+        if r.get("checked") and r.get("max_abs_err") is not None:
+            con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
+                      f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
+        if not r["ok"]:
+            con.print(f"[red]{escape(str(r.get('error')))}")
+    elif cmd == "sweep":
+        t = Table(title=f"{r['model']} on {r['target']}, batch {r['batch_size']}: {r['combinations']} combinations "
+                        f"({r['solved']} solved now, {r['skipped']} from earlier runs)")
+        for col in ("budget", "deadline", "scheduler", "status", "energy (J)", "time (s)", "peak", "solver"):
+            t.add_column(col)
+        for x in r["rows"]:
+            sol = "-" if x.get("solver_name") in (None, "none") else f"{x['solver_name']} {x['solver_status']}"
+            t.add_row(x["budget"], x["deadline"], x["scheduler"], x["status"],
+                      "-" if x["energy_j"] is None else f"{x['energy_j']:.6g}",
+                      "-" if x["time_s"] is None else f"{x['time_s']:.6g}", mb(x["peak_bytes"]), sol)
+        con.print(t)
+        con.print(f"wrote {r['results_csv']}, {r['results_json']}")
+    elif cmd == "plot":
+        con.print(f"wrote {len(r['files'])} files to {r['plots']}" + (f" (solve {r['solve']})" if r["solve"] else ""))
+    elif cmd == "run":
+        con.print(f"{r['steps']} steps on {r['device']}, losses {losses(r['losses'])}")
+        con.print(f"measured peak {mb(r['measured_peak_bytes'])} (predicted {mb(r['predicted_peak_bytes'])}, "
+                  f"budget {mb(r['budget_bytes'])}), paged {r['paged_bytes']} B")
+        if r.get("checked"):
+            con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
+                      f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
+        if not r["ok"]:
+            con.print(f"[red]{escape(str(r.get('error')))}")
+    else:
+        t = Table(title=f"{r['model']} on {r['target']}: stages with recomputes or paging ({len(r['active_stages'])}"
+                        f" of {r['stages']})")
+        for col in ("stage", "node", "recompute", "page in", "page out"):
+            t.add_column(col)
+        for s in r["active_stages"]:
+            t.add_row(str(s["stage"]), s["node"], ", ".join(s["recompute"]), ", ".join(s["page_in"]),
+                      ", ".join(s["page_out"]))
+        con.print(t)
+        s = Table(title="schedule vs store-all")
+        for col in ("", "schedule", "store-all"):
+            s.add_column(col)
+        s.add_row("peak memory", mb(r["peak_bytes"]), mb(r["store_all_peak_bytes"]))
+        s.add_row("budget", mb(r["budget_bytes"]), "")
+        s.add_row("energy (J)", f"{r['energy_j']:.6g}", f"{r['store_all_energy_j']:.6g}")
+        s.add_row("time (s)", f"{r['time_s']:.6g}", f"{r['store_all_time_s']:.6g}")
+        s.add_row("recomputes / page-ins / page-outs", f"{r['recomputes']} / {r['page_ins']} / {r['page_outs']}", "0 / 0 / 0")
+        con.print(s)
+        sol = r["solver"]
+        seconds = "-" if sol.get("seconds") is None else f"{sol['seconds']:.2f}"
+        con.print(f"solver {sol['name']}: {sol['status']}, gap {percent(sol.get('gap'))}, {seconds} s")
+
+

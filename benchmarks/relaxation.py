@@ -1,4 +1,4 @@
-"""Bound ladder (issue 3): how far each step lifts the POET MILP's proven lower bound, per model, target, budget.
+"""Bound ladder: how far each step lifts the POET MILP's proven lower bound, per model, target, budget.
 
     .venv/bin/python benchmarks/relaxation.py [--models resnet10,resnet18] [--targets nrf52840]
         [--budgets min,40%] [--batch-size 8] [--cut-seconds 60] [--mip-seconds 60] [--threads 1]

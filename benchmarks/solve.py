@@ -1,4 +1,4 @@
-"""POET solve benchmark (issue 3): per model, target and budget, the MILP's size against the reference
+"""POET solve benchmark: per model, target and budget, the MILP's size against the reference
 formulation's, the solve (status, incumbent, proven bound, gap, seconds) and every baseline's energy at the
 same budget.
 
@@ -155,7 +155,7 @@ def main() -> None:
     ap = graph_arguments(__doc__, "resnet18,vgg16", "rpi4,nrf52840", "100%,70%,50%,40%,min")
     ap.add_argument("--time-limit", default="30,resnet50=120", help="seconds per solve: default[,model=s...]")
     ap.add_argument("--mip-gap", default="1e-3,resnet50=1e-2",
-                    help="relative gap at which a solve stops, proven: default[,model=gap...] (issue 3: 0.1%%)")
+                    help="relative gap at which a solve stops, proven: default[,model=gap...]")
     ap.add_argument("--threads", type=int, default=None, help="solver threads (default: the solver's own)")
     ap.add_argument("--lns", type=float, default=0.45,
                     help="share of the time limit for large-neighbourhood search when 20%% of it does not prove "

@@ -2,7 +2,8 @@
 
 A profile is one TOML file per device in ``targets/profiles/``. Every figure in it is required and
 cited in its ``[sources]`` table, because the solver's answers are only as credible as these numbers.
-The cost model is the POET one (BRIEF.md section 2):
+The cost model is the POET one (Patil et al., "POET: Training Neural Networks on Tiny Devices with
+Integrated Rematerialization and Paging", ICML 2022):
 
     compute time    = FLOPs / FLOP-per-second
     compute energy  = FLOPs / FLOP-per-joule
@@ -320,7 +321,7 @@ def measure_storage_bytes() -> int:
 
 @functools.cache
 def measure_flops_per_s(n: int = 512, repeats: int = 5) -> float:
-    """FP32 throughput of this machine from a short torch matmul benchmark (~0.1 s, once per process)."""
+    """FP32 throughput of the compiling machine from a short torch matmul benchmark (~0.1 s, once per process)."""
     import torch  # imported here so that loading a non-host profile never needs torch
 
     gen = torch.Generator().manual_seed(0)

@@ -385,7 +385,7 @@ def test_input_shape_the_model_cannot_take(capsys, tmp_path):
 @pytest.mark.parametrize("device", ["toaster", "cuda"])
 def test_bad_run_device(capsys, compiled, device):
     if device == "cuda" and torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+        pytest.skip("CUDA is available")
     msg = expect_error(capsys, "run", compiled, "--device", device)
     assert device in msg and "cpu" in msg
 

@@ -1,4 +1,4 @@
-"""The host profiler: every node of a training graph timed with the runtime's kernels on this machine."""
+"""The host profiler: every node of a training graph timed with the runtime's kernels on the host."""
 from __future__ import annotations
 
 import pytest

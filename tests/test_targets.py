@@ -13,7 +13,7 @@ BUILTINS = [
     "host", "jetson-agx-orin", "jetson-nano", "jetson-tx2", "jetson-xavier-nx",
     "mkr1000", "mps2-an386", "nrf52840", "rpi4",
 ]
-MB = 1e6  # the brief's MB/s are decimal megabytes
+MB = 1e6  # the POET reference code's MB/s are decimal megabytes
 
 
 def test_list_targets_names_every_profile():
@@ -40,7 +40,7 @@ def test_jetson_figures_say_they_are_public_specs(name):
     assert "public spec" in t.sources["flops_per_s"].lower()
 
 
-def test_mkr1000_costs_match_the_brief():
+def test_mkr1000_costs_match_the_poet_reference():
     t = load_target("mkr1000")
     assert t.ram_bytes == 32 * 1024
     assert t.page_in_time_s(1e6) == pytest.approx(0.109e-3 + 1e6 / (4.6165 * MB), rel=1e-12)
@@ -60,7 +60,7 @@ def test_mkr1000_costs_match_the_brief():
         ("mps2-an386", 6.37e6, 5.80e8, (0.109e-3, 4.6165 * MB), (0.113e-3, 4.44 * MB), 0.33),
     ],
 )
-def test_brief_figures(name, flops_s, flops_j, pin, pout, power):
+def test_poet_reference_figures(name, flops_s, flops_j, pin, pout, power):
     t = load_target(name)
     if flops_s is not None:
         assert t.flops_per_s == flops_s and t.flops_per_joule == flops_j

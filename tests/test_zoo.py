@@ -9,9 +9,9 @@ from edgetrain.compiler.frontend.zoo import ZOO, ZooEntry, build
 
 EXPECTED = ["mlp", "small_cnn", "vgg11", "vgg16", "vgg19", "resnet10", "resnet18", "resnet50", "mobilenetv2",
             "mcu_cnn", "mcu_resnet"]
-TRANSFORMERS = ["bert_base", "gpt_small", "bert_tiny", "gpt_tiny"]  # tests/test_zoo_transformers.py
+TRANSFORMERS = ["bert_base", "gpt_small", "bert_tiny", "gpt_tiny"]  # tests/test_transformer_frontend.py
 
-# The closed op set the frontend supports (BRIEF.md; zoo.py docstring). Containers are structure.
+# The closed op set the frontend supports (zoo.py docstring). Containers are structure.
 ALLOWED_MODULES = (
     nn.Conv2d, nn.Linear, nn.ReLU, nn.ReLU6, nn.BatchNorm2d, nn.MaxPool2d, nn.AvgPool2d,
     nn.AdaptiveAvgPool2d, nn.Flatten, nn.Dropout, nn.Identity,

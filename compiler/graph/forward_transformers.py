@@ -1,7 +1,7 @@
 """Frontend handlers for the ops transformers use, mixed into the frontend's `_Builder`.
 
 Each maps one fx construct to registry ops through the builder's `emit` / `permute` / `fail`; the tables
-in `compiler/frontend.py` point at them. Attention must be `F.scaled_dot_product_attention` without a
+in `compiler/graph/forward.py` point at them. Attention must be `F.scaled_dot_product_attention` without a
 mask or dropout (its CPU flash kernel is what autograd runs); matmul takes equal ranks without broadcasting.
 """
 from __future__ import annotations

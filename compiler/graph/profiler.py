@@ -1,4 +1,4 @@
-"""Measure each node of a training graph on this machine: the costs of the `host` target.
+"""Measure each node of a training graph on the machine that compiles it: the costs of the `host` target.
 
 The graph is walked once in execution order with the runtime's own kernels, so every operand is a real
 tensor of the right shape and dtype: max-pool indices come from a real argmax, a batch-norm backward gets

@@ -19,8 +19,9 @@ limit (``cap``, default 256) and the grouping threshold ``rho`` (default 0.40).
 4. Block batch (paper line 11): the smallest feasible batch of its layers, so every layer of the block fits
    the budget at the block's batch (memory lines are increasing in the batch).
 
-Our copy of the paper (``shared/seeds/000_847b2f6d4430fac5.txt``) has the prose of Algorithm 1 but not its
-pseudo-code listing, so rule 3's exact form (the denominator and strictness) is our reading of the prose.
+The text of the paper we worked from ("NeuroFlux: Memory-Efficient CNN Training Using Adaptive Local
+Learning") has the prose of Algorithm 1 but not its pseudo-code listing, so rule 3's exact form (the
+denominator and strictness) is our reading of the prose.
 """
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """Window cuts: valid inequalities that close most of the POET MILP's LP gap at tight budgets.
 
-The LP relaxation's favourite trick (measured on ResNet-18, nrf52840, 40%: 1,696 fractional values) is a
-staircase: recompute a ReLU output 2% at each of 49 stages, supported by its input held at 2% throughout, so
-that the output's memory ramps up instead of stepping, and the input costs 2% of its size instead of the
-decreasing ramp a mix of integer schedules would need. The same with paging: page-ins summing to 1 over the
-window behind a page-out of 0.02. The per-stage rows (a recompute needs its inputs resident *at that stage*)
-cannot see it; an inequality over a window of stages can:
+The LP relaxation's favourite trick at tight budgets is a staircase: recompute a ReLU output 2% at each of 49
+stages, supported by its input held at 2% throughout, so that the output's memory ramps up instead of stepping,
+and the input costs 2% of its size instead of the decreasing ramp a mix of integer schedules would need. The same
+with paging: page-ins summing to 1 over the window behind a page-out of 0.02. The per-stage rows (a recompute
+needs its inputs resident *at that stage*) cannot see it; an inequality over a window of stages can:
 
     c resident at stage e, not resident entering stage u  =>  c was paged in or recomputed in [u, e];
     paged in                         =>  PO_c = 1                     (else: the page-ins in [u, e])
@@ -21,9 +20,7 @@ which is linear once each "or" picks one alternative:
 Valid for every schedule in which no tensor is held twice at once (a recompute or page-in of a resident tensor
 only adds cost and memory, so an optimal schedule exists among them): the bound stays a lower bound on the
 optimum. There are O(T^2) such rows per tensor, so they are separated: solve the LP, add the most violated
-rows, repeat. Measured on that case: the LP's added energy over computing every node once went from 0.275 J to
-0.476 J in 2-3 s (the plain MILP proves 0.46-0.47 J in 30 s; the best schedule known adds 0.513 J); with the
-phased solve of lns.py, 30 s: gap 0.175-0.19% with them against 0.21-0.25% without.
+rows, repeat.
 
 Memory cuts (separate_memory) close another trick of the LP at the smallest budgets: recompute a whole chain
 (input, conv1, bn1, relu, ... twelve tensors) 30% at one stage, where the chain at 100% would not fit in that
@@ -34,9 +31,9 @@ stage t reads):
 
     R_c(t) <= sum over m = 1..k of (S_{n_m}(t) + P_{n_m}(t))
 
-Valid for every schedule (the memory row of stage t says so), so they need no assumption. Measured on
-ResNet-18/nrf52840 at its smallest budget: the LP with window cuts 2.87 J of added energy, with both 3.24 J
-(900 s of HiGHS on the model with window cuts alone proved 3.33 J; 30 s on the model with both 3.41 J).
+Valid for every schedule (the memory row of stage t says so), so they need no assumption.
+
+What each family lifts, measured: docs/solver.md.
 """
 from __future__ import annotations
 
@@ -205,13 +202,10 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0
     cuts only (to measure what each family buys: benchmarks/relaxation.py).
 
     `then`: the seconds the caller has after this for a solve on the model with the cuts. When 8 times the plain
-    LP does not fit in `then` (ResNet-50 and BERT-base on nrf52840: 4-6 s), that solve could not finish its
-    root with the cuts (a MILP root re-solves its LP many times), so the rounds may take that time too: each
-    round's LP is a proven bound (BERT-base at its smallest budget: 35.2 J of added energy plain, 40.3 J after
-    one round, 45.2 J after two, each LP 5-7 s) and the report says so (`took_then`). Each re-solve starts cold
-    (LpSession): 0.6-2.3 times the previous one, measured over six rounds on ResNet-50 40% and BERT-base min
-    (from the previous basis it was 2-8 times: 4.3 s, 8.7 s, 35 s on ResNet-50). No re-solve starts with less
-    than 3 times the previous one's time left: the caller gets that time back."""
+    LP does not fit in `then`, that solve could not finish its root with the cuts (a MILP root re-solves its LP
+    many times), so the rounds may take that time too: each round's LP is a proven bound, and the report says so
+    (`took_then`). Each re-solve starts cold (LpSession). No re-solve starts with less than 3 times the previous
+    one's time left: the caller gets that time back."""
     from .milp.highs import LpSession
 
     t0 = time.perf_counter()

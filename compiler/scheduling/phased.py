@@ -12,15 +12,12 @@ from edgetrain.compiler.graph.liveness import Liveness
 from .poet import PoetModel, without_redundant_holds
 from .search import improve, recompute_only
 
-# Share of the time limit for the first full solve: its bound and the incumbent the LNS starts from. 0.2 rather
-# than 0.3 since local branching (ResNet-18, nrf52840, 40%, 30 s: 0.117% with the 10% moved to the LNS, 0.134%
-# without).
+# Share of the time limit for the first full solve: its bound and the search's first incumbent. Measurements
+# behind this and the constants below: docs/solver.md.
 FIRST_SHARE = 0.2
-# When the first solve ends above this gap, the recompute-only restriction is solved for PROBE_SHARE of the time
-# (taken from the search) and starts the search if better. ResNet-50/nrf52840/40% (first solve: 5.59 J of added
-# energy, gap 3.5%): it finds 3.75 J in 25 s with no warm start, and 50 s of search from there 2.88 J (from the
-# first solve's incumbent: 4.0-4.3 J). It is infeasible at the smallest budgets (returns at once) and worse than
-# the first incumbent on BERT-base (483 J vs 47 J at min) and ResNet-18 40% (1.77 J vs 0.74 J): hence the gate.
+# Far from proven (gap above PROBE_GAP), the recompute-only restriction, an easier MIP, is solved for at most
+# PROBE_SHARE of the time (taken from the search) as a better start. Near a proof it finds worse than the first
+# solve's incumbent, and at the smallest budgets it is infeasible: hence the gate.
 PROBE_GAP = 0.02
 PROBE_SHARE = 0.15
 # A last solve on the plain model with at most REDO times the first solve's time is skipped (see solve_phased).
@@ -35,12 +32,12 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
     - above a PROBE_GAP gap, the recompute-only restriction for at most PROBE_SHARE of the time (a better start);
     - `cuts` > 0: window and memory cuts for at most that share (cuts.strengthen). The last solve runs on the model with
       them when their LP alone lifts the bound at least 3/4 of the way from the plain LP to what the first solve
-      proved (see _worth_it). Where the LP is too slow for the last solve to re-solve it with them (ResNet-50,
-      BERT-base), the cut rounds may take the last solve's time instead: their LP bound is the gain;
+      proved (see _worth_it). Where the LP is too slow for the last solve to re-solve it with them, the cut
+      rounds may take the last solve's time instead: their LP bound is the gain;
     - the search (`improve`) from the best incumbent for `lns` of the time and whatever the steps above left;
     - the full solve again from the search's incumbent for the rest.
 
-    The first solve and the search stay on the plain model: the cut rows, measured, cost them their incumbents.
+    The first solve and the search stay on the plain model: the cut rows cost them their incumbents.
     The reported bound is the largest proven one (the LP with cuts among them) and the gap is the best
     incumbent's against it.
     """
@@ -81,9 +78,8 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
         elif _worth_it(report, first.bound):
             final = with_cuts
     if planned and final is pm and reserve <= REDO * first.seconds:
-        # The last solve would be the first one again (same model, about as long): its bound stays below the
-        # first's (ResNet-50/nrf52840/min: 14.34 J of added energy vs 14.36 J; ResNet-18/jetson-agx-orin/40%:
-        # 0.00772 J vs 0.00802 J), so the search takes its time.
+        # The last solve would be the first one again (same model, about as long) and its bound would stay below
+        # the first's, so the search takes its time.
         reserve, planned, repeat = 0.0, False, True
     # The search gets its share and what the cuts left unused (of theirs, and of the last solve's if they took it).
     local = improve(pm, lv, start, max(time_limit - (time.perf_counter() - t0) - reserve, 0.0), threads=threads)
@@ -133,11 +129,9 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
 
 
 def _worth_it(report, proved: float | None) -> bool:
-    """Whether the last solve should carry the cuts. Measured on ResNet-18 (added energy over computing
-    every node once: plain LP -> LP with cuts, against the bound the first 30% of a 30 s solve proved):
-    nrf52840 40% 0.275 -> 0.476 J vs 0.45 J (the cut model ended at a 0.19% gap, the plain one 0.21-0.25%);
-    nrf52840 min 1.75 -> 2.7 J vs 2.8 J (1.33-1.57% vs 2.26-2.32%); jetson-agx-orin 40% 0.0057 -> 0.0068 J
-    vs 0.0076 J (0.48% vs 0.26%: the bigger model only cost time there)."""
+    """Whether the last solve should carry the cuts: when their LP alone lifts the bound at least 3/4 of the way
+    from the plain LP to what the first solve proved. Below that, the bigger model costs the last solve more time
+    than the cuts bring."""
     if report.lp_after is None or report.lp_before is None or report.cuts == 0:
         return False
     if proved is None or proved <= report.lp_before:

@@ -5,7 +5,7 @@ where a choice exists: a decision tensor i has K_i (held from the forward pass i
 (written to storage right after its forward compute), and for each backward stage t of its window
 [B0, E_i]: S[t,i] (held entering t; S[B0,i] is K_i), R[t,i] (recomputed at t, only up to the SGD update
 of its own parameters) and P[t,i] (paged in at t, only where something may read it). Memory rows are exact for the step order of
-`decisions.build_steps`: the peak of a stage is reached while its node runs, and frees happen at the end.
+`steps.build_steps`: the peak of a stage is reached while its node runs, and frees happen at the end.
 
 Energy = sum R*E_comp + PO*E_out + P*E_in (+ the constant energy of computing every node once).
 Deadline: the same with times, paging included.

@@ -80,8 +80,8 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
                   solver: str = "auto", threads: int | None = None, lns: float = 0.0,
                   cuts: float = 0.0) -> Scheduled:
     """`lns`: the share of `time_limit` given to large-neighbourhood search when the first 20% of the time
-    does not prove the gap (see lns.solve_phased); 0 solves once, for the whole time limit. `cuts` (with `lns`):
-    the most share of it spent adding window and memory cuts before the last solve (see lns.solve_phased)."""
+    does not prove the gap (see phased.solve_phased); 0 solves once, for the whole time limit. `cuts` (with `lns`):
+    the most share of it spent adding window and memory cuts before the last solve (see phased.solve_phased)."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)

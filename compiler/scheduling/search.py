@@ -84,19 +84,11 @@ def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, wind
     their last turn (before their first: `keep_turn` of the schedule's added energy per turn); the windows run when
     it misses or falls behind. A local-branching turn that gains nothing waits for the windows to move the
     incumbent, and twice as many window turns after each further miss in a row; two misses before any gain end it
-    (on ResNet-50 its root LP alone takes about a turn). Ends when the windows stop gaining (three covers of both
+    (a model whose root LP alone takes about a turn). Ends when the windows stop gaining (three covers of both
     without gain) while local branching waits.
 
-    Measured (ResNet-18, nrf52840, 40%, extra energy over computing every node once): windows alone reach a
-    local optimum of theirs at 0.563 J in 5-16 s, from which local branching (radius 60, 5 s) finds 0.514 J in
-    one turn; from the first solve's incumbent (0.736 J), three 5 s turns reach 0.52-0.53 J at radius 80-100
-    (radius 30 finds nothing; 120-200 and 4 s turns less). On ResNet-50 it finds nothing in 60 s (the windows do
-    the work there), on ResNet-18 at the smallest budget less than the windows: hence the turns. There its
-    turns gain 2.3% then 0.5% of the added energy, at 40% 14%, 15%, 4%, 1.3%: hence `keep_turn`. Phased 30 s
-    solves of that case: local branching only 0.092% gap, windows only 0.19%, turns from an even start (windows
-    first explored, 5 s or 2.5 s window turns) 0.116-0.19%, turns with keep_turn 0 0.092-0.094% (smallest
-    budget: 1.70%, 1.40%, 1.40-1.54%, 1.38-2.58%), with 0.03 0.092% (1.39-2.16%: at the smallest budget the
-    last solve's bound varies with the 4-6 s it gets).
+    Local branching finds moves that no window holds (schedules that differ all over the network); the windows
+    gain more where its LP is slow or at the smallest budgets: hence the turns. Figures: docs/solver.md.
     """
     t0 = time.perf_counter()
     m = pm.milp
@@ -140,7 +132,7 @@ def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, wind
                 since, misses, gained = 0, 0, True
             else:
                 misses += 1
-                # Two misses before any gain: the model is too big for a turn (ResNet-50); stop trying.
+                # Two misses before any gain: the model is too big for a turn; stop trying.
                 wait = 2 ** (misses - 1) if gained or misses < 2 else math.inf
         else:
             while time.perf_counter() - start < turn and since < 3 * cover:

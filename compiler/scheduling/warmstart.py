@@ -1,11 +1,11 @@
 """A budget-aware start for the POET MILP: keep what fits, bring the rest back the cheaper way.
 
 The other heuristics ignore the budget (store-all, checkpointing, paging) or cannot page (DTR), so at tight
-budgets the MILP often started from paging everything, far from the optimum (ResNet-50 on nrf52840 at 40%:
-page-all 150.9 J against an LP bound of 110.2 J). Here each decision tensor is brought back for backward by
-the cheaper of a page-in (storing it after its forward compute) or a recompute (with the inputs that are not
-kept, recursively); tensors are then dropped from the kept set, one at a time, at the first stage over the
-budget, the one freeing the most bytes per joule of extra energy first, until the schedule validates.
+budgets the MILP often started from paging everything, far from the optimum. Here each decision tensor is brought
+back for backward by the cheaper of a page-in (storing it after its forward compute) or a recompute (with the
+inputs that are not kept, recursively); tensors are then dropped from the kept set, one at a time, at the first
+stage over the budget, the one freeing the most bytes per joule of extra energy first, until the schedule
+validates.
 """
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ _IDX_LABELS_MAGIC = 0x0801  # unsigned bytes, 1 dimension
 
 
 class DatasetMissingError(EdgetrainError, FileNotFoundError):
-    """A dataset's files are not on this machine; the message says how to install them."""
+    """A dataset's files are not installed; the message says how to install them."""
 
 
 # -- random data --------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ license"). `gurobi_available()` says whether gurobipy imports and has a usable l
 `license_limited()` whether that license is the size-limited one (probed once by optimizing an empty model
 just over the variable limit), and `fits_limited(m)` whether a model is within its limits.
 
-The objective is scaled by a power of two before Gurobi sees it (see `scipy_milp.objective_scale`).
+The objective is scaled by a power of two before Gurobi sees it (see `model.objective_scale`).
 gurobipy imports lazily, so this module loads without it. `solve` lets GurobiError propagate (10010
 included); `registry.solve_with` turns 10010 into a HiGHS fallback with a notice.
 """

@@ -118,9 +118,7 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
 class LpSession:
     """The LP relaxation of `m` kept in one HiGHS instance, so that rows can be added and the LP re-solved, as a
     cutting-plane loop needs. Each re-solve after added rows starts from scratch (`cold`, the default): with
-    thousands of violated rows, dual simplex from the previous basis was 1.5-5.4 times slower than a cold solve
-    with presolve (the LP of the first window-cut round: BERT-base/nrf52840/min 38 s against 7.0 s,
-    ResNet-50 min 13.1 s against 4.6 s, ResNet-18 min 0.3 s against 0.2 s)."""
+    thousands of violated rows, dual simplex from the previous basis is slower than a cold solve with presolve."""
 
     def __init__(self, m: SparseMILP, threads: int | None = None, cold: bool = True):
         self.cold = cold
@@ -131,7 +129,7 @@ class LpSession:
     def solve(self, time_limit: float) -> tuple[float, np.ndarray] | None:
         """(objective, values) of the LP optimum, or None when it was not reached in time."""
         # HiGHS's time limit is on the instance's clock, which adds up every run: give this run `time_limit` more
-        # (seen: BERT-base's fourth cut round stopped at once, its first three runs having taken 102 s).
+        # (else a late round stops at once when the earlier runs used up the limit).
         self.h.setOptionValue("time_limit", self.h.getRunTime() + float(max(time_limit, 0.01)))
         self.h.run()
         if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:

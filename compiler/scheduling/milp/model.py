@@ -12,14 +12,14 @@ def objective_scale(cost: np.ndarray) -> float:
 
     POET's costs are energies from ~1e-6 J to a few J. Unscaled, a solver's optimality tolerances (HiGHS's
     dual feasibility 1e-7 and absolute MIP gap 1e-6, Gurobi's OptimalityTol 1e-6) are as large as the
-    smallest costs: measured here, scipy's HiGHS and Gurobi each stopped at schedules a few microjoules
-    above the optimum (small_cnn and vgg11 at tight budgets) and reported that value as their bound.
+    smallest costs: scipy's HiGHS and Gurobi each stopped at schedules a few microjoules above the optimum
+    (small_cnn and vgg11 at tight budgets) and reported that value as their bound.
     Scaled, the smallest costs are far above the tolerances; objective and bound are mapped back exactly."""
     top = float(np.abs(cost).max()) if len(cost) else 0.0
     if top == 0.0 or not np.isfinite(top):
         return 1.0
-    # Measured (ResNet-18, Orin, 40%, 20 s): largest cost in [1, 2) reached a 0.17% gap; unscaled 2.5%; scaled
-    # into [512, 1024) 7.5%. HiGHS's primal heuristics are tuned for objective coefficients of order one.
+    # [1, 2) rather than larger: HiGHS's primal heuristics are tuned for objective coefficients of order one
+    # (docs/solver.md compares scales).
     return math.ldexp(1.0, 1 - math.frexp(top)[1])
 
 

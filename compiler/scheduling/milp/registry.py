@@ -5,7 +5,7 @@
     res.requested  # what was asked for: auto | highs | gurobi | scipy | cpsat
     res.notice     # one line when the request was not honoured as asked (a fallback), else None
 
-Policy (issue 3):
+Policy:
 - "highs" (the default backend), "scipy", "cpsat": that backend; a missing package raises SolverUnavailable
   naming the pip package.
 - "gurobi": Gurobi. With the size-limited license that the gurobipy wheel ships, a model over its limits
@@ -39,7 +39,7 @@ class RoutedResult(SolveResult):
     """A SolveResult that also says what was asked for and, after a fallback, why it was not honoured."""
     requested: str = "auto"
     notice: str | None = None
-    cuts: dict | None = None  # window cuts of a phased solve (lns.solve_phased), if any were tried
+    cuts: dict | None = None  # window and memory cuts of a phased solve (phased.solve_phased), if any were tried
 
     def to_json(self) -> dict:
         out = super().to_json()

@@ -151,16 +151,23 @@ def test_resume_refuses_another_configuration(swept):
         run_sweep(_opts(out, batch_size=4, budgets="100%", deadlines="none", schedulers="poet"))
 
 
-def test_plot_writes_png_and_svg(swept, capsys):
+@pytest.fixture(scope="module")
+def plotted(swept):
+    from edgetrain.compiler.workbench.plot import plot_sweep
+
     out, _ = swept
-    assert main(["plot", out, "--json"]) == 0
-    r = json.loads(capsys.readouterr().out)
+    return out, plot_sweep(out)
+
+
+def test_plot_writes_png_and_svg(plotted, capsys):
+    out, r = plotted  # plot_sweep(out): the command's defaults
     assert r["solve"] == combo_key("min", "none", "poet")  # POET at the tightest budget by default
-    assert main(["plot", out, "--solve", combo_key("60%", "none", "paging"), "--json"]) == 0
+    assert main(["plot", out, "--solve", combo_key("60%", "none", "paging"), "--memory-steps", "--json"]) == 0
     r2 = json.loads(capsys.readouterr().out)
+    assert "data" not in r2  # the drawn data is for Python callers, not the command's output
     names = {os.path.basename(p) for p in r["files"] + r2["files"]}
-    for stem in ("energy_vs_budget", "time_vs_budget", f"schedule_{r['solve']}", f"memory_{r['solve']}",
-                 f"schedule_{r2['solve']}", f"memory_{r2['solve']}"):
+    for stem in ("energy_vs_budget", "time_vs_budget", "energy_vs_time", f"schedule_{r['solve']}",
+                 f"memory_{r['solve']}", f"schedule_{r2['solve']}", f"memory_{r2['solve']}"):
         assert {f"{stem}.png", f"{stem}.svg"} <= names
     for p in r["files"] + r2["files"]:
         assert os.path.dirname(p) == os.path.join(out, "plots")
@@ -171,6 +178,8 @@ def test_plot_writes_png_and_svg(swept, capsys):
             assert head.startswith(b"\x89PNG\r\n\x1a\n")
         else:
             assert b"<svg" in head or b"<?xml" in head
+    assert not [f for f in os.listdir(os.path.join(out, "plots")) if f.endswith(".tmp")]  # atomic writes
+    assert r["report"] == os.path.join(out, "report.html") and os.path.exists(r["report"])
     assert main(["plot", out, "--solve", combo_key("min", "none", "dtr"), "--json"]) == 2  # infeasible: no schedule
     assert "no schedule" in json.loads(capsys.readouterr().out)["error"]
 
@@ -191,22 +200,193 @@ def test_sweep_on_a_local_ray_instance(swept, tmp_path):
             assert os.path.exists(os.path.join(out, x["solve_file"]))
 
 
-def test_energy_plot_has_one_panel_per_deadline():
-    """Each deadline of a sweep gets its panel; a deadline's points are drawn only in its own panel."""
-    from edgetrain.compiler.workbench.plot import _mpl, _versus_budget, deadline_panels
+# -- figures: what they draw ---------------------------------------------------------------------------
 
-    meta = {"model": "m", "target": "t", "batch_size": 2, "schedulers": ["poet", "dtr"],
-            "deadlines": ["none", "1.2", "1.5"], "min_feasible_bytes": 1e6}
-    rows = [{"scheduler": s, "deadline": d, "status": "ok", "budget_bytes": b, "energy_j": e}
-            for s, d, b, e in [("poet", "none", 2e6, 1.0), ("poet", "none", 3e6, 0.9), ("dtr", "1.2", 3e6, 1.1),
-                               ("poet", "0.5s", 3e6, 2.0)]]
-    assert deadline_panels(meta, rows) == ["none", "1.2", "0.5s"]  # 1.5 has no row; 0.5s is not in meta
-    assert deadline_panels(meta, []) == ["none"]
-    plt = _mpl()
-    fig = _versus_budget(plt, meta, rows, "energy_j", "J", "Energy", None)
-    axes = fig.axes
-    assert len(axes) == 3
-    assert [len(ax.lines) - 1 for ax in axes] == [1, 1, 1]  # one scheduler line each, plus the min-budget line
-    assert list(axes[0].lines[0].get_ydata()) == [1.0, 0.9]
-    assert "1.2x" in axes[1].get_title() and "0.5s" in axes[2].get_title()
+def test_every_scheduler_is_in_every_panel_and_infeasible_points_are_marked(swept, plotted):
+    from edgetrain.compiler.workbench.plot import budget_percent
+
+    out, r = plotted
+    with open(os.path.join(out, "sweep.json")) as f:
+        meta = json.load(f)
+    rows = {(x["budget"], x["deadline"], x["scheduler"]): x for x in read_rows(out)}
+    for name, field, base in (("energy_vs_budget", "energy_j", meta["store_all_energy_j"]),
+                              ("time_vs_budget", "time_s", meta["store_all_time_s"])):
+        panels = r["data"][name]["panels"]
+        assert list(panels) == DEADLINES
+        for d, panel in panels.items():
+            assert set(panel["points"]) == set(panel["infeasible"]) == set(SCHEDULERS)
+            for s in SCHEDULERS:
+                drawn = {p[2]: p for p in panel["points"][s]}
+                marked = {p[1]: p for p in panel["infeasible"][s]}
+                assert set(drawn) | set(marked) == set(BUDGETS) and not set(drawn) & set(marked)  # each once
+                for b in BUDGETS:
+                    row = rows[(b, d, s)]
+                    x = budget_percent(meta, row["budget_bytes"])
+                    if row["status"] == "ok":
+                        assert drawn[b][0] == pytest.approx(x)
+                        assert drawn[b][1] == pytest.approx(100 * (row[field] / base - 1))
+                    else:
+                        assert marked[b][0] == pytest.approx(x) and marked[b][2] in (
+                            "budget", "deadline", "budget + deadline")
+    inf = r["data"]["energy_vs_budget"]["panels"]["none"]["infeasible"]["dtr"]
+    assert ("min", "budget") in [(b, why) for _, b, why in inf]  # DTR cannot page: min is out of its reach
+    assert [p[0] for p in inf] == sorted(p[0] for p in inf)
+    assert budget_percent(meta, rows[("60%", "none", "poet")]["budget_bytes"]) == pytest.approx(60, abs=1e-3)
+
+
+def test_versus_budget_has_one_legend_outside_the_axes():
+    from edgetrain.compiler.workbench.plot import versus_budget
+
+    meta = {"model": "m", "target": "t", "batch_size": 2, "schedulers": ["poet", "dtr"], "deadlines": ["none", "1.2"],
+            "fixed_bytes": 1e6, "activation_peak_bytes": 2e6, "min_feasible_bytes": 1.5e6,
+            "store_all_energy_j": 1.0, "store_all_time_s": 1.0}
+    rows = [{"scheduler": s, "deadline": d, "status": st, "budget": b, "budget_bytes": bb, "energy_j": e,
+             "error": None if st == "ok" else "over the deadline"}
+            for s, d, st, b, bb, e in [("poet", "none", "ok", "100%", 3e6, 1.0), ("poet", "none", "ok", "50%", 2e6, 1.01),
+                                       ("dtr", "none", "ok", "100%", 3e6, 1.0), ("dtr", "1.2", "infeasible", "50%", 2e6, None),
+                                       ("poet", "1.2", "ok", "50%", 2e6, 1.02)]]
+    fig, data = versus_budget(meta, rows, "energy_j", "energy")
+    assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    for ax in fig.axes:
+        assert not legend.overlaps(ax.get_window_extent()), ax
+    assert data["panels"]["1.2"]["infeasible"]["dtr"] == [(50.0, "50%", "deadline")]
+    assert data["panels"]["1.2"]["points"]["dtr"] == []  # no point drawn for it: only the mark
+    assert data["panels"]["none"]["points"]["poet"] == [(50.0, pytest.approx(1.0), "50%"), (100.0, 0.0, "100%")]
+    import matplotlib.pyplot as plt
+
     plt.close(fig)
+
+
+def test_pareto_front_keeps_what_nothing_beats():
+    from edgetrain.compiler.workbench.plot import pareto_front
+
+    pts = [(0.0, 5.0), (10.0, 1.0), (5.0, 5.0), (20.0, 1.0), (30.0, 0.5), (2.0, 7.0)]
+    assert pareto_front(pts) == [(0.0, 5.0), (10.0, 1.0), (30.0, 0.5)]
+    assert pareto_front([]) == []
+
+
+def test_energy_vs_time_front_is_drawn_from_solved_rows(plotted):
+    from edgetrain.compiler.workbench.plot import pareto_front
+
+    out, r = plotted
+    panels = r["data"]["energy_vs_time"]["panels"]
+    assert list(panels) == ["100%", "60%", "min"]  # loosest first
+    ok = [x for x in read_rows(out) if x["status"] == "ok"]
+    for b, p in panels.items():
+        assert len(p["points"]) == sum(x["budget"] == b for x in ok)
+        assert p["front"] == pareto_front(p["points"]) and p["front"]
+
+
+def test_stacked_memory_equals_the_validator_stage_peaks(swept):
+    """What the memory figure stacks sums, stage by stage, to the validator's stage peaks: exactly."""
+    from edgetrain.compiler.workbench.memory_breakdown import CATEGORIES, breakdown
+
+    out, _ = swept
+    with open(os.path.join(out, "graph.json")) as f:
+        g = TrainingGraph.from_json(json.load(f))
+    seen_paging = False
+    for x in read_rows(out):
+        if x["status"] != "ok":
+            continue
+        with open(os.path.join(out, x["solve_file"])) as f:
+            solve = json.load(f)
+        b = breakdown(g, solve["steps"])
+        assert b.totals() == solve["stage_peaks"], x["key"]
+        assert max(b.totals()) == x["peak_bytes"]
+        for c in b.stage_peaks:
+            assert set(c) == set(CATEGORIES) and min(c.values()) >= 0 and c["state"] == g.state_bytes
+        seen_paging |= any(c["paging"] for c in b.stage_peaks) and x["page_ins"] > 0
+        bwd = [c["gradients"] for t, c in enumerate(b.stage_peaks) if t > g.loss_stage]
+        assert max(bwd) > 0 and all(c["gradients"] == 0 for c in b.stage_peaks[: g.loss_stage])
+    assert seen_paging
+
+
+def test_memory_figure_data_is_the_breakdown(plotted):
+    out, r = plotted
+    mem = r["data"]["memory"]
+    assert not mem["per_step"]
+    assert mem["totals"] == mem["stage_peaks"]
+    assert [sum(v) for v in zip(*mem["series"].values())] == mem["totals"]
+
+
+def test_report_is_self_contained_and_has_the_results_table(plotted):
+    import re
+
+    out, r = plotted
+    with open(r["report"]) as f:
+        html = f.read()
+    refs = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert refs
+    for ref in refs:
+        if ref.startswith("data:"):
+            assert ref.startswith("data:image/png;base64,")
+        else:
+            assert "://" not in ref and os.path.exists(os.path.join(out, ref)), ref
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == 5  # energy, time, trade-off, schedule, memory
+    table = html[html.index('<table id="results">'):]
+    table = table[: table.index("</table>")]
+    rows = read_rows(out)
+    assert table.count("<tr") == len(rows) + 1
+    for x in rows:
+        assert f"<td class=\"l\">{x['scheduler']}</td>" in table
+    assert table.count('<tr class="infeasible">') == sum(x["status"] == "infeasible" for x in rows)
+
+
+def test_sweep_asks_no_deadline_by_default():
+    from edgetrain.compiler.workbench.cli import _parser
+
+    a = _parser().parse_args(["sweep", "small_cnn", "--target", "rpi4", "--out", "x"])
+    assert a.deadlines == "none"
+    assert SweepOptions(model="m", target="t", out="x").deadlines == ["none"]
+
+
+def test_console_table_keeps_names_whole_at_80_columns(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from edgetrain.compiler.workbench import report
+
+    buf = io.StringIO()
+    monkeypatch.setattr(report, "console", lambda stderr=False: Console(file=buf, width=80, soft_wrap=True))
+    rows = [{"budget": "100%", "deadline": "none", "scheduler": s, "status": st, "energy_j": e, "time_s": e,
+             "peak_bytes": None if e is None else 1616304, "solver_name": "highs", "solver_status": "time_limit"}
+            for s, st, e in [("checkmate", "infeasible", None), ("checkpoint", "ok", 1.47850757)]]
+    report.print_human("sweep", {"model": "small_cnn", "target": "rpi4", "batch_size": 8, "combinations": 2,
+                                 "solved": 2, "skipped": 0, "rows": rows, "results_csv": "r.csv",
+                                 "results_json": "r.json"})
+    text = buf.getvalue()
+    for word in ("checkmate", "checkpoint", "infeasible"):
+        assert word in text, text
+
+
+@pytest.mark.slow
+def test_resnet50_schedule_figures_are_block_aggregated(tmp_path):
+    """A ResNet-50 schedule (hundreds of stages, more than a hundred decision tensors) drawn in blocks."""
+    from edgetrain.compiler.workbench.plot import plot_sweep
+    from edgetrain.compiler.workbench.plot_schedule import MAX_ROWS, MAX_STAGES
+
+    out = str(tmp_path / "r50")
+    r = run_sweep(SweepOptions(model="resnet50", target="rpi4", out=out, budgets="min", deadlines="none",
+                               schedulers="paging", time_limit=10, jobs=1))
+    assert r["status_counts"] == {"ok": 1}
+    p = plot_sweep(out)
+    sched = p["data"]["schedule"]
+    assert sched["aggregated"] and len(sched["tensors"]) > MAX_ROWS
+    assert len(sched["labels"]) <= MAX_ROWS and len(sched["cols"]) <= MAX_STAGES
+    covered = [i for a, b in sched["rows"] for i in range(a, b)]
+    assert covered == list(range(len(sched["tensors"])))  # every tensor in exactly one block, in order
+    row = read_rows(out)[0]
+    # every page-in of the schedule is in some block's share: the aggregated panel hides none of them
+    n_rows = [b - a for a, b in sched["rows"]]
+    n_cols = [b - a for a, b in sched["cols"]]
+    hits = sum(share * nr * nc for line, nr in zip(sched["shares"]["page_in"], n_rows)
+               for share, nc in zip(line, n_cols))
+    assert round(hits) == row["page_ins"] > 0
+    assert p["data"]["memory"]["totals"] == p["data"]["memory"]["stage_peaks"]
+    names = {os.path.basename(f) for f in p["files"]}
+    for stem in ("energy_vs_budget", "time_vs_budget", "energy_vs_time", f"schedule_{row['key']}",
+                 f"memory_{row['key']}"):
+        assert {f"{stem}.png", f"{stem}.svg"} <= names

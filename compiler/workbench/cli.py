@@ -127,8 +127,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--target", required=True)
     w.add_argument("--budgets", default="100%,80%,60%,40%,min",
                    help="comma-separated budgets: sizes (2MB), percentages (60%%) or min (the smallest feasible)")
-    w.add_argument("--deadlines", default="none,1.0,1.2,1.5",
-                   help="comma-separated deadlines: none, multiples of the store-all time (1.2) or seconds (0.5s)")
+    w.add_argument("--deadlines", default="none",
+                   help="comma-separated deadlines: none (the default), multiples of the store-all time (1.2) or "
+                        "seconds (0.5s)")
     w.add_argument("--schedulers", default="poet,checkmate,paging,dtr,checkpoint")
     w.add_argument("--time-limit", type=float, default=60.0, help="solver time limit per solve, seconds")
     w.add_argument("--batch-size", type=_positive_int, default=8)
@@ -144,10 +145,13 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--out", required=True, help="results folder; a rerun into it resumes the sweep")
     w.add_argument("--json", action="store_true")
     add_train_parser(sub)
-    pl = sub.add_parser("plot", help="figures of a sweep (PNG and SVG) in DIR/plots/")
+    pl = sub.add_parser("plot", help="figures of a sweep (PNG and SVG) in DIR/plots/ and a self-contained "
+                        "DIR/report.html")
     pl.add_argument("dir")
     pl.add_argument("--solve", metavar="KEY", help="the solve to draw schedule matrices and memory for "
                     "(default: POET at the tightest budget); keys are in results.csv")
+    pl.add_argument("--memory-steps", action="store_true",
+                    help="memory figure: one column per runtime step instead of one bar per stage at its peak")
     pl.add_argument("--json", action="store_true")
     return p
 
@@ -226,7 +230,9 @@ def _cmd_sweep(a) -> dict:
 def _cmd_plot(a) -> dict:
     from .plot import plot_sweep
 
-    return plot_sweep(a.dir, solve=a.solve)
+    r = plot_sweep(a.dir, solve=a.solve, memory_steps=a.memory_steps)
+    r.pop("data")  # the drawn data is for callers in Python; the command reports files
+    return r
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,49 +1,69 @@
-"""`edgetrain plot DIR`: figures of a sweep (see `sweep.py`), PNG and SVG, in DIR/plots/.
+"""`edgetrain plot DIR`: figures of a sweep (see `sweep.py`), PNG and SVG in DIR/plots/, and DIR/report.html.
 
-- energy_vs_budget: energy per training step against the budget, one line per scheduler, one panel per
-  deadline of the sweep;
-- time_vs_budget: the same for the step's time;
-- schedule_<key>: for one solve, POET-style stage x tensor matrices derived from its steps: compute /
-  recompute, kept in RAM, in storage, page-in, page-out (the tensors are the decision tensors, forward order);
-- memory_<key>: bytes resident after each step (and the peak while each node runs: its output and workspace)
-  against the budget line.
-The default solve: POET's at the tightest budget it met (deadline none preferred).
+- energy_vs_budget, time_vs_budget: the overhead over store-all (plain backprop) in percent against the
+  budget in percent of store-all's activation peak (MB on the top axis), one panel per deadline, every
+  scheduler in every panel; a combination without a schedule is a cross in the strip under its panel and
+  is listed with the reason;
+- energy_vs_time: the deadline trade-off, one panel per budget: every solved combination and the Pareto
+  front (no other point is both faster and cheaper);
+- schedule_<key>: one solve's tensor x stage matrices (see `plot_schedule.py`);
+- memory_<key>: that solve's memory stacked by category at each stage's peak against the budget
+  (`--memory-steps`: one column per runtime step).
+The default solve: POET's at the tightest budget it met (deadline none preferred) whose solve file exists.
+Each figure's drawn data comes back in the result's `data`, so what a figure shows can be checked.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from edgetrain.compiler.errors import EdgetrainError
 
+from .figures import budget_percent, infeasible_reason, mpl, save, scheduler_style
+from .plot_schedule import plot_matrices, plot_memory, schedule_matrices
+from .memory_breakdown import breakdown
 
-def _mpl():
-    import matplotlib
+STORE_ALL_KEYS = {"energy_j": "store_all_energy_j", "time_s": "store_all_time_s"}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+__all__ = ["plot_sweep", "versus_budget", "energy_vs_time", "deadline_panels", "budget_percent", "pareto_front",
+           "memory_curve", "schedule_matrices", "budget_order"]
 
 
 def _load(d: str):
     from .sweep import read_rows
 
-    path = os.path.join(d, "rows.jsonl")
-    if not os.path.exists(path):
+    if not os.path.exists(os.path.join(d, "rows.jsonl")):
         raise EdgetrainError(f"{d} holds no sweep (no rows.jsonl); run `edgetrain sweep ... --out {d}` first")
     with open(os.path.join(d, "sweep.json")) as f:
         meta = json.load(f)
     return meta, read_rows(d)
 
 
-def _save(fig, plots: str, name: str) -> list[str]:
-    out = []
-    for ext in ("png", "svg"):
-        p = os.path.join(plots, f"{name}.{ext}")
-        fig.savefig(p, dpi=120 if ext == "png" else None, bbox_inches="tight")
-        out.append(p)
-    return out
+def memory_curve(graph, steps: list[dict]) -> tuple[list[int], list[int]]:
+    """Bytes resident after each step, and the bytes while each step runs (a node: its output and workspace),
+    with the validator's accounting (see `memory_breakdown`)."""
+    b = breakdown(graph, steps)
+    during = [sum(c.values()) for c in b.steps]
+    after, live = [], graph.state_bytes
+    nodes = {n.name: n for n in graph.nodes}
+    resident: dict[str, int] = {}
+    for st in steps:
+        name, act = st["tensor"], st["action"]
+        if act in ("compute", "recompute"):
+            n = nodes[name]
+            if n.bytes:
+                resident[name] = n.bytes
+            if act == "compute" and n.aux_bytes:
+                resident[f"{name}.aux"] = n.aux_bytes
+            live += n.bytes + (n.aux_bytes if act == "compute" else 0)
+        elif act == "page_in":
+            resident[name] = nodes[name].bytes
+            live += nodes[name].bytes
+        elif act == "free":
+            live -= resident.pop(name, 0)
+        after.append(live)
+    return after, [max(a, d) for a, d in zip(after, during)]
 
 
 def deadline_panels(meta: dict, rows: list[dict]) -> list[str]:
@@ -60,198 +80,319 @@ def _deadline_title(d: str) -> str:
     return f"deadline {d}" if d.endswith("s") else f"deadline {d}x store-all time"
 
 
-def _versus_budget(plt, meta, rows, field: str, ylabel: str, title: str, baseline: float | None):
+def _mb_of_percent(meta: dict):
+    fixed, act = meta["fixed_bytes"], meta["activation_peak_bytes"]
+    return (lambda p: (fixed + p / 100.0 * act) / 1e6), (lambda mb: 100.0 * (mb * 1e6 - fixed) / act)
+
+
+def _overhead(meta: dict, row: dict, field: str) -> float | None:
+    base, v = meta.get(STORE_ALL_KEYS[field]), row.get(field)
+    if v is None or not base:
+        return None
+    return 100.0 * (v / base - 1.0)
+
+
+def _schedulers(meta: dict, rows: list[dict]) -> list[str]:
+    names = [s for s in meta.get("schedulers", []) if any(r["scheduler"] == s for r in rows)]
+    return names + sorted({r["scheduler"] for r in rows} - set(names))
+
+
+def budget_order(meta: dict, rows: list[dict]) -> list[str]:
+    """Budgets of the sweep, loosest first (by bytes)."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["budget"], r["budget_bytes"])
+    return sorted(by, key=lambda b: -by[b])
+
+
+def _scale(ax, values: list[float], axis: str = "y") -> str:
+    """Linear, or symlog when positive overheads span more than a decade (0.05% and 33% both readable)."""
+    from matplotlib.ticker import FuncFormatter
+
+    pos = [v for v in values if v is not None and v > 0]
+    ax_ = ax.yaxis if axis == "y" else ax.xaxis
+    setlim = ax.set_ylim if axis == "y" else ax.set_xlim
+    if pos and max(pos) / min(pos) > 10:
+        thresh = 10 ** math.floor(math.log10(min(pos)))
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("symlog", linthresh=thresh, linscale=0.5)
+        low = min(0.0, min(v for v in values if v is not None))
+        setlim(low - 0.6 * thresh, max(pos) * 1.8)
+        ax_.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
+        return "symlog"
+    ax_.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
+    return "linear"
+
+
+def _dodge(ax, k: int, n: int):
+    """A transform that shifts scheduler k of n sideways by a few points, so coinciding series stay apart
+    (the data are unchanged: the shift is in points on the page, not in budget)."""
+    from matplotlib.transforms import offset_copy
+
+    return offset_copy(ax.transData, fig=ax.figure, x=3.0 * (k - (n - 1) / 2), y=0, units="points")
+
+
+def _plain(marker_style: dict, line: bool = True) -> dict:
+    """Hollow markers (coinciding points of different schedulers show through each other)."""
+    st = dict(marker_style)
+    if not line:
+        st["ls"] = "none"
+    st["markerfacecolor"] = "none"
+    st["markeredgewidth"] = 1.5
+    return st
+
+
+def versus_budget(meta: dict, rows: list[dict], field: str, what: str):
+    """Overhead of `field` over store-all against the budget, one panel per deadline. Returns (fig, data)."""
+    plt = mpl()
+    from matplotlib.lines import Line2D
+
     deadlines = deadline_panels(meta, rows)
-    fig, axes = plt.subplots(1, len(deadlines), figsize=(4.2 + 3.6 * len(deadlines), 4.5), sharey=True,
-                             squeeze=False)
-    scheds = [s for s in meta.get("schedulers", []) if any(r["scheduler"] == s for r in rows)]
-    scheds += sorted({r["scheduler"] for r in rows} - set(scheds))
-    colors = {s: f"C{k % 10}" for k, s in enumerate(scheds)}  # one color per scheduler across the panels
+    scheds = _schedulers(meta, rows)
+    n = len(deadlines)
+    fig = plt.figure(figsize=(1.2 + 4.3 * n, 5.6))
+    gs = fig.add_gridspec(2, n, height_ratios=[1, 0.07 + 0.045 * len(scheds)], hspace=0.08, wspace=0.08,
+                          left=0.08, right=0.97)
+    mains, strips = [], []
+    for k in range(n):
+        ax = fig.add_subplot(gs[0, k], sharey=mains[0] if mains else None)
+        mains.append(ax)
+        strips.append(fig.add_subplot(gs[1, k], sharex=ax))
+    to_mb, to_pct = _mb_of_percent(meta)
+    data: dict = {"field": field, "panels": {}}
+    values = [_overhead(meta, r, field) for r in rows if r["status"] == "ok"]
     mf = meta.get("min_feasible_bytes")
-    for ax, dl in zip(axes[0], deadlines):
-        drawn = 0
-        for s in scheds:
-            pts = sorted((r["budget_bytes"] / 1e6, r[field]) for r in rows
-                         if r["scheduler"] == s and r["deadline"] == dl and r["status"] == "ok"
-                         and r.get(field) is not None)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s, color=colors[s])
-                drawn += 1
-        if baseline is not None:
-            ax.axhline(baseline, color="gray", ls=":", lw=1, label="store-all")
+    xs_all = [budget_percent(meta, r["budget_bytes"]) for r in rows]
+    for ax, strip, dl in zip(mains, strips, deadlines):
+        panel = {"points": {}, "infeasible": {}}
+        for k, s in enumerate(scheds):
+            st = scheduler_style(s, k)
+            mine = [r for r in rows if r["scheduler"] == s and r["deadline"] == dl]
+            pts = sorted((budget_percent(meta, r["budget_bytes"]), _overhead(meta, r, field), r["budget"])
+                         for r in mine if r["status"] == "ok" and r.get(field) is not None)
+            bad = sorted((budget_percent(meta, r["budget_bytes"]), r["budget"], infeasible_reason(r.get("error")))
+                         for r in mine if r["status"] != "ok")
+            panel["points"][s], panel["infeasible"][s] = pts, bad
+            if field == "energy_j":  # a time-limited MILP: a whisker down to the energy it proved (its gap)
+                gaps = [(budget_percent(meta, r["budget_bytes"]), _overhead(meta, r, field),
+                         100.0 * (r[field] * (1 - r["solver_gap"]) / meta[STORE_ALL_KEYS[field]] - 1.0))
+                        for r in mine if r["status"] == "ok" and (r.get("solver_gap") or 0) > 0]
+                panel.setdefault("bounds", {})[s] = [(x, lo) for x, _, lo in gaps]
+                if gaps:
+                    ax.vlines([g[0] for g in gaps], [g[2] for g in gaps], [g[1] for g in gaps], color=st["color"],
+                              lw=2.2, alpha=0.45, zorder=2, transform=_dodge(ax, k, len(scheds)))
+            if pts:  # the largest markers first, so smaller ones stay visible on top of coinciding points
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], zorder=3 + k, lw=1.4,
+                        transform=_dodge(ax, k, len(scheds)), **_plain(st))
+            if bad:
+                strip.plot([b[0] for b in bad], [k] * len(bad), ls="none", marker="x", ms=7, mew=1.8,
+                           color=st["color"], zorder=3)
+        ax.axhline(0, color="black", lw=0.9, ls=(0, (1, 1)), zorder=1)
         if mf:
-            ax.axvline(mf / 1e6, color="red", ls="--", lw=1, label="smallest feasible budget")
-        ax.set_xlabel("memory budget (MB)")
-        ax.set_title(_deadline_title(dl), fontsize=10)
+            for a in (ax, strip):
+                a.axvline(budget_percent(meta, mf), color="red", ls="--", lw=1, zorder=1)
+        ax.set_title(_deadline_title(dl), fontsize=10, pad=28)
         ax.grid(alpha=0.3)
-        if drawn or baseline is not None:
-            ax.legend(fontsize=7)
-        if not drawn:
+        sec = ax.secondary_xaxis("top", functions=(to_mb, to_pct))
+        sec.set_xlabel("budget (MB)", fontsize=8)
+        sec.tick_params(labelsize=7)
+        ax.tick_params(labelbottom=False)
+        strip.set_ylim(-0.6, len(scheds) - 0.4)
+        strip.set_yticks(range(len(scheds)))
+        strip.set_yticklabels(scheds if ax is mains[0] else [], fontsize=7)
+        strip.invert_yaxis()
+        strip.set_xlabel("budget (% of store-all's activation peak, above the fixed state)", fontsize=8)
+        strip.grid(axis="x", alpha=0.3)
+        lines = []
+        for s in scheds:
+            by_reason: dict[str, list[str]] = {}
+            for b in panel["infeasible"][s]:
+                by_reason.setdefault(b[2], []).append(b[1])
+            if by_reason:
+                lines.append(f"{s}: " + "; ".join(f"{', '.join(v)} ({why})" for why, v in by_reason.items()))
+        strip.text(0.0, -0.55 - 0.012 * len(scheds), "no schedule:\n" + "\n".join(lines) if lines else
+                   "every combination has a schedule", transform=strip.transAxes, va="top", fontsize=7,
+                   color="#333333")
+        if not any(panel["points"].values()):
             ax.text(0.5, 0.5, "no solved combination", transform=ax.transAxes, ha="center")
-    axes[0][0].set_ylabel(ylabel)
-    fig.suptitle(f"{title}: {meta['model']} on {meta['target']}, batch {meta['batch_size']}", fontsize=11)
-    return fig
+        data["panels"][dl] = panel
+    for ax in mains[1:]:
+        ax.tick_params(labelleft=False)
+    if xs_all:
+        lo, hi = min(xs_all), max(xs_all)
+        pad = max(2.0, 0.06 * (hi - lo))
+        mains[0].set_xlim(lo - pad, hi + pad)
+    values += [lo for p in data["panels"].values() for v in p.get("bounds", {}).values() for _, lo in v]
+    data["yscale"] = _scale(mains[0], values)
+    mains[0].set_ylabel(f"{what} over store-all (%)")
+    strips[0].set_ylabel("no\nschedule", fontsize=7, rotation=0, ha="right", va="center")
+    handles = [Line2D([], [], lw=1.4, **_plain(scheduler_style(s, k))) for k, s in enumerate(scheds)]
+    labels = list(scheds)
+    if field == "energy_j":
+        handles.append(Line2D([], [], color="gray", lw=2.2, alpha=0.45))
+        labels.append("down to the MILP's proven bound (gap)")
+    handles += [Line2D([], [], color="black", lw=0.9, ls=(0, (1, 1))),
+                Line2D([], [], color="red", ls="--", lw=1),
+                Line2D([], [], color="gray", ls="none", marker="x", ms=7, mew=1.8)]
+    labels += ["store-all (plain backprop)", "smallest feasible budget", "no schedule (strip under the panel)"]
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.975, 0.92), fontsize=8, frameon=False)
+    fig.suptitle(f"{what.capitalize()} vs budget: {meta['model']} on {meta['target']}, batch {meta['batch_size']}",
+                 fontsize=11, y=1.02)
+    return fig, data
 
 
-def schedule_matrices(graph, steps: list[dict]) -> tuple[list[str], dict[str, list[list[int]]]]:
-    """Stage x tensor matrices of a schedule, from its steps. Values: compute 1 / recompute 2 in `compute`;
-    0/1 elsewhere. `ram`: resident at some point of the stage; `storage`: a stored copy exists during it."""
-    from edgetrain.compiler.graph.liveness import analyze
-
-    lv = analyze(graph)
-    tensors = list(lv.decision)
-    col = {t: j for j, t in enumerate(tensors)}
-    T = len(graph.nodes)
-    mats = {k: [[0] * len(tensors) for _ in range(T)] for k in ("compute", "ram", "storage", "page_in", "page_out")}
-    resident: set[str] = set()
-    stored_from: dict[str, int] = {}
-    last_use: dict[str, int] = {}
-    by_stage: dict[int, list[dict]] = {}
-    for st in steps:
-        by_stage.setdefault(st["stage"], []).append(st)
-        if st["tensor"] in col:
-            last_use[st["tensor"]] = st["stage"]
-    for t in range(T):
-        seen = set(resident)
-        for st in by_stage.get(t, []):
-            name, act = st["tensor"], st["action"]
-            if name not in col:
-                continue
-            j = col[name]
-            if act in ("compute", "recompute"):
-                mats["compute"][t][j] = 1 if act == "compute" else 2
-                resident.add(name)
-                seen.add(name)
-            elif act == "page_in":
-                mats["page_in"][t][j] = 1
-                resident.add(name)
-                seen.add(name)
-            elif act == "page_out":
-                mats["page_out"][t][j] = 1
-                stored_from.setdefault(name, t)
-            elif act == "free":
-                resident.discard(name)
-        for name in seen:
-            mats["ram"][t][col[name]] = 1
-        for name, s in stored_from.items():
-            if s <= t <= last_use.get(name, s):
-                mats["storage"][t][col[name]] = 1
-    return tensors, mats
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats in both coordinates (time, energy), by increasing time."""
+    front, best = [], math.inf
+    for x, y in sorted(set(points)):
+        if y < best:
+            front.append((x, y))
+            best = y
+    return front
 
 
-def memory_curve(graph, steps: list[dict]) -> tuple[list[int], list[int]]:
-    """Bytes resident after each step, and the bytes while each step runs (a node: its output and workspace),
-    with the validator's accounting: state, then every tensor from the step that makes it to its free."""
-    nodes = {n.name: n for n in graph.nodes}
-    live = graph.state_bytes
-    resident: dict[str, int] = {}
-    after, during = [], []
-    for st in steps:
-        name, act = st["tensor"], st["action"]
-        peak = live
-        if act in ("compute", "recompute"):
-            n = nodes[name]
-            new = n.bytes + (n.aux_bytes if act == "compute" else 0)
-            peak = live + new + n.workspace_bytes
-            if n.bytes:
-                resident[name] = n.bytes
-            if act == "compute" and n.aux_bytes:
-                resident[f"{name}.aux"] = n.aux_bytes
-            live += new
-        elif act == "page_in":
-            b = nodes[name].bytes
-            resident[name] = b
-            live += b
-            peak = live
-        elif act == "free":
-            live -= resident.pop(name, 0)
-        after.append(live)
-        during.append(max(peak, live))
-    return after, during
+def _deadline_overhead(meta: dict, d: str) -> float | None:
+    if d == "none":
+        return None
+    try:
+        secs = float(d[:-2]) / 1e3 if d.endswith("ms") else float(d[:-1]) if d.endswith("s") else None
+    except ValueError:
+        return None
+    if secs is None:
+        return 100.0 * (float(d) - 1.0)
+    return 100.0 * (secs / meta["store_all_time_s"] - 1.0)
 
 
-def plot_sweep(d: str, solve: str | None = None) -> dict:
+def energy_vs_time(meta: dict, rows: list[dict]):
+    """Energy overhead against time overhead per budget, with the Pareto front. Returns (fig, data)."""
+    plt = mpl()
+    from matplotlib.lines import Line2D
+
+    budgets = budget_order(meta, rows)
+    scheds = _schedulers(meta, rows)
+    ncol = min(3, len(budgets))
+    nrow = math.ceil(len(budgets) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(1.5 + 4.0 * ncol, 0.6 + 3.6 * nrow), squeeze=False,
+                             sharex=True, sharey=True)
+    data: dict = {"panels": {}}
+    ok = [r for r in rows if r["status"] == "ok"]
+    deadlines = [d for d in deadline_panels(meta, rows) if d != "none"]
+    for idx, b in enumerate(budgets):
+        ax = axes[idx // ncol][idx % ncol]
+        mine = [r for r in ok if r["budget"] == b]
+        pts = []
+        for k, s in enumerate(scheds):
+            st = scheduler_style(s, k)
+            sp = [(_overhead(meta, r, "time_s"), _overhead(meta, r, "energy_j"), r["deadline"]) for r in mine
+                  if r["scheduler"] == s]
+            if sp:
+                ax.plot([p[0] for p in sp], [p[1] for p in sp], zorder=3 + k, transform=_dodge(ax, k, len(scheds)),
+                        **_plain(st, line=False))
+            pts += [(p[0], p[1]) for p in sp]
+        front = pareto_front(pts)
+        if front:
+            fx, fy = [p[0] for p in front], [p[1] for p in front]
+            ax.step(fx, fy, where="post", color="black", lw=2.5, alpha=0.18, zorder=1)
+            ax.plot(fx, fy, ls="none", marker="o", ms=3, color="black", zorder=10)
+        for d in deadlines:
+            x = _deadline_overhead(meta, d)
+            if x is not None:
+                ax.axvline(x, color="gray", ls=":", lw=1)
+                ax.text(x, 1.0, f" {d}" + ("" if d.endswith("s") else "x"), transform=ax.get_xaxis_transform(),
+                        fontsize=7, color="gray", va="top")
+        bb = mine[0]["budget_bytes"] if mine else next(r["budget_bytes"] for r in rows if r["budget"] == b)
+        ax.set_title(f"budget {b} ({bb / 1e6:.3f} MB)", fontsize=9)
+        ax.grid(alpha=0.3)
+        if not mine:
+            ax.text(0.5, 0.5, "no schedule at this budget", transform=ax.transAxes, ha="center", fontsize=8)
+        data["panels"][b] = {"points": pts, "front": front}
+    for k in range(len(budgets), nrow * ncol):
+        axes[k // ncol][k % ncol].set_visible(False)
+    allp = [p for v in data["panels"].values() for p in v["points"]]
+    data["xscale"] = _scale(axes[0][0], [p[0] for p in allp], "x")
+    data["yscale"] = _scale(axes[0][0], [p[1] for p in allp], "y")
+    for ax in axes[-1]:
+        ax.set_xlabel("time over store-all (%)", fontsize=9)
+    for row in axes:
+        row[0].set_ylabel("energy over store-all (%)", fontsize=9)
+    handles = [Line2D([], [], **_plain(scheduler_style(s, k), line=False)) for k, s in enumerate(scheds)]
+    handles += [Line2D([], [], color="black", lw=2.5, alpha=0.18), Line2D([], [], color="gray", ls=":")]
+    labels = list(scheds) + ["Pareto front (nothing both faster and cheaper)", "deadline"]
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize=8, frameon=False)
+    fig.suptitle(f"Energy vs time per budget: {meta['model']} on {meta['target']}, batch {meta['batch_size']} "
+                 f"(every deadline's solves)", fontsize=11)
+    fig.tight_layout()
+    return fig, data
+
+
+def _solve_choice(d: str, rows: list[dict], solve: str | None) -> dict | None:
+    have = [r for r in rows if r["status"] == "ok" and r.get("solve_file")
+            and os.path.exists(os.path.join(d, r["solve_file"]))]
+    if solve is None:
+        cands = [r for r in have if r["scheduler"] == "poet"] or have
+        return min(cands, key=lambda r: (r["budget_bytes"], r["deadline"] != "none", r["key"])) if cands else None
+    match = [r for r in rows if r["key"] == solve]
+    if not match:
+        raise EdgetrainError(f"no solve {solve!r} in {d}; keys: {', '.join(r['key'] for r in have) or 'none'}")
+    if match[0]["status"] != "ok" or not match[0].get("solve_file"):
+        raise EdgetrainError(f"{solve} has no schedule ({match[0]['status']}: {match[0].get('error')})")
+    if match[0] not in have:
+        raise EdgetrainError(f"{solve}: its solve file {match[0]['solve_file']} is missing from {d}")
+    return match[0]
+
+
+def plot_sweep(d: str, solve: str | None = None, memory_steps: bool = False, report: bool = True,
+               plots_dir: str | None = None) -> dict:
+    """Every figure of the sweep in ``d`` into ``plots_dir`` (default DIR/plots), and DIR/report.html."""
     from edgetrain.compiler.graph.ir import TrainingGraph
 
-    plt = _mpl()
+    plt = mpl()
     meta, rows = _load(d)
-    plots = os.path.join(d, "plots")
-    os.makedirs(plots, exist_ok=True)
+    plots = plots_dir or os.path.join(d, "plots")
     files: list[str] = []
-    fig = _versus_budget(plt, meta, rows, "energy_j", "energy per training step (J)", "Energy vs budget",
-                         meta.get("store_all_energy_j"))
-    files += _save(fig, plots, "energy_vs_budget")
+    data: dict = {}
+    figures: list[dict] = []  # for the report: name, caption
+    for field, what, name in (("energy_j", "energy", "energy_vs_budget"), ("time_s", "time", "time_vs_budget")):
+        fig, data[name] = versus_budget(meta, rows, field, what)
+        files += save(fig, plots, name)
+        plt.close(fig)
+        figures.append({"name": name, "caption": f"{what.capitalize()} per training step over store-all's, against "
+                        "the budget; one panel per deadline; crosses under a panel: no schedule (listed)."})
+    fig, data["energy_vs_time"] = energy_vs_time(meta, rows)
+    files += save(fig, plots, "energy_vs_time")
     plt.close(fig)
-    fig = _versus_budget(plt, meta, rows, "time_s", "time per training step (s)", "Time vs budget",
-                         meta.get("store_all_time_s"))
-    files += _save(fig, plots, "time_vs_budget")
-    plt.close(fig)
+    figures.append({"name": "energy_vs_time", "caption": "The deadline trade-off per budget: every solved "
+                    "combination and the Pareto front."})
 
-    ok = [r for r in rows if r["status"] == "ok" and r.get("solve_file")]
-    if solve is None:
-        cands = [r for r in ok if r["scheduler"] == "poet"] or ok
-        if cands:
-            solve = min(cands, key=lambda r: (r["budget_bytes"], r["deadline"] != "none", r["key"]))["key"]
-    chosen = None
-    if solve is not None:
-        match = [r for r in rows if r["key"] == solve]
-        if not match:
-            raise EdgetrainError(f"no solve {solve!r} in {d}; keys: {', '.join(r['key'] for r in ok) or 'none'}")
-        if match[0]["status"] != "ok" or not match[0].get("solve_file"):
-            raise EdgetrainError(f"{solve} has no schedule ({match[0]['status']}: {match[0].get('error')})")
-        chosen = match[0]
+    chosen = _solve_choice(d, rows, solve)
+    if chosen is not None:
         with open(os.path.join(d, chosen["solve_file"])) as f:
             sv = json.load(f)
         with open(os.path.join(d, "graph.json")) as f:
             graph = TrainingGraph.from_json(json.load(f))
         steps = sv["steps"]
+        pct = budget_percent(meta, chosen["budget_bytes"])
+        title = (f"{chosen['key']}: {meta['model']} on {meta['target']}, budget {chosen['budget']} "
+                 f"({chosen['budget_bytes'] / 1e6:.3f} MB, {pct:.0f}% of the activation peak), deadline "
+                 f"{chosen['deadline']}; {chosen['recomputes']} recomputes, {chosen['page_ins']} page-ins, "
+                 f"{chosen['page_outs']} page-outs")
+        m = plot_matrices(graph, steps, plots, f"schedule_{chosen['key']}", title)
+        files += m["files"]
+        data["schedule"] = {k: v for k, v in m.items() if k != "files"}
+        mem = plot_memory(graph, steps, chosen["budget_bytes"], plots, f"memory_{chosen['key']}",
+                          f"Memory over time by category: {chosen['key']} ({meta['model']} on {meta['target']})",
+                          per_step=memory_steps, store_all_peak=meta.get("store_all_peak_bytes"))
+        files += mem["files"]
+        data["memory"] = {k: v for k, v in mem.items() if k != "files"}
+        data["memory"]["stage_peaks"] = sv.get("stage_peaks")
+        figures.append({"name": f"schedule_{chosen['key']}", "caption": "What the schedule does with each tensor "
+                        "at each stage."})
+        figures.append({"name": f"memory_{chosen['key']}", "caption": "What fills the memory, against the "
+                        "budget" + (" (one column per runtime step)." if memory_steps else
+                                    " (each stage at its peak).")})
+    out = {"dir": d, "plots": plots, "files": files, "solve": chosen["key"] if chosen else None,
+           "rows": len(rows), "data": data}
+    if report:
+        from .sweep_report import write_report
 
-        tensors, mats = schedule_matrices(graph, steps)
-        from matplotlib.colors import ListedColormap
-
-        panels = [("compute", "compute / recompute", ListedColormap(["white", "tab:blue", "tab:orange"]), 2),
-                  ("ram", "kept in RAM", ListedColormap(["white", "tab:green"]), 1),
-                  ("storage", "in storage", ListedColormap(["white", "tab:purple"]), 1),
-                  ("page_in", "page-in", ListedColormap(["white", "tab:red"]), 1),
-                  ("page_out", "page-out", ListedColormap(["white", "tab:brown"]), 1)]
-        T = len(graph.nodes)
-        width = max(10, min(30, 2.2 * 5 + 0.12 * len(tensors) * 5))
-        fig, axes = plt.subplots(1, 5, figsize=(width, max(4, min(16, 0.08 * T + 2))), sharey=True)
-        for ax, (k, title, cmap, vmax) in zip(axes, panels):
-            ax.imshow(mats[k], aspect="auto", interpolation="nearest", cmap=cmap, vmin=0, vmax=vmax)
-            ax.set_title(title, fontsize=9)
-            ax.set_xlabel("tensor (forward order)", fontsize=8)
-            ax.axhline(graph.loss_stage + 0.5, color="gray", lw=0.6, ls=":")
-            if len(tensors) <= 40:
-                ax.set_xticks(range(len(tensors)))
-                ax.set_xticklabels(tensors, rotation=90, fontsize=5)
-        axes[0].set_ylabel("stage")
-        fig.suptitle(f"{chosen['key']}: {meta['model']} on {meta['target']}, budget {chosen['budget']} "
-                     f"({chosen['budget_bytes'] / 1e6:.3f} MB), deadline {chosen['deadline']}; "
-                     f"{chosen['recomputes']} recomputes (orange), {chosen['page_ins']} page-ins, "
-                     f"{chosen['page_outs']} page-outs", fontsize=9)
-        files += _save(fig, plots, f"schedule_{chosen['key']}")
-        plt.close(fig)
-
-        after, during = memory_curve(graph, steps)
-        fig, ax = plt.subplots(figsize=(9, 4.5))
-        xs = range(len(steps))
-        ax.plot(xs, [b / 1e6 for b in during], color="tab:blue", alpha=0.35, lw=1,
-                label="while the step runs (output + workspace)")
-        ax.step(xs, [b / 1e6 for b in after], where="post", color="tab:blue", lw=1.5, label="resident after the step")
-        ax.axhline(chosen["budget_bytes"] / 1e6, color="red", ls="--", lw=1.2, label="budget")
-        ax.axhline(graph.state_bytes / 1e6, color="gray", ls=":", lw=1, label="parameters + optimizer state")
-        b0 = next((k for k, s in enumerate(steps) if s["stage"] > graph.loss_stage), None)
-        if b0 is not None:
-            ax.axvline(b0, color="gray", lw=0.6)
-            ax.text(b0, ax.get_ylim()[1], " backward", va="top", fontsize=8, color="gray")
-        ax.set_xlabel("step")
-        ax.set_ylabel("memory (MB)")
-        ax.set_title(f"Memory over time: {chosen['key']} (peak {max(during) / 1e6:.3f} MB, "
-                     f"budget {chosen['budget_bytes'] / 1e6:.3f} MB)", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-        files += _save(fig, plots, f"memory_{chosen['key']}")
-        plt.close(fig)
-    return {"dir": d, "plots": plots, "files": files, "solve": chosen["key"] if chosen else None,
-            "rows": len(rows)}
+        out["report"] = write_report(d, meta, rows, figures, plots)
+    return out

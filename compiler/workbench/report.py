@@ -76,17 +76,25 @@ def print_human(cmd: str, r: dict) -> None:
     elif cmd == "sweep":
         t = Table(title=f"{r['model']} on {r['target']}, batch {r['batch_size']}: {r['combinations']} combinations "
                         f"({r['solved']} solved now, {r['skipped']} from earlier runs)")
-        for col in ("budget", "deadline", "scheduler", "status", "energy (J)", "time (s)", "peak", "solver"):
-            t.add_column(col)
+        cells = []
         for x in r["rows"]:
             sol = "-" if x.get("solver_name") in (None, "none") else f"{x['solver_name']} {x['solver_status']}"
-            t.add_row(x["budget"], x["deadline"], x["scheduler"], x["status"],
-                      "-" if x["energy_j"] is None else f"{x['energy_j']:.6g}",
-                      "-" if x["time_s"] is None else f"{x['time_s']:.6g}", mb(x["peak_bytes"]), sol)
+            cells.append((x["budget"], x["deadline"], x["scheduler"], x["status"],
+                          "-" if x["energy_j"] is None else f"{x['energy_j']:.6g}",
+                          "-" if x["time_s"] is None else f"{x['time_s']:.6g}", mb(x["peak_bytes"]), sol))
+        heads = ("budget", "deadline", "scheduler", "status", "energy (J)", "time (s)", "peak", "solver")
+        for k, col in enumerate(heads):
+            # Names are never cut: their columns keep their longest value's width; numbers wrap if they must.
+            longest = max([len(col)] + [len(c[k]) for c in cells])
+            t.add_column(col, min_width=longest if k < 4 else None, no_wrap=k < 4, overflow="fold")
+        for c in cells:
+            t.add_row(*c)
         con.print(t)
         con.print(f"wrote {r['results_csv']}, {r['results_json']}")
     elif cmd == "plot":
         con.print(f"wrote {len(r['files'])} files to {r['plots']}" + (f" (solve {r['solve']})" if r["solve"] else ""))
+        if r.get("report"):
+            con.print(f"wrote {r['report']} (self-contained: open it in a browser)")
     elif cmd == "run":
         con.print(f"{r['steps']} steps on {r['device']}, losses {losses(r['losses'])}")
         con.print(f"measured peak {mb(r['measured_peak_bytes'])} (predicted {mb(r['predicted_peak_bytes'])}, "

@@ -227,3 +227,103 @@ def test_timeline_records_every_epoch_and_the_best_exit_so_far(small_plan, tmp_p
     for t in tl:
         seen += t["heads_test_accuracy"].values()
         assert t["best_exit_test_accuracy"] == max(seen)
+
+
+def test_patience_stops_each_block_when_validation_stops_improving(small_plan, tmp_path):
+    from edgetrain.compiler.workbench.local_train import train_dir
+
+    out, _ = small_plan
+    cap, patience = 6, 1
+    r = train_dir(out, "digits", cap, work=str(tmp_path / "w"), train_size=300, eval_each_epoch=True, export=False,
+                  patience=patience)
+    assert r["patience"] == patience
+    tl = r["timeline"]
+    for blk in r["blocks"]:
+        mine = [t for t in tl if t["block"] == blk["index"]]
+        assert [t["epoch"] for t in mine] == list(range(1, blk["epochs"] + 1)) and 1 <= blk["epochs"] <= cap
+        scores = [max(t["heads_val_accuracy"].values()) for t in mine]
+        since, best = 0, None
+        for k, v in enumerate(scores):  # the rule, replayed: it stops at the first epoch without a new best
+            since = 0 if best is None or v > best else since + 1
+            best = v if since == 0 else best
+            if since >= patience:
+                assert k == len(scores) - 1
+        assert since >= patience or blk["epochs"] == cap
+    heads: dict[str, tuple[float, float]] = {}
+    for t in tl:  # the exit of each moment: the best validation accuracy of every head trained so far
+        heads.update({k: (t["heads_val_accuracy"][k], t["heads_test_accuracy"][k]) for k in t["heads_val_accuracy"]})
+        k = max(heads, key=lambda k: (heads[k][0], -int(k)))
+        assert t["exit_layer"] == int(k) and t["exit_test_accuracy"] == heads[k][1]
+
+
+def test_patience_must_be_positive(small_plan, tmp_path):
+    from edgetrain.compiler.workbench.local_train import train_dir
+
+    out, _ = small_plan
+    with pytest.raises(ValueError, match="patience"):
+        train_dir(out, "digits", 2, work=str(tmp_path / "w"), train_size=100, export=False, patience=0)
+
+
+def _fake_result() -> dict:
+    def local(times, accs, blocks):
+        return [{"block": b, "epoch": 1, "wall_s": s, "test_accuracy": a, "exit_test_accuracy": a,
+                 "best_exit_test_accuracy": a} for s, a, b in zip(times, accs, blocks)]
+
+    return {"model": "vgg11", "data": "fashion-mnist", "train_samples": 1000, "budget": "128MB",
+            "budget_bytes": 128_000_000, "patience": 2, "epochs": 20, "methods": {
+                "backprop": {"timeline": [{"epoch": k + 1, "wall_s": 10.0 * (k + 1), "test_accuracy": a}
+                                          for k, a in enumerate([70.0, 80.0, 85.0, 84.0, 84.5])],
+                             "wall_s": 50.0, "epochs": 5, "batches": [9], "peak_bytes": 127e6},
+                "classic": {"timeline": local([20, 40, 60, 80], [60.0, 70.0, 75.0, 74.0], [0, 0, 1, 1]),
+                            "wall_s": 80.0, "epochs": [2, 2], "batches": [100, 100],
+                            "block_peak_bytes": [120e6, 110e6]},
+                "neuroflux": {"timeline": local([3, 6, 9, 12, 15], [72.0, 80.0, 85.5, 86.0, 85.0], [0, 0, 1, 1, 1]),
+                              "wall_s": 15.0, "epochs": [2, 3], "batches": [126, 225],
+                              "block_peak_bytes": [127e6, 126e6]}}}
+
+
+def test_local_learning_summary_peaks_and_times():
+    from edgetrain.compiler.workbench.local_figures import markdown_table, summarize
+
+    s = summarize(_fake_result()["methods"])
+    assert s["backprop"]["peak_test_accuracy"] == 85.0 and s["backprop"]["time_to_peak_s"] == 30.0
+    assert s["backprop"]["time_to_backprop_peak_s"] == 30.0
+    assert s["neuroflux"]["peak_test_accuracy"] == 86.0 and s["neuroflux"]["time_to_peak_s"] == 12.0
+    assert s["neuroflux"]["time_to_backprop_peak_s"] == 9.0  # 85.5 >= backprop's 85.0 first at 9 s
+    assert s["classic"]["time_to_backprop_peak_s"] is None and s["classic"]["epochs"] == 4
+    table = markdown_table(_fake_result())
+    assert "not reached" in table and table.count("\n") == 4
+
+
+def test_local_learning_figure_is_written(tmp_path):
+    from edgetrain.compiler.workbench.local_figures import plot_local_learning
+
+    r = plot_local_learning(_fake_result(), str(tmp_path), "ll")
+    assert sorted(os.path.basename(f) for f in r["files"]) == ["ll.png", "ll.svg"]
+    assert all(os.path.getsize(f) > 1024 for f in r["files"])
+    assert r["data"]["curves"]["neuroflux"][2] == (9.0, 85.5)
+    assert r["data"]["batches"] == {"backprop": [9], "classic": [100], "neuroflux": [126, 225]}
+    # `edgetrain train --timeline --json` output draws too: one NeuroFlux curve
+    one = {"timeline": _fake_result()["methods"]["neuroflux"]["timeline"], "wall_s": 15.0,
+           "blocks": [{"batch": 126, "counted_bytes": 1, "epochs": 2}, {"batch": 225, "counted_bytes": 1, "epochs": 3}]}
+    assert list(plot_local_learning(one, str(tmp_path), "one")["data"]["curves"]) == ["neuroflux"]
+
+
+@pytest.mark.slow
+def test_local_learning_benchmark_runs_and_draws(tmp_path):
+    import importlib.util
+
+    from edgetrain.compiler.workbench.local_figures import curve
+
+    spec = importlib.util.spec_from_file_location("ll_bench", os.path.join(ROOT, "benchmarks", "local_learning.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = str(tmp_path / "b")
+    r = bench.main(["--model", "small_cnn", "--budget", "8MB", "--data", "digits", "--train-size", "300",
+                    "--test-size", "100", "--epochs", "3", "--patience", "1", "--out", out])
+    assert set(r["methods"]) == {"backprop", "classic", "neuroflux"}
+    for m in r["methods"].values():
+        assert m["peak_test_accuracy"] == max(a for _, a in curve(m))
+    assert os.path.exists(os.path.join(out, "local_learning_small_cnn.png"))
+    with open(os.path.join(out, "local_learning.json")) as f:
+        assert json.load(f)["patience"] == 1

@@ -6,7 +6,8 @@
   train at one fixed batch (the largest that every layer + fixed head fits under the budget), layer by
   layer, with no cache: each batch is re-run through the already trained layers. It runs on the same
   Controller/Worker as NeuroFlux (one block per layer, ``cache=False``).
-Both record the test accuracy after every epoch, outside the timed training, for time-to-accuracy.
+Both record the validation and test accuracy after every epoch, outside the timed training, for
+time-to-accuracy; with ``patience`` both stop when validation accuracy has not improved for that many epochs.
 """
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ def _test_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dev) -> f
 
 
 def train_backprop(body: dict, splits: Splits, epochs: int, *, cap: int = DEFAULT_CAP,
-                   line_batches=(2, 4, 8, 16), device: str = "cpu") -> dict:
-    """End-to-end SGD of the schedule's model under its budget (``body`` is a local schedule)."""
+                   line_batches=(2, 4, 8, 16), device: str = "cpu", patience: int | None = None) -> dict:
+    """End-to-end SGD of the schedule's model under its budget (``body`` is a local schedule); ``epochs``
+    epochs, or with ``patience`` until validation accuracy has not improved for that many (``epochs``: cap)."""
     m, local = body["model"], body["local"]
     in_shape = tuple(m["input_shape"])
     torch.manual_seed(body["seed"])  # the same initial weights as compile_local's layers
@@ -64,6 +66,7 @@ def train_backprop(body: dict, splits: Splits, epochs: int, *, cap: int = DEFAUL
     tr = local["training"]
     opt = torch.optim.SGD(model.parameters(), lr=scaled_lr(tr, batch), momentum=tr["momentum"], weight_decay=tr["weight_decay"])
     n, wall, timeline = len(splits.train_y), 0.0, []
+    best_val, since_best = None, 0
     for epoch in range(epochs):
         t0 = time.perf_counter()
         model.train()
@@ -74,16 +77,25 @@ def train_backprop(body: dict, splits: Splits, epochs: int, *, cap: int = DEFAUL
             nn.functional.cross_entropy(model(splits.train_x[sel].to(dev)), splits.train_y[sel].to(dev)).backward()
             opt.step()
         wall += time.perf_counter() - t0
-        timeline.append({"epoch": epoch + 1, "wall_s": wall,
+        val = _test_accuracy(model, splits.val_x, splits.val_y, dev)
+        timeline.append({"epoch": epoch + 1, "wall_s": wall, "val_accuracy": val,
                          "test_accuracy": _test_accuracy(model, splits.test_x, splits.test_y, dev)})
-    return {"method": "backprop", "batch": batch, "batches": [batch], "wall_s": wall, "lr": scaled_lr(tr, batch),
+        if best_val is None or val > best_val:
+            best_val, since_best = val, 0
+        else:
+            since_best += 1
+        if patience is not None and since_best >= patience:
+            break
+    return {"method": "backprop", "batch": batch, "batches": [batch], "epochs": len(timeline),
+            "wall_s": wall, "lr": scaled_lr(tr, batch),
             "test_accuracy": timeline[-1]["test_accuracy"], "timeline": timeline, "peak_bytes": peak,
             "params": sum(p.numel() for p in model.parameters()), "cache_bytes": 0,
             "line": {"slope": line.slope, "intercept": line.intercept, "r2": line.r2}}
 
 
 def train_classic(body: dict, weights: dict[str, torch.Tensor], splits: Splits, epochs: int, workdir: str, *,
-                  cap: int = DEFAULT_CAP, line_batches=(2, 4, 8, 16), device: str = "cpu") -> dict:
+                  cap: int = DEFAULT_CAP, line_batches=(2, 4, 8, 16), device: str = "cpu",
+                  patience: int | None = None) -> dict:
     """Classic local learning: fixed heads, one fixed batch, no cache (``weights``: the plan's initial ones)."""
     local, classes = body["local"], body["model"]["num_classes"]
     budget = body["budget"]["bytes"]
@@ -107,11 +119,13 @@ def train_classic(body: dict, weights: dict[str, torch.Tensor], splits: Splits, 
             "layers": local["layers"], "heads": heads,
             "blocks": [{"index": i, "layers": [i], "batch": batch} for i in range(len(heads))]}
     res = train_local(plan, splits, workdir, epochs, cache=False, device=device, eval_each_epoch=True,
-                      initial=initial)
+                      initial=initial, patience=patience)
     last = len(heads) - 1
     acc = res["blocks"][-1]["test_accuracy"][str(last)]
     params = sum(l["params"] for l in local["layers"]) + sum(p.numel() for p in res["heads"][last].parameters())
     return {"method": "classic-ll", "batch": batch, "batches": [batch] * len(heads), "wall_s": res["wall_s"],
+            "epochs": [bl["epochs"] for bl in res["blocks"]],
             "test_accuracy": acc, "timeline": res["timeline"],
             "peak_bytes": max(b["counted_bytes"] for b in res["blocks"]), "params": params, "cache_bytes": 0,
+            "block_peak_bytes": [b["counted_bytes"] for b in res["blocks"]],
             "per_layer_test_accuracy": [b["test_accuracy"][str(b["index"])] for b in res["blocks"]]}

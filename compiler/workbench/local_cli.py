@@ -36,7 +36,11 @@ def add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="train a local-learning plan on a dataset; export the early-exit model")
     t.add_argument("dir")
     t.add_argument("--data", default="fashion-mnist", choices=DATASETS)
-    t.add_argument("--epochs", type=int, default=1, help="epochs per block")
+    t.add_argument("--epochs", type=int, default=1, help="epochs per block (with --patience: the most per block)")
+    t.add_argument("--patience", type=int, help="each block trains until its validation accuracy has not improved "
+                   "for this many epochs (at most --epochs)")
+    t.add_argument("--timeline", action="store_true", help="test accuracy after every epoch (untimed), for the "
+                   "accuracy-over-time figure (benchmarks/local_learning.py --figure)")
     t.add_argument("--train-size", type=int, help="a seeded subset of the training split (default: all)")
     t.add_argument("--test-size", type=int, help="the first N test images (default: all)")
     t.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -59,7 +63,7 @@ def train_cmd(a, console) -> dict:
     from .local_train import train_dir
 
     kw = dict(data=a.data, epochs=a.epochs, work=a.work, train_size=a.train_size, test_size=a.test_size,
-              device=a.device, export=not a.no_export)
+              device=a.device, export=not a.no_export, patience=a.patience, eval_each_epoch=a.timeline)
     if a.json or not sys.stderr.isatty():
         return train_dir(a.dir, **kw)
     from rich.progress import Progress

@@ -61,8 +61,10 @@ def exit_candidates(local: dict, blocks: list[dict]) -> tuple[list[float], list[
 def train_dir(plan_dir: str, data: str = "fashion-mnist", epochs: int = 1, *, work: str | None = None,
               train_size: int | None = None, test_size: int | None = None, device: str = "cpu",
               cache: bool = True, eval_each_epoch: bool = False, export: bool = True, progress=None,
-              splits: Splits | None = None) -> dict:
-    """``splits``: data already loaded by :func:`load_splits` (a benchmark shares it between methods)."""
+              splits: Splits | None = None, patience: int | None = None) -> dict:
+    """``splits``: data already loaded by :func:`load_splits` (a benchmark shares it between methods).
+    ``patience``: each block trains until its validation accuracy has not improved for that many epochs
+    (``epochs`` is then the cap per block)."""
     body = schedule_format.load(plan_dir)
     if body.get("mode") != "local":
         raise EdgetrainError(f"{plan_dir} holds a {body.get('mode')} schedule; `edgetrain train` runs "
@@ -81,12 +83,12 @@ def train_dir(plan_dir: str, data: str = "fashion-mnist", epochs: int = 1, *, wo
     work = work or os.path.join(plan_dir, "work")
     t0 = time.perf_counter()
     res = plan.train(splits, work, epochs, cache=cache, device=device, progress=progress,
-                     eval_each_epoch=eval_each_epoch)
+                     eval_each_epoch=eval_each_epoch, patience=patience)
     process_s = time.perf_counter() - t0
     val, test, params = exit_candidates(local, res["blocks"])
     k = select_exit(val, params, local["training"]["exit_tolerance_points"])
     out = {
-        "plan": plan_dir, "data": data, "epochs": epochs, "device": device, "cache": cache,
+        "plan": plan_dir, "data": data, "epochs": epochs, "patience": patience, "device": device, "cache": cache,
         "train_samples": len(splits.train_y), "val_samples": len(splits.val_y), "test_samples": len(splits.test_y),
         "test_accuracy": test[k], "val_accuracy": val[k], "exit_layer": k, "exit_name": local["layers"][k]["name"],
         "exit_params": params[k], "full_params": local["full_params"],

@@ -2,10 +2,12 @@
 
 The Controller walks the plan's blocks in order. For each block a Worker trains its layers, each on its own
 auxiliary head's loss (the layer's output is detached before the next layer: no gradient crosses layers), at
-the block's own batch size (AB-LL), for ``epochs`` epochs. Then one pass in eval mode measures every head's
-validation and test accuracy and writes the block's outputs for all three splits to a memory-mapped
-:mod:`activation cache <edgetrain.runtime.python.activation_cache>`, which is the next block's input: trained blocks
-never run again. ``cache=False`` gives classic local learning (inputs re-run through the trained layers).
+the block's own batch size (AB-LL), for ``epochs`` epochs, or, with ``patience``, until the best validation
+accuracy of the block's heads has not improved for ``patience`` epochs (``epochs`` then caps it). Then one
+pass in eval mode measures every head's validation and test accuracy and writes the block's outputs for all
+three splits to a memory-mapped :mod:`activation cache <edgetrain.runtime.python.activation_cache>`, which is
+the next block's input: trained blocks never run again. ``cache=False`` gives classic local learning (inputs
+re-run through the trained layers).
 
 Resume: after every epoch the whole state (weights, BN statistics, SGD momentum) goes to
 ``state_b{block}_e{epoch}.safetensors`` and then ``progress.json`` (both written atomically) points at it.
@@ -125,13 +127,19 @@ def scaled_lr(optimizer: dict, batch: int) -> float:
 
 def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache: bool = True,
                 device: str = "cpu", progress: Callable[[str, int, int], None] | None = None,
-                eval_each_epoch: bool = False, initial: dict[str, torch.Tensor] | None = None) -> dict:
+                eval_each_epoch: bool = False, initial: dict[str, torch.Tensor] | None = None,
+                patience: int | None = None) -> dict:
     """Train every block of ``plan`` (the generated plan's ``PLAN``); returns what happened, as a JSON dict.
 
     ``initial``: the starting weights (``layer.{i}.*``, ``head.{i}.*``); default the plan's weights file.
     ``eval_each_epoch`` also records each epoch's test accuracy of the block's last head (outside the timed
-    training) for time-to-accuracy curves.
+    training) for time-to-accuracy curves, and the exit the validation split would choose at that moment (the
+    head with the best validation accuracy of all trained so far) with its test accuracy.
+    ``patience``: a block stops after that many epochs without a new best validation accuracy of its heads
+    (evaluated after every epoch, untimed); ``epochs`` is then the cap per block.
     """
+    if patience is not None and patience < 1:
+        raise ValueError(f"patience must be at least 1, got {patience}")
     os.makedirs(workdir, exist_ok=True)
     dev = torch.device(device)
     layers = [build(l["spec"]).to(dev) for l in plan["layers"]]
@@ -139,7 +147,8 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
     o = plan["optimizer"]
     opts = [torch.optim.SGD([*l.parameters(), *h.parameters()], lr=o["lr"], momentum=o["momentum"],
                             weight_decay=o["weight_decay"]) for l, h in zip(layers, heads)]
-    tag = {"content": plan["schedule_content"], "epochs": int(epochs), "cache": bool(cache), "n_train": len(splits.train_y)}
+    tag = {"content": plan["schedule_content"], "epochs": int(epochs), "cache": bool(cache), "n_train": len(splits.train_y),
+           "patience": patience}
     prog_path = os.path.join(workdir, PROGRESS)
     if os.path.isfile(prog_path):
         with open(prog_path) as f:
@@ -167,9 +176,12 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
             for g in opts[i].param_groups:
                 g["lr"] = scaled_lr(o, batch)
         peak = prog.setdefault("peak", {"counted_bytes": 0, "cuda_max_allocated": None})
+        stop = prog.setdefault("stop", {"best_val": None, "since_best": 0})
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         for epoch in range(prog["epoch"], epochs):
+            if patience is not None and stop["since_best"] >= patience:
+                break  # a resumed block that had already stopped
             t0 = time.perf_counter()
             for m in (*(layers[i] for i in idx), *(heads[i] for i in idx)):
                 m.train()
@@ -194,17 +206,32 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
             _save_state(workdir, name, _state(layers, heads, opts))
             prog["wall_s"] += time.perf_counter() - t0  # the checkpoint is part of the method's cost
             old, prog["state"], prog["epoch"] = prog["state"], name, epoch + 1
+            val = None
+            if eval_each_epoch or patience is not None:  # untimed: every head of the block on the validation split
+                val = _accuracy(layers, heads, idx, idx, sources["val"], splits.val_y, batch, dev)
+                if stop["best_val"] is None or max(val.values()) > stop["best_val"]:
+                    stop["best_val"], stop["since_best"] = max(val.values()), 0
+                else:
+                    stop["since_best"] += 1
             if eval_each_epoch:  # untimed: every head of the block on the test split
                 acc = _accuracy(layers, heads, idx, idx, sources["test"], splits.test_y, batch, dev)
                 best = max(acc.values())
+                scores = prog.setdefault("heads", {})  # layer -> [val, test]; finished blocks keep their last
+                scores.update({str(i): [val[i], acc[i]] for i in idx})
+                exit_layer = max(scores, key=lambda k: (scores[k][0], -int(k)))  # ties: the earlier, smaller exit
                 prog["timeline"].append({"block": b, "epoch": epoch + 1, "wall_s": prog["wall_s"],
                                          "layer": idx[-1], "test_accuracy": acc[idx[-1]],
                                          "heads_test_accuracy": {str(i): a for i, a in acc.items()},
+                                         "heads_val_accuracy": {str(i): a for i, a in val.items()},
+                                         "exit_layer": int(exit_layer),
+                                         "exit_test_accuracy": scores[exit_layer][1],
                                          "best_exit_test_accuracy": max(
                                              [best, *(t["best_exit_test_accuracy"] for t in prog["timeline"])])})
             _atomic_json(prog_path, prog)
             if old and old != name and os.path.exists(os.path.join(workdir, old)):
                 os.remove(os.path.join(workdir, old))
+            if patience is not None and stop["since_best"] >= patience:
+                break
         if dev.type == "cuda":
             peak["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(dev))
         # One eval pass per split: every head's accuracy, and the block's outputs cached for the next block.
@@ -226,12 +253,13 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
         prog["wall_s"] += cache_s
         prog["blocks"].append({
             "index": b, "layers": idx, "batch": batch, "steps_per_epoch": (n + batch - 1) // batch,
+            "epochs": prog["epoch"],
             "val_accuracy": {str(i): accs["val"][i] for i in idx},
             "test_accuracy": {str(i): accs["test"][i] for i in idx},
             "cache_bytes": cache_bytes, "cache_s": cache_s, **dict(peak),
         })
         prog["block"], prog["epoch"] = b + 1, 0
-        del prog["peak"]
+        del prog["peak"], prog["stop"]
         _atomic_json(prog_path, prog)
         # Older blocks' caches are no longer needed, even by a resume: storage holds two caches at most.
         for old_block in range(b):

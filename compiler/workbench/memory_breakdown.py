@@ -24,6 +24,7 @@ _GRADIENT_KINDS = ("backward", "grad_sum")
 @dataclass
 class Breakdown:
     steps: list[dict[str, int]] = field(default_factory=list)  # per step: composition while it runs
+    after: list[int] = field(default_factory=list)  # per step: bytes resident once it is done
     measured: list[bool] = field(default_factory=list)  # the validator measures this step (compute, page-in)
     stage: list[int] = field(default_factory=list)  # per step: its stage
     stage_peaks: list[dict[str, int]] = field(default_factory=list)  # per stage: composition at its peak
@@ -89,6 +90,7 @@ def breakdown(graph, steps: list[dict]) -> Breakdown:
         else:
             raise ValueError(f"step {k}: unknown action {act!r}")
         out.steps.append(c)
+        out.after.append(graph.state_bytes + sum(b for b, _ in resident.values()))
         out.measured.append(measured)
         out.stage.append(t)
         if measured:

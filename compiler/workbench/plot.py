@@ -44,26 +44,7 @@ def memory_curve(graph, steps: list[dict]) -> tuple[list[int], list[int]]:
     """Bytes resident after each step, and the bytes while each step runs (a node: its output and workspace),
     with the validator's accounting (see `memory_breakdown`)."""
     b = breakdown(graph, steps)
-    during = [sum(c.values()) for c in b.steps]
-    after, live = [], graph.state_bytes
-    nodes = {n.name: n for n in graph.nodes}
-    resident: dict[str, int] = {}
-    for st in steps:
-        name, act = st["tensor"], st["action"]
-        if act in ("compute", "recompute"):
-            n = nodes[name]
-            if n.bytes:
-                resident[name] = n.bytes
-            if act == "compute" and n.aux_bytes:
-                resident[f"{name}.aux"] = n.aux_bytes
-            live += n.bytes + (n.aux_bytes if act == "compute" else 0)
-        elif act == "page_in":
-            resident[name] = nodes[name].bytes
-            live += nodes[name].bytes
-        elif act == "free":
-            live -= resident.pop(name, 0)
-        after.append(live)
-    return after, [max(a, d) for a, d in zip(after, during)]
+    return b.after, [max(a, sum(c.values())) for a, c in zip(b.after, b.steps)]
 
 
 def deadline_panels(meta: dict, rows: list[dict]) -> list[str]:
@@ -251,15 +232,12 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 
 def _deadline_overhead(meta: dict, d: str) -> float | None:
+    """A deadline of the sweep as time over store-all's, in percent (None: no deadline)."""
+    from edgetrain.compiler.scheduling.budget import parse_deadline
+
     if d == "none":
         return None
-    try:
-        secs = float(d[:-2]) / 1e3 if d.endswith("ms") else float(d[:-1]) if d.endswith("s") else None
-    except ValueError:
-        return None
-    if secs is None:
-        return 100.0 * (float(d) - 1.0)
-    return 100.0 * (secs / meta["store_all_time_s"] - 1.0)
+    return 100.0 * (parse_deadline(d, meta["store_all_time_s"]) / meta["store_all_time_s"] - 1.0)
 
 
 def energy_vs_time(meta: dict, rows: list[dict]):

@@ -20,6 +20,7 @@ body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px
 table { border-collapse: collapse; font-size: 13px; margin: 0.5em 0 1.5em; }
 th, td { border: 1px solid #ccc; padding: 2px 8px; text-align: right; white-space: nowrap; }
 th { background: #f3f3f3; } td.l, th.l { text-align: left; }
+#results td:last-child { white-space: normal; text-align: left; min-width: 28em; }
 tr.infeasible td { color: #888; } tr.error td { color: #b00; }
 figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 13px; color: #555; }

@@ -168,6 +168,12 @@ def versus_budget(meta: dict, rows: list[dict], field: str, what: str):
                 strip.plot([b[0] for b in bad], [k] * len(bad), ls="none", marker="x", ms=7, mew=1.8,
                            color=st["color"], zorder=3)
         ax.axhline(0, color="black", lw=0.9, ls=(0, (1, 1)), zorder=1)
+        if field == "time_s" and dl != "none":  # the panel's deadline as a line: what the time must stay under
+            limit = _deadline_overhead(meta, dl)
+            ax.axhline(limit, color="gray", ls=":", lw=1.2, zorder=1)
+            ax.text(1.0, limit, "deadline ", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
+                    fontsize=7, color="gray")
+            values.append(limit)
         if mf:
             for a in (ax, strip):
                 a.axvline(budget_percent(meta, mf), color="red", ls="--", lw=1, zorder=1)

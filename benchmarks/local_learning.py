@@ -62,12 +62,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--methods", default="backprop,classic,neuroflux")
     ap.add_argument("--out", default="build/bench/local_learning")
     ap.add_argument("--json", help="also write the result here (e.g. docs/data/local_learning_vgg11.json)")
-    ap.add_argument("--figure-only", metavar="JSON", help="only redraw the figure of an earlier result into --out")
+    ap.add_argument("--figure-only", metavar="JSON", help="only redraw the figure of an earlier result (this "
+                    "benchmark's, or `edgetrain train --timeline --json`'s) into --out")
     a = ap.parse_args(argv)
     if a.figure_only:
         with open(a.figure_only) as f:
             result = json.load(f)
-        fig = plot_local_learning(result, a.out, f"local_learning_{result['model']}")
+        fig = plot_local_learning(result, a.out, f"local_learning_{result.get('model', 'train')}")
         print("wrote " + ", ".join(fig["files"]))
         return result
     patience = a.patience or None

@@ -39,7 +39,7 @@ SCHEDULER_STYLES = {
     "paging": dict(color="tab:green", marker="^", ls="-.", ms=8),
     "dtr": dict(color="tab:red", marker="D", ls=":", ms=5.5),
     "checkpoint": dict(color="tab:purple", marker="v", ls=(0, (5, 1, 1, 1)), ms=6.5),
-    "store-all": dict(color="tab:gray", marker="x", ls=(0, (1, 2)), ms=6),
+    "store-all": dict(color="tab:gray", marker="*", ls=(0, (1, 2)), ms=8),
 }
 _SPARE = [dict(color=f"C{k}", marker=m, ls="-", ms=6) for k, m in enumerate("PX*hp<>")]
 

@@ -291,6 +291,8 @@ def test_local_learning_summary_peaks_and_times():
     assert s["neuroflux"]["peak_test_accuracy"] == 86.0 and s["neuroflux"]["time_to_peak_s"] == 12.0
     assert s["neuroflux"]["time_to_backprop_peak_s"] == 9.0  # 85.5 >= backprop's 85.0 first at 9 s
     assert s["classic"]["time_to_backprop_peak_s"] is None and s["classic"]["epochs"] == 4
+    again = summarize({k: dict(v, **s[k]) for k, v in _fake_result()["methods"].items()})  # the benchmark's rows
+    assert again["classic"]["epochs_per_block"] == [2, 2] and again["classic"]["epochs"] == 4
     table = markdown_table(_fake_result())
     assert "not reached" in table and table.count("\n") == 4
 

@@ -94,8 +94,8 @@ def run_plan(out_dir: str, *, steps: int = 1, data: str = "random", check: bool 
     shutil.rmtree(pages, ignore_errors=True)
     dev = _device(device)
     opt = body["graph"]["optimizer"]
-    rt = Runtime(os.path.join(out_dir, "weights.safetensors"), pages, device=dev, lr=opt["lr"],
-                 momentum=opt["momentum"], weight_decay=opt["weight_decay"], seed=body["seed"])
+    rt = Runtime(os.path.join(out_dir, "weights.safetensors"), pages, device=dev, optimizer=opt,
+                 trainable=body["graph"].get("trainable"), seed=body["seed"])
     t0 = time.perf_counter()
     for k, (x, y) in enumerate(batches):
         rt.begin_step(x, y)

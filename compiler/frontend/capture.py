@@ -139,6 +139,29 @@ def dropout_keys(gm: fx.GraphModule, calls: list[str]) -> dict[str, str]:
     return keys
 
 
+def _sum_tied_gradients(gm: fx.GraphModule, grads: dict[str, str]) -> dict[str, str]:
+    """torch differentiates each name of a tied parameter apart; its gradient is the sum (one add node)."""
+    by_param: dict[str, list[str]] = {}
+    for node, p in grads.items():
+        by_param.setdefault(p, []).append(node)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    out = gm.graph.output_node()
+    for p, parts in by_param.items():
+        if len(parts) < 2:
+            continue
+        with gm.graph.inserting_before(out):
+            total = nodes[parts[0]]
+            for other in parts[1:]:
+                val = total.meta.get("val")
+                total = gm.graph.call_function(torch.ops.aten.add.Tensor, (total, nodes[other]))
+                total.meta["val"] = val
+        for node in parts:
+            del grads[node]
+        grads[total.name] = p
+        out.args = (tuple(out.args[0]) + (total,),)
+    return grads
+
+
 class _Step(nn.Module):
     """model + objective as one module whose forward returns the loss (what AOTAutograd differentiates)."""
 
@@ -205,13 +228,15 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
                                     f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
     seconds = time.perf_counter() - t0
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    params = {ph: _strip(p) for ph, p in sig.inputs_to_parameters.items()}
+    # A tied parameter is named as named_parameters() names it (its first name) everywhere.
+    params = {ph: tied.get(_strip(p), _strip(p)) for ph, p in sig.inputs_to_parameters.items()}
     buffers = {ph: _strip(b) for ph, b in sig.inputs_to_buffers.items()}
     user = [ph for ph in placeholders if ph not in params and ph not in buffers]
     if len(user) != 2:
         raise UnsupportedModelError(f"expected the batch as two inputs (x, y), torch traced {len(user)}")
     bwd = sig.backward_signature
-    grads = {node: _strip(p) for node, p in bwd.gradients_to_parameters.items()}
+    grads = {node: tied.get(_strip(p), _strip(p)) for node, p in bwd.gradients_to_parameters.items()}
+    grads = _sum_tied_gradients(gm, grads)
     return JointCapture(gm=gm, params=params, buffers=buffers, inputs=(user[0], user[1]),
                         loss=sig.user_outputs[0], grads=grads,
                         buffer_updates={node: _strip(b) for node, b in sig.buffers_to_mutate.items()},

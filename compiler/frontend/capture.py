@@ -40,6 +40,7 @@ class JointCapture:
     tied: dict[str, str] = field(default_factory=dict)  # alias name -> the parameter it shares storage with
     seconds: float = 0.0
     seed_keys: dict[str, str] = field(default_factory=dict)  # random op node -> the key its mask is drawn by
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # buffer name -> a constant tensor of the code
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, token_ids: bool = False) -> torch.Tensor:
@@ -175,6 +176,7 @@ class _Step(nn.Module):
 
 
 _PREFIX = "m."
+CONSTANT_PREFIX = "edgetrain_constant_"  # a tensor constant of the model's code, kept as a buffer of the plan
 
 
 def _strip(name: str) -> str:
@@ -237,7 +239,9 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
     bwd = sig.backward_signature
     grads = {node: tied.get(_strip(p), _strip(p)) for node, p in bwd.gradients_to_parameters.items()}
     grads = _sum_tied_gradients(gm, grads)
-    return JointCapture(gm=gm, params=params, buffers=buffers, inputs=(user[0], user[1]),
+    constants = {f"{CONSTANT_PREFIX}{n.target}": getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    buffers.update({n.name: f"{CONSTANT_PREFIX}{n.target}" for n in gm.graph.nodes if n.op == "get_attr"})
+    return JointCapture(gm=gm, constants=constants, params=params, buffers=buffers, inputs=(user[0], user[1]),
                         loss=sig.user_outputs[0], grads=grads,
                         buffer_updates={node: _strip(b) for node, b in sig.buffers_to_mutate.items()},
                         trainable=trainable, tied=tied, seconds=seconds, seed_keys=dropout_keys(gm, calls))

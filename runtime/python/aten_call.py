@@ -3,6 +3,7 @@
 A plan's arguments are JSON: numbers, lists, None, and markers for what is not a literal:
 {"$t": k} the k-th tensor operand, {"$p": name} a parameter, {"$b": name} a buffer (each with an optional
 "view" chain), {"$aux": k} item k of the statistics the forward node kept for this backward node,
+{"$empty": shape, "dtype": ...} a tensor with no elements,
 {"$dtype": "float32"}, {"$device": ...} (the runtime's own device), {"$layout": ...}, {"$mf": ...}.
 A view chain is a list of [op, args] (an aten view op applied to the tensor) or ["item", k].
 """
@@ -81,6 +82,8 @@ def fill(template, tensors, params, buffers, aux, device):
             return apply_view(buffers[template["$b"]], template.get("view"))
         if "$aux" in template:
             return aux[template["$aux"]]
+        if "$empty" in template:  # a tensor with no elements
+            return torch.empty(template["$empty"], dtype=getattr(torch, template["dtype"]), device=device)
         for key, make in _SPECIAL.items():
             if key in template:
                 return make(template[key], device)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -183,15 +183,21 @@ def _strip(name: str) -> str:
     return name[len(_PREFIX):] if name.startswith(_PREFIX) else name
 
 
-_USER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+def user_frame(e: BaseException) -> str:
+    """The innermost frame of the user's code in an exception's traceback: ` at file.py:line: `code``."""
+    torch_dir = os.path.dirname(torch.__file__)
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for f in reversed(traceback.extract_tb(e.__traceback__)):
+        if not f.filename.startswith((torch_dir, ours)) and "site-packages" not in f.filename \
+                and not f.filename.startswith("<"):
+            return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`"
+    return ""
 
 
 def _guard_message(e: Exception) -> str:
-    """Where torch gave up on data-dependent control flow: the user's line from its message."""
+    """Where torch gave up on data-dependent control flow: the user's line."""
     text = str(e)
-    torch_dir = os.path.dirname(torch.__file__)
-    frames = [m for m in _USER_FRAME.finditer(text) if not m["file"].startswith(torch_dir)]
-    where = f" at {os.path.basename(frames[-1]['file'])}:{frames[-1]['line']}" if frames else ""
+    where = user_frame(e)
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
     return (f"the model's control flow depends on tensor values{where} ({first[:200]}). A training graph must be "
             "the same for every batch: replace the data-dependent `if`/loop with torch.where or a fixed shape")
@@ -226,7 +232,7 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
         name = type(e).__name__
         if "GuardOnDataDependent" in name or "data-dependent" in str(e) or "DataDependent" in name:
             raise UnsupportedModelError(_guard_message(e)) from None
-        raise UnsupportedModelError(f"torch could not trace the training step: {name}: "
+        raise UnsupportedModelError(f"torch could not trace the training step{user_frame(e)}: {name}: "
                                     f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
     seconds = time.perf_counter() - t0
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]

@@ -91,3 +91,33 @@ def fill(template, tensors, params, buffers, aux, device):
     if isinstance(template, (list, tuple)):
         return [fill(v, tensors, params, buffers, aux, device) for v in template]
     return template
+
+
+def call(op: str, attrs: dict, ins: list, params: dict, buffers: dict, aux, device, seed: int, step: int) -> list:
+    """Run a plan node's op; returns every output of the op (a one-element list for a single tensor)."""
+    fn = resolve(op)
+    args = fill(attrs.get("args", []), ins, params, buffers, aux, device)
+    kwargs = fill(attrs.get("kwargs", {}), ins, params, buffers, aux, device)
+    if "seed_key" in attrs:
+        with seeded(seed, step, attrs["seed_key"], device):
+            res = fn(*args, **kwargs)
+    else:
+        res = fn(*args, **kwargs)
+    return list(res) if isinstance(res, (tuple, list)) else [res]
+
+
+def held(outs: list, keep):
+    """What the node keeps of its op's outputs: the single result (keep None), one output (an index), a tuple
+    of outputs (a list of indices), or nothing ("none" or [])."""
+    if keep is None:
+        return outs[0]
+    if keep == "none" or keep == []:
+        return None
+    if isinstance(keep, list):
+        return tuple(outs[k] for k in keep)
+    return outs[keep]
+
+
+def update_value(outs: list, update: dict):
+    """The tensor an update reads: an output of the op, through the update's view chain."""
+    return apply_view(outs[0] if update.get("item") is None else outs[update["item"]], update.get("view"))

@@ -225,10 +225,6 @@ class Runtime:
 
     def _run_aten(self, first, name, op, inputs, attrs, aux_of):
         """One aten op: operands in, the outputs the plan keeps held, updates applied, the rest dropped."""
-        try:
-            fn = aten_call.resolve(op)
-        except KeyError as e:
-            raise PlanError(f"{self._what}: {e.args[0]}") from None
         if name in self._live:
             raise PlanError(f"{self._what}: tensor '{name}' is already resident")
         ins = []
@@ -241,27 +237,13 @@ class Runtime:
                 raise PlanError(f"{self._what}: view {ref.get('view')} of '{ref['t']}': {e}") from None
         aux = self._require(f"{aux_of}.aux") if aux_of is not None else None
         try:
-            args = aten_call.fill(attrs.get("args", []), ins, self._params, self._buffers, aux, self.device)
-            kwargs = aten_call.fill(attrs.get("kwargs", {}), ins, self._params, self._buffers, aux, self.device)
+            with torch.no_grad():
+                outs = aten_call.call(op, attrs, ins, self._params, self._buffers, aux, self.device, self.seed,
+                                      self.step)
         except KeyError as e:
-            raise PlanError(f"{self._what}: unknown parameter or buffer {e.args[0]!r}") from None
-        with torch.no_grad():
-            if "seed_key" in attrs:
-                with aten_call.seeded(self.seed, self.step, attrs["seed_key"], self.device):
-                    res = fn(*args, **kwargs)
-            else:
-                res = fn(*args, **kwargs)
-        outs = list(res) if isinstance(res, (tuple, list)) else [res]
+            raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
         total = sum(nbytes(o) for o in outs if isinstance(o, Tensor))
-        keep = attrs.get("keep")
-        if keep is None:
-            held = outs[0]
-        elif keep == "none" or keep == []:
-            held = None
-        elif isinstance(keep, list):
-            held = tuple(outs[k] for k in keep)
-        else:
-            held = outs[keep]
+        held = aten_call.held(outs, attrs.get("keep"))
         for o in (held if isinstance(held, tuple) else (held,)):
             if isinstance(o, Tensor) and o.numel() and any(
                     isinstance(t, Tensor) and _storage_ptr(t) == _storage_ptr(o) for t in ins):
@@ -276,7 +258,7 @@ class Runtime:
             self._hold(f"{name}.aux", aux_out, aux_bytes)
         with self.ledger.transient(total - kept - aux_bytes, label=f"{name} (dropped outputs)"):
             for u in attrs.get("updates", ()):
-                value = aten_call.apply_view(outs[0] if u.get("item") is None else outs[u["item"]], u.get("view"))
+                value = aten_call.update_value(outs, u)
                 if "param" in u:
                     self.optim.update(u["param"], self._params[u["param"]], value)
                 elif first:  # a recompute never updates running statistics again

@@ -1,7 +1,8 @@
 """The executor: a generated plan calls one `Runtime` method per schedule step.
 
-The runtime holds every tensor by name, counts it in the ledger, runs kernels, applies the fused SGD
-updates, and pages tensors to files. It checks the plan as it goes: an operand that is not resident, a
+The runtime holds every tensor by name, counts it in the ledger, runs each step's aten op (torch's own
+kernel, the one autograd runs), applies the optimizer right after a parameter's gradient is made, and pages
+tensors to files. It checks the plan as it goes: an operand that is not resident, a
 tensor computed twice, a page-in of something never paged out all raise `PlanError` naming the tensor and
 the step.
 """
@@ -15,15 +16,10 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from . import aten_call
-from .kernel_api import KernelContext, KernelResult
-from .kernels import KERNELS
 from .ledger import Ledger
 from .optim import Optimizer
-from .sgd import sgd_update
 from .storage import FileStore
-from .views import ViewError, apply_views
 
-LOSS_OPS = frozenset({"cross_entropy", "mse"})
 INPUT, LABELS = "input", "labels"
 
 
@@ -86,7 +82,7 @@ class Runtime:
         self._freed_at: dict[str, str] = {}
         self._paged_out: set[str] = set()
         self._step_loss: float | None = None
-        self.view_copied_bytes = 0  # reshapes that had to copy (a plan the compiler got right has none)
+        self.view_copied_bytes = 0  # views never copy: aten view ops alias their base
 
     # -- properties -----------------------------------------------------------------------------------
     @property
@@ -137,26 +133,6 @@ class Runtime:
         self.ledger.alloc(name, size)
         self._live[name] = value
 
-    def _operand(self, ref) -> tuple[Tensor, int]:
-        """An input operand: a name, or {"t": name, "view": [...]}. Returns it and the bytes copied."""
-        if isinstance(ref, str):
-            ref = {"t": ref}
-        t = self._require(ref["t"])
-        if isinstance(t, tuple) and not ref.get("view"):
-            raise PlanError(f"{self._what}: '{ref['t']}' is an aux tuple, not an operand")
-        try:
-            t, copied = apply_views(t, ref.get("view", ()))
-        except ViewError as e:
-            raise PlanError(f"{self._what}: {e} on '{ref['t']}'") from None
-        self.view_copied_bytes += copied
-        return t, copied
-
-    def _lookup(self, table: dict, names, kind: str) -> list[Tensor]:
-        try:
-            return [table[n] for n in names]
-        except KeyError as e:
-            raise PlanError(f"{self._what}: unknown {kind} {e.args[0]!r}") from None
-
     # -- the batch ------------------------------------------------------------------------------------
     def begin_step(self, x: Tensor, y: Tensor) -> None:
         if self._in_step:
@@ -191,37 +167,8 @@ class Runtime:
         self._begin_op(f"{'compute' if first else 'recompute'} '{name}' ({op})")
         if op.startswith("aten."):
             return self._run_aten(first, name, op, inputs, attrs or {}, aux_of)
-        kernel = KERNELS.get(op)
-        if kernel is None:
-            raise PlanError(f"{self._what}: no kernel named '{op}'")
-        if name in self._live:
-            raise PlanError(f"{self._what}: tensor '{name}' is already resident")
-        operands = [self._operand(r) for r in inputs]
-        ins = [t for t, _ in operands]
-        copied = sum(c for _, c in operands)
-        ps = self._lookup(self._params, params, "parameter")
-        bufs = self._lookup(self._buffers, buffers, "buffer")
-        aux = None
-        if aux_of is not None:
-            aux = self._require(f"{aux_of}.aux")
-        ctx = KernelContext(first=first, buffers=bufs, aux=aux, step=self.step, seed=self.seed,
-                            device=self.device)
-        with torch.no_grad():
-            res = kernel(ctx, ins, ps, dict(attrs or {}))
-        self._check_result(res, ins + ps + bufs, len(ps))
-        if res.out is not None:  # a tuple: the input gradients of an op with several differentiable inputs
-            out = tuple(res.out) if isinstance(res.out, (tuple, list)) else res.out
-            self._hold(name, out, sum(map(nbytes, out)) if isinstance(out, tuple) else nbytes(out))
-        if first and res.aux is not None:
-            self._hold(f"{name}.aux", tuple(res.aux), sum(nbytes(a) for a in res.aux))
-        work = sum(nbytes(g) for g in res.grads) + sum(nbytes(s) for s in res.scratch) + copied
-        with self.ledger.transient(work, label=f"{name} (grads+scratch)"):
-            for pname, p, g in zip(params, ps, res.grads):
-                sgd_update(p, g, self._momentum.get(pname), self.lr, self.momentum, self.weight_decay)
-        if first and op in LOSS_OPS:
-            self._step_loss = float(res.out)
-            self.losses.append(self._step_loss)
-        return res.out
+        raise PlanError(f"{self._what}: '{op}' is not an aten op; this plan was generated for another "
+                        "runtime: recompile it")
 
     def _run_aten(self, first, name, op, inputs, attrs, aux_of):
         """One aten op: operands in, the outputs the plan keeps held, updates applied, the rest dropped."""
@@ -268,16 +215,6 @@ class Runtime:
             self._step_loss = float(outs[0] if item is None else outs[item])
             self.losses.append(self._step_loss)
         return held
-
-    def _check_result(self, res: KernelResult, operands: list[Tensor], n_params: int) -> None:
-        if res.grads and len(res.grads) != n_params:
-            raise PlanError(f"{self._what}: kernel gave {len(res.grads)} gradients for {n_params} params")
-        outs = res.out if isinstance(res.out, (tuple, list)) else [res.out]
-        for out in outs:
-            if out is not None and out.numel():
-                ptr = _storage_ptr(out)
-                if any(_storage_ptr(t) == ptr for t in operands):
-                    raise PlanError(f"{self._what}: kernel output aliases an operand")
 
     # -- paging and freeing ---------------------------------------------------------------------------
     def page_out(self, name: str) -> None:

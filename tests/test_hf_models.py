@@ -15,7 +15,7 @@ from edgetrain.compiler.scheduling.budget import anchors  # noqa: E402
 from edgetrain.compiler.workbench.run import run_plan  # noqa: E402
 from edgetrain.targets import load_target  # noqa: E402
 
-from .test_user_models import OPTIMIZERS  # noqa: E402
+from test_user_models import OPTIMIZERS  # noqa: E402
 
 
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))

@@ -62,7 +62,7 @@ def test_operand_freed_too_early(resnet):
 
 def test_missing_free_is_caught(resnet):
     g, lv = resnet
-    steps = [s for s in _steps(g, lv, store_all(g, lv)) if not (s.action == "free" and s.tensor == "conv1")]
+    steps = [s for s in _steps(g, lv, store_all(g, lv)) if not (s.action == "free" and s.tensor == "convolution")]
     with pytest.raises(ValidationError, match="still resident"):
         validate(g, steps, TARGET, None)
 
@@ -70,10 +70,13 @@ def test_missing_free_is_caught(resnet):
 def test_recompute_after_its_own_update_is_rejected(resnet):
     g, lv = resnet
     steps = _steps(g, lv, store_all(g, lv))
-    # Recompute conv1 after bwd.conv1 updated its weights: the values would differ from the forward pass.
-    upd = max(k for k, s in enumerate(steps) if s.tensor == "bwd.layer1_0_conv1")
-    bad = steps[: upd + 1] + [Step(steps[upd].stage, "recompute", "layer1_0_conv1")]
-    bad += [Step(steps[upd].stage, "free", "layer1_0_conv1")] + steps[upd + 1:]
+    # Recompute layer1.0's first conv after its weight's update: the values would differ from the forward pass.
+    weight = "layer1.0.conv1.weight"
+    conv = next(n.name for n in g.nodes if n.kind == "forward" and weight in n.params)
+    updater = next(n.name for n in g.nodes if weight in n.updates)
+    upd = max(k for k, s in enumerate(steps) if s.tensor == updater)
+    bad = steps[: upd + 1] + [Step(steps[upd].stage, "recompute", conv)]
+    bad += [Step(steps[upd].stage, "free", conv)] + steps[upd + 1:]
     with pytest.raises(ValidationError, match="parameters were updated"):
         validate(g, bad, TARGET, None)
 
@@ -81,7 +84,7 @@ def test_recompute_after_its_own_update_is_rejected(resnet):
 def test_page_in_needs_a_stored_copy(resnet):
     g, lv = resnet
     steps = _steps(g, lv, page_all(g, lv, retain=False))
-    bad = [s for s in steps if not (s.action == "page_out" and s.tensor == "conv1")]
+    bad = [s for s in steps if not (s.action == "page_out" and s.tensor == "convolution")]
     with pytest.raises(ValidationError, match="never paged out"):
         validate(g, bad, TARGET, None)
 
@@ -89,7 +92,8 @@ def test_page_in_needs_a_stored_copy(resnet):
 def test_backward_node_computed_twice_is_rejected(resnet):
     g, lv = resnet
     steps = _steps(g, lv, store_all(g, lv))
-    k = next(k for k, s in enumerate(steps) if s.action == "compute" and s.tensor == "bwd.fc")
+    fc = next(n.name for n in g.nodes if "fc.weight" in n.updates)
+    k = next(k for k, s in enumerate(steps) if s.action == "compute" and s.tensor == fc)
     with pytest.raises(ValidationError):
         validate(g, steps[: k + 1] + [dataclasses.replace(steps[k], action="recompute")] + steps[k + 1:], TARGET, None)
 

@@ -55,9 +55,16 @@ def analyze(g: TrainingGraph) -> Liveness:
     size = {n.name: n.bytes for n in g.nodes}
     prod = {n.name: t for t, n in enumerate(g.nodes)}
     update_stage = {}  # forward node -> stage of the backward node that updates its params
+    param_update = {}  # parameter -> the stage of its optimizer step (a graph captured from torch)
     for t, n in enumerate(g.nodes):
         if n.kind == "backward" and n.forward_of and n.params:
             update_stage[n.forward_of] = t
+        for p in n.updates:
+            param_update.setdefault(p, t)
+    for n in g.nodes:
+        stages = [param_update[p] for p in n.params if p in param_update]
+        if stages and n.kind in ("forward", "loss"):
+            update_stage[n.name] = min(stages + [update_stage.get(n.name, len(g.nodes))])
         if n.aux_of:
             size[f"{n.aux_of}.aux"] = g.node(n.aux_of).aux_bytes
 

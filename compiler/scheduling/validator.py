@@ -39,6 +39,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None) ->
     stored: set[str] = set()
     computed: set[str] = set()
     updated: set[str] = set()  # forward nodes whose parameters SGD has changed
+    updated_params: set[str] = set()  # parameters the optimizer has changed (a graph captured from torch)
     live = g.state_bytes
     peak, peak_stage = live, 0
     stage_peaks = [0] * len(g.nodes)
@@ -65,7 +66,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None) ->
             else:
                 if not n.recomputable or n.name not in computed:
                     raise fail(k, st, "only a forward node computed before can be recomputed")
-                if n.name in updated:
+                if n.name in updated or updated_params.intersection(n.params):
                     raise fail(k, st, "recompute after the node's parameters were updated would not be exact")
                 if n.name in resident:
                     raise fail(k, st, "recompute of a tensor that is resident")
@@ -89,6 +90,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None) ->
             computed.add(n.name)
             if n.kind == "backward" and n.params and n.forward_of:
                 updated.add(n.forward_of)
+            updated_params.update(n.updates)
             time_s += n.time_s
             energy += n.energy_j
             recomputes += st.action == "recompute"

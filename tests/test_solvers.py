@@ -81,16 +81,16 @@ def vgg11():
 
 
 # (budget fraction, deadline as a multiple of store-all's time): tight budgets, with and without a deadline.
-CASES = [(0.0, None), (0.3, None), (0.6, 1.05)]
+CASES = [(0.0, None), (0.3, None), (0.6, 1.2)]
 
 
 @pytest.fixture(scope="module")
-def reference(small_cnn, vgg11):
-    """HiGHS optima of the agreement instances, solved once."""
+def reference(small_cnn):
+    """HiGHS optima of the agreement instances (within the size-limited Gurobi license), solved once."""
     out = {}
     for frac, dl in CASES:
         out["small_cnn", frac, dl] = small_cnn.model(frac, dl)
-    out["vgg11", 0.0, None] = vgg11.model(0.0)
+    out["mcu_resnet", 0.0, None] = Poet("mcu_resnet").model(0.0)
     return {k: (pm.milp, highs.solve(pm.milp, time_limit=60, mip_gap=GAP, threads=1)) for k, pm in out.items()}
 
 
@@ -264,9 +264,9 @@ def test_cpsat_exact_integer_rows_prove_optimal():
     assert np.array_equal(r.values, np.round(r.values)) and m.is_feasible(r.values, tol=1e-15)
 
 
-def test_warm_start_is_used(vgg11, reference):
+def test_warm_start_is_used(reference):
     """Given HiGHS's optimum as a start, Gurobi and CP-SAT return a schedule at least as good within 2 s."""
-    m, ref = reference["vgg11", 0.0, None]
+    m, ref = reference["mcu_resnet", 0.0, None]
     for name in ("gurobi", "cpsat"):
         if not registry.available(name)[0]:
             continue
@@ -283,6 +283,8 @@ def test_time_limited_run_is_never_optimal(name, vgg11):
     if name in BACKENDS:
         BACKENDS[name]()
     m = vgg11.model(0.3, 1.05).milp
+    if name == "gurobi" and gurobi.license_limited() and not gurobi.fits_limited(m):
+        pytest.skip("this instance exceeds the size-limited Gurobi license (the registry falls back to HiGHS)")
     r = _solve(name, m, time_limit=0.1, mip_gap=GAP)
     assert r.status == "time_limit", r.status
     assert r.values is None or m.is_feasible(r.values)

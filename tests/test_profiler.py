@@ -1,6 +1,8 @@
 """The host profiler: every node of a training graph timed with the runtime's own op call on the host."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -18,7 +20,7 @@ def _graph(model: nn.Module, shape, loss="cross_entropy"):
     torch.manual_seed(0)
     x = torch.randn(*shape)
     with torch.no_grad():
-        out = model.train()(x)
+        out = copy.deepcopy(model).train()(x)  # a copy: a forward in training mode moves batch-norm statistics
     classes = out.shape[1]
     y = torch.randn(out.shape) if loss == "mse" else torch.randint(0, classes, (shape[0],))
     return joint_graph(capture(model, x, y, loss), "test", tuple(shape), classes, loss, OptimizerConfig())

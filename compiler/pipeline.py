@@ -89,8 +89,20 @@ def build_graph(opts: CompileOptions, target):
 def example_labels(opts: CompileOptions, resolved, model, example: torch.Tensor) -> torch.Tensor:
     """Labels shaped as the loss expects them: class ids (B, ...) for cross-entropy, the output's shape for mse."""
     gen = torch.Generator().manual_seed(opts.seed + 1)
-    with torch.no_grad():
-        out = model(example) if opts.loss != "model" else None
+    saved = {k: b.clone() for k, b in model.named_buffers()}  # a forward in training mode moves BN statistics
+    try:
+        with torch.no_grad():
+            out = model(example) if opts.loss != "model" else None
+    except Exception as e:
+        from .frontend.capture import user_frame
+
+        raise UnsupportedModelError(f"the model cannot take an input of shape {tuple(example.shape)}{user_frame(e)}: "
+                                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
+                                    "Check --input-shape (C,H,W without the batch)") from None
+    finally:
+        with torch.no_grad():
+            for k, b in model.named_buffers():
+                b.copy_(saved[k])
     if opts.loss == "model":
         labels_shape = getattr(resolved.module, "labels_shape", None)
         high = resolved.num_classes or resolved.input_high or 2

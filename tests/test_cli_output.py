@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from edgetrain.compiler.graph.backends import BACKENDS
-from edgetrain.compiler.graph.ir import LOSSES
 from edgetrain.compiler.schedule_file.format import MODES
 from edgetrain.compiler.scheduling.milp.registry import CHOICES
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
@@ -40,7 +39,7 @@ def test_compile_prints_whole_lines_and_the_chosen_budget(compiled):
     _, text = compiled
     lines = text.splitlines()
     assert len(lines) == 4, text  # one line per fact, none broken at 80 columns
-    assert lines[0].startswith("small_cnn on rpi4: 38 stages") and GAP.search(lines[0]) and lines[0].endswith(" s)")
+    assert lines[0].startswith("small_cnn on rpi4: 47 stages") and GAP.search(lines[0]) and lines[0].endswith(" s)")
     assert re.match(r"budget min = \d+\.\d{3} MB \(smallest feasible \d+\.\d{3} MB\)", lines[1]), lines[1]
     smallest = re.search(r"smallest feasible (\S+) MB", lines[1]).group(1)
     assert lines[1].startswith(f"budget min = {smallest} MB")  # min is the smallest feasible budget
@@ -77,11 +76,12 @@ def test_cli_choices_are_the_registries():
     from edgetrain.compiler.workbench.run import DATA_SOURCES
     from edgetrain.compiler.workbench.sweep import EXECUTORS
     from edgetrain.runtime.python.activation_cache import CACHE_DTYPES
+    from edgetrain.runtime.python.optim import OPTIMIZERS
 
     p = cli._parser()
     assert _choices(p, "compile", "--scheduler") == list(SCHEDULERS)
     assert _choices(p, "compile", "--solver") == list(CHOICES) == _choices(p, "sweep", "--solver")
-    assert _choices(p, "compile", "--loss") == list(LOSSES)
+    assert _choices(p, "compile", "--optimizer") == list(OPTIMIZERS)
     assert _choices(p, "compile", "--emit") == list(BACKENDS)
     assert _choices(p, "compile", "--mode") == list(MODES)
     assert _choices(p, "compile", "--profile") == list(METHODS)

@@ -8,6 +8,7 @@ import sys
 from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.compiler.graph.backends import BACKENDS
 from edgetrain.compiler.graph.ir import LOSSES, OptimizerConfig
+from edgetrain.runtime.python.optim import OPTIMIZERS
 from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICES
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
 
@@ -109,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
                         "(e.g. 0.15)")
     c.add_argument("--loss", default="cross_entropy", type=_loss,
                    help=f"{', '.join(LOSSES)} (the model's forward(x, y) returns the loss) or path/file.py:fn")
-    c.add_argument("--optimizer", default="sgd", choices=OPTIMIZER_CHOICES)
+    c.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
     c.add_argument("--lr", type=float, default=None, help="learning rate (sgd 0.01, adam/adamw 0.001)")
     c.add_argument("--momentum", type=float, default=0.9, help="sgd only")
     c.add_argument("--nesterov", action="store_true", help="sgd only")
@@ -203,7 +204,6 @@ def _cmd_compile(a) -> dict:
         return compile_model(opts, progress=lambda msg: status.update(msg))
 
 
-OPTIMIZER_CHOICES = ("sgd", "adam", "adamw")
 _DEFAULTS = {"sgd": (0.01, 5e-4), "adam": (1e-3, 0.0), "adamw": (1e-3, 1e-2)}  # lr, weight decay (torch's own)
 
 

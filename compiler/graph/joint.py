@@ -268,7 +268,7 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
                                                           key=b.order.index))
     ordered = fwd_names + [loss_ref.node] + bwd_names
 
-    nodes = _nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {})
+    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}))
     # input first; labels right before the first node that reads them.
     x_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[0]).meta["val"]
     y_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[1]).meta["val"]
@@ -453,6 +453,51 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 workspace_bytes=total - kept_bytes - aux_bytes, flops=flops, updates=opt_updates,
                 source=_source(op, ops)))
     return nodes
+
+
+def _holds_nothing(n: Node) -> bool:
+    a = n.attrs
+    return (a.get("keep") in ("none", []) and not a.get("aux") and n.aux_of is None and "seed_key" not in a
+            and "loss_item" not in a and "then" not in a)
+
+
+def fuse_updates(nodes: list[Node]) -> list[Node]:
+    """A node that holds nothing (a weight gradient applied at once, a running-statistics update) runs right
+    after the node before it, as one schedulable node: the scheduler sees about one backward stage per layer.
+
+    The fused node runs its own op first (so a parameter it reads is read before the fused op updates it),
+    then each fused op; its workspace is the largest transient of the ops, counted beside its held output.
+    """
+    out: list[Node] = []
+    for n in nodes:
+        prev = out[-1] if out else None
+        if (prev is not None and _holds_nothing(n) and n.kind == prev.kind and n.kind in ("forward", "backward")
+                and "seed_key" not in prev.attrs):
+            inputs = list(prev.inputs)
+            remap = {}
+            for i, r in enumerate(n.inputs):
+                if r.name == prev.name:  # the fused node's own output, just made
+                    remap[i] = {"$own": True, **({"view": [list(v) for v in r.view]} if r.view else {})}
+                    continue
+                if r not in inputs:
+                    inputs.append(r)
+                remap[i] = {"$t": inputs.index(r)}
+            sub = {"op": n.op, "args": _remap(n.attrs["args"], remap), "keep": "none"}
+            if n.attrs.get("kwargs"):
+                sub["kwargs"] = _remap(n.attrs["kwargs"], remap)
+            if n.attrs.get("updates"):
+                sub["updates"] = n.attrs["updates"]
+            attrs = dict(prev.attrs)
+            attrs["then"] = list(prev.attrs.get("then", [])) + [sub]
+            out[-1] = Node(
+                name=prev.name, kind=prev.kind, op=prev.op, inputs=tuple(inputs),
+                params=tuple(dict.fromkeys(prev.params + n.params)), buffers=tuple(dict.fromkeys(prev.buffers + n.buffers)),
+                attrs=attrs, shape=prev.shape, dtype=prev.dtype, items=prev.items, aux_bytes=prev.aux_bytes,
+                aux_of=prev.aux_of, workspace_bytes=max(prev.workspace_bytes, n.workspace_bytes),
+                flops=prev.flops + n.flops, updates=tuple(dict.fromkeys(prev.updates + n.updates)), source=prev.source)
+            continue
+        out.append(n)
+    return out
 
 
 def _remap(template, remap: dict[int, dict]):

@@ -80,9 +80,12 @@ def _profile_aten(graph: TrainingGraph, repeats: int, seed: int) -> dict[str, fl
 
             def once():
                 outs = aten_call.call(n.op, n.attrs, ins, params, buffers, aux, cpu, seed, 0)
-                for u in n.attrs.get("updates", ()):
-                    if "param" in u:
-                        optim.update(u["param"], params[u["param"]], aten_call.update_value(outs, u))
+                own = aten_call.held(outs, n.attrs.get("keep"))
+                for sub, res in [(n.attrs, outs)] + [(s, aten_call.call(s["op"], s, ins, params, buffers, aux, cpu,
+                                                                         seed, 0, own)) for s in n.attrs.get("then", ())]:
+                    for u in sub.get("updates", ()):
+                        if "param" in u:
+                            optim.update(u["param"], params[u["param"]], aten_call.update_value(res, u))
                 return outs
 
             outs = once()  # warm-up; its result feeds the nodes that read this one

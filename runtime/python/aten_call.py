@@ -3,7 +3,8 @@
 A plan's arguments are JSON: numbers, lists, None, and markers for what is not a literal:
 {"$t": k} the k-th tensor operand, {"$p": name} a parameter, {"$b": name} a buffer (each with an optional
 "view" chain), {"$aux": k} item k of the statistics the forward node kept for this backward node,
-{"$empty": shape, "dtype": ...} a tensor with no elements,
+{"$empty": shape, "dtype": ...} a tensor with no elements, {"$own": true} (in an op fused after the node's
+first op) what that first op holds,
 {"$dtype": "float32"}, {"$device": ...} (the runtime's own device), {"$layout": ...}, {"$mf": ...}.
 A view chain is a list of [op, args] (an aten view op applied to the tensor) or ["item", k].
 """
@@ -71,11 +72,13 @@ _SPECIAL = {
 }
 
 
-def fill(template, tensors, params, buffers, aux, device):
+def fill(template, tensors, params, buffers, aux, device, own=None):
     """The op's arguments: the template with each marker replaced by its tensor or value."""
     if isinstance(template, dict):
         if "$t" in template:
             return tensors[template["$t"]]
+        if "$own" in template:  # an op fused after another reads what that one made
+            return apply_view(own, template.get("view"))
         if "$p" in template:
             return apply_view(params[template["$p"]], template.get("view"))
         if "$b" in template:
@@ -87,17 +90,19 @@ def fill(template, tensors, params, buffers, aux, device):
         for key, make in _SPECIAL.items():
             if key in template:
                 return make(template[key], device)
-        return {k: fill(v, tensors, params, buffers, aux, device) for k, v in template.items()}
+        return {k: fill(v, tensors, params, buffers, aux, device, own) for k, v in template.items()}
     if isinstance(template, (list, tuple)):
-        return [fill(v, tensors, params, buffers, aux, device) for v in template]
+        return [fill(v, tensors, params, buffers, aux, device, own) for v in template]
     return template
 
 
-def call(op: str, attrs: dict, ins: list, params: dict, buffers: dict, aux, device, seed: int, step: int) -> list:
-    """Run a plan node's op; returns every output of the op (a one-element list for a single tensor)."""
+def call(op: str, attrs: dict, ins: list, params: dict, buffers: dict, aux, device, seed: int, step: int,
+         own=None) -> list:
+    """Run a plan node's op; returns every output of the op (a one-element list for a single tensor).
+    `own`: what the node's first op holds, for the ops fused after it."""
     fn = resolve(op)
-    args = fill(attrs.get("args", []), ins, params, buffers, aux, device)
-    kwargs = fill(attrs.get("kwargs", {}), ins, params, buffers, aux, device)
+    args = fill(attrs.get("args", []), ins, params, buffers, aux, device, own)
+    kwargs = fill(attrs.get("kwargs", {}), ins, params, buffers, aux, device, own)
     if "seed_key" in attrs:
         with seeded(seed, step, attrs["seed_key"], device):
             res = fn(*args, **kwargs)

@@ -204,17 +204,26 @@ class Runtime:
         if first and aux_items:
             self._hold(f"{name}.aux", aux_out, aux_bytes)
         with self.ledger.transient(total - kept - aux_bytes, label=f"{name} (dropped outputs)"):
-            for u in attrs.get("updates", ()):
-                value = aten_call.update_value(outs, u)
-                if "param" in u:
-                    self.optim.update(u["param"], self._params[u["param"]], value)
-                elif first:  # a recompute never updates running statistics again
-                    self._buffers[u["buffer"]].copy_(value)
+            self._apply_updates(first, outs, attrs.get("updates", ()))
+        for sub in attrs.get("then", ()):  # ops fused after this one: each holds nothing
+            more = aten_call.call(sub["op"], sub, ins, self._params, self._buffers, aux, self.device, self.seed,
+                                  self.step, own=held)
+            with self.ledger.transient(sum(nbytes(o) for o in more if isinstance(o, Tensor)),
+                                       label=f"{name} (then {sub['op']})"):
+                self._apply_updates(first, more, sub.get("updates", ()))
         if first and "loss_item" in attrs:
             item = attrs["loss_item"]
             self._step_loss = float(outs[0] if item is None else outs[item])
             self.losses.append(self._step_loss)
         return held
+
+    def _apply_updates(self, first: bool, outs: list, updates) -> None:
+        for u in updates:
+            value = aten_call.update_value(outs, u)
+            if "param" in u:
+                self.optim.update(u["param"], self._params[u["param"]], value)
+            elif first:  # a recompute never updates running statistics again
+                self._buffers[u["buffer"]].copy_(value)
 
     # -- paging and freeing ---------------------------------------------------------------------------
     def page_out(self, name: str) -> None:

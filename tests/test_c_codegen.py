@@ -106,7 +106,7 @@ def test_emit_c_rejects_ops_without_a_c_kernel(tmp_path, capsys, model, op, node
     rc = cli.main(["compile", model, "--target", "nrf52840", "--budget", "100%", "--emit", "c", "--batch-size", "1",
                    "--out", str(tmp_path / "cli"), "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rc == 2 and out["ok"] is False and out["error_type"] == "UnsupportedModelError" and op in out["error"]
+    assert rc == 2 and out["ok"] is False and out["error"]["kind"] == "UnsupportedModelError" and op in out["error"]["message"]
 
 
 # -- names -----------------------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ def test_run_qemu_on_a_python_plan_says_emit_c(tmp_path, capsys):
     compile_model(CompileOptions(model="tests.c_models:tiny_cnn", target="nrf52840", budget="100%", out=str(out),
                                  batch_size=1))
     rc = cli.main(["run", str(out), "--qemu", "--json"])
-    msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]["message"]
     assert rc == 2 and "--emit c" in msg
 
 

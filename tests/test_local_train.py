@@ -154,7 +154,7 @@ def test_train_refuses_a_poet_plan_and_a_changed_run(small_plan, tmp_path, capsy
                  "--json"]) == 0
     capsys.readouterr()
     assert main(["train", poet, "--data", "digits", "--json"]) == 2
-    assert "--mode local" in json.loads(capsys.readouterr().out.splitlines()[-1])["error"]
+    assert "--mode local" in json.loads(capsys.readouterr().out.splitlines()[-1])["error"]["message"]
     out, _ = small_plan
     w = str(tmp_path / "w")
     _train(["train", out, "--data", "digits", "--epochs", "1", "--work", w, "--no-export", "--train-size", "200"],

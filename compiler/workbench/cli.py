@@ -12,6 +12,7 @@ from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICE
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
 
 from .choices import Choices
+from .errors_out import ANTICIPATED, EXIT_ERROR, EXIT_FAILED, EXIT_INTERNAL, describe, dumps, error_object
 from .local_cli import add_compile_options, add_train_parser, compile_local_cmd, inspect_local, train_cmd
 from .report import console
 
@@ -65,7 +66,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         if _Parser.json_errors:
-            print(json.dumps({"ok": False, "error": message, "error_type": "UsageError"}))
+            print(json.dumps(error_object("UsageError", message)))
         super().error(message)
 
 
@@ -204,9 +205,11 @@ def _cmd_run(a) -> dict:
 
 def _cmd_inspect(a) -> dict:
     from edgetrain.compiler.schedule_file import format as schedule_format
+    from edgetrain.runtime.python.integrity import verify_folder
     from .inspect_schedule import summarize
 
     body = schedule_format.load(a.dir)
+    verify_folder(a.dir)  # the files beside the schedule are the ones compile wrote
     return inspect_local(body) if body.get("mode") == "local" else summarize(a.dir)
 
 
@@ -236,26 +239,50 @@ def _cmd_plot(a) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # anywhere on the line: show the traceback of a failure
+    argv = [x for x in argv if x != "--debug"]
+    _Parser.json_errors = "--json" in argv
     a = _parser().parse_args(argv)
     handlers = {"compile": _cmd_compile, "run": _cmd_run, "inspect": _cmd_inspect, "sweep": _cmd_sweep,
                 "plot": _cmd_plot,
                 "train": _cmd_train}
+    as_json = getattr(a, "json", False)
     try:
         result = handlers[a.cmd](a)
-    except (EdgetrainError, ValueError) as e:  # targets' and data's errors derive from ValueError or ours
-        if getattr(a, "json", False):
-            print(json.dumps({"ok": False, "error": str(e), "error_type": type(e).__name__}))
-        print(f"edgetrain {a.cmd}: error: {e}", file=sys.stderr)
-        return 2
+    except ANTICIPATED as e:  # a message for the user: no traceback unless --debug
+        kind, message = describe(e)
+        return _fail(a.cmd, kind, message, as_json, debug, EXIT_ERROR)
+    except SystemExit as e:  # sys.exit() inside a model file or a plan: reported, not a silent exit
+        return _fail(a.cmd, "UnexpectedExit", f"the model file or plan called sys.exit({e.code!r}) while "
+                     "edgetrain was running it; remove the call (a model file must only define the model)",
+                     as_json, debug, EXIT_ERROR)
+    except KeyboardInterrupt:
+        return _fail(a.cmd, "Interrupted", "interrupted", as_json, debug, 130)
+    except Exception as e:  # a bug: still one JSON object, and always the traceback
+        return _fail(a.cmd, "internal", f"{type(e).__name__}: {e} (an edgetrain bug; please report it with the "
+                     "traceback above)", as_json, True, EXIT_INTERNAL)
     result.setdefault("ok", True)  # every --json object says whether the command succeeded
+    if not result["ok"] and isinstance(result.get("error"), str):  # one error shape for every failure
+        result["error"] = {"kind": result.get("error_kind", "Failed"), "message": result["error"]}
     if a.json:
-        print(json.dumps(result, default=str))
+        print(dumps(result))
     else:
         from .report import print_human
 
         print_human(a.cmd, result)
-    return 0 if result.get("ok", True) else 1
+    return 0 if result.get("ok", True) else EXIT_FAILED
+
+
+def _fail(cmd: str, kind: str, message: str, as_json: bool, debug: bool, code: int) -> int:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+    if as_json:
+        print(dumps(error_object(kind, message)))
+    print(f"edgetrain {cmd}: error: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 import torch
 
 from edgetrain.runtime.python import Runtime, load_plan
+from edgetrain.runtime.python.checks import checked_step
+from edgetrain.runtime.python.integrity import verify_folder
+from edgetrain.runtime.python.run_dirs import run_pages
 
 from edgetrain.compiler.schedule_file import format as schedule_format
 from .data import fashion_mnist_batches, random_batches
@@ -83,6 +85,7 @@ def _compare(model, rt) -> tuple[float, float, list[str]]:
 def run_plan(out_dir: str, *, steps: int = 1, data: str = "random", check: bool = False, seed: int = 1,
              device: str | None = None, progress=None) -> dict:
     body = schedule_format.load(out_dir)
+    outputs = verify_folder(out_dir)  # every generated file as compiled, before plan.py is imported
     graph = TrainingGraph.from_json(body["graph"])
     # The schedule is replayed once more before it runs: a plan that could exceed its budget never runs.
     report = validate(graph, [Step(**s) for s in body["steps"]], _target(body), body["budget"]["bytes"])
@@ -90,19 +93,18 @@ def run_plan(out_dir: str, *, steps: int = 1, data: str = "random", check: bool 
     if plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
         raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
     batches = _batches(body, data, steps, seed)
-    pages = os.path.join(out_dir, "pages")
-    shutil.rmtree(pages, ignore_errors=True)
     dev = _device(device)
     opt = body["graph"]["optimizer"]
-    rt = Runtime(os.path.join(out_dir, "weights.safetensors"), pages, device=dev, lr=opt["lr"],
-                 momentum=opt["momentum"], weight_decay=opt["weight_decay"], seed=body["seed"])
-    t0 = time.perf_counter()
-    for k, (x, y) in enumerate(batches):
-        rt.begin_step(x, y)
-        plan.train_step(rt)
-        if progress:
-            progress(k + 1, len(batches))
-    wall = time.perf_counter() - t0
+    with run_pages(out_dir) as pages:  # this run's own page store, removed at the end
+        rt = Runtime(os.path.join(out_dir, "weights.safetensors"), pages, device=dev, lr=opt["lr"],
+                     momentum=opt["momentum"], weight_decay=opt["weight_decay"], seed=body["seed"],
+                     expected_tensors=outputs["tensors"] if outputs else None)
+        t0 = time.perf_counter()
+        for k, (x, y) in enumerate(batches):
+            checked_step(plan, rt, x, y)
+            if progress:
+                progress(k + 1, len(batches))
+        wall = time.perf_counter() - t0
     result = {
         "ok": True, "steps": len(batches), "data": data, "device": str(rt.device), "losses": rt.losses,
         "budget_bytes": body["budget"]["bytes"], "predicted_peak_bytes": report.peak_bytes,

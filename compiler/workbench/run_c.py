@@ -20,6 +20,7 @@ import torch
 
 from edgetrain.compiler.schedule_file import format as schedule_format
 from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.runtime.python.integrity import verify_folder
 from .reference import train_reference
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -61,6 +62,13 @@ def load_firmware(out_dir: str) -> tuple[dict, dict]:
     if manifest.get("schedule_content") != schedule_format.content_hash(body):
         raise EdgetrainError(f"{out_dir}: the firmware was generated from another schedule; recompile the model")
     return body, manifest
+
+
+def verified_firmware(out_dir: str) -> tuple[dict, dict]:
+    """load_firmware, after every generated file (sources, Makefile, weights) is checked against the schedule:
+    `make` runs the folder's Makefile, so nothing is built from a file compile did not write."""
+    verify_folder(out_dir)
+    return load_firmware(out_dir)
 
 
 def build(out_dir: str, qemu: bool) -> str:
@@ -135,7 +143,7 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                  corrupt_step: int = 0) -> dict:
     from .run import _batches
 
-    body, manifest = load_firmware(out_dir)
+    body, manifest = verified_firmware(out_dir)
     if cycle:  # the first `cycle` batches in turn
         base = _batches(body, data, min(cycle, steps), seed)
         batches = [base[k % len(base)] for k in range(steps)]

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .executor import PlanError, Runtime
+from .integrity import IntegrityError, WeightsError, verify_folder
 from .kernel_api import KernelContext, KernelResult
 from .kernels import KERNELS, dropout_apply, dropout_mask
 from .ledger import Ledger, LedgerError
@@ -14,7 +15,8 @@ from .sgd import sgd_update
 from .storage import FileStore, PageStoreError
 
 __all__ = ["KERNELS", "KernelContext", "KernelResult", "dropout_apply", "dropout_mask", "Ledger", "LedgerError",
-           "FileStore", "PageStoreError", "PlanError", "Runtime", "sgd_update", "load_plan", "runtime_for"]
+           "FileStore", "PageStoreError", "PlanError", "Runtime", "sgd_update", "load_plan", "runtime_for",
+           "IntegrityError", "WeightsError", "verify_folder"]
 
 PLAN_KEYS = ("weights", "optimizer", "seed")
 
@@ -26,6 +28,8 @@ def load_plan(plan_dir) -> ModuleType:
     path = plan_dir / "plan.py"
     if not path.is_file():
         raise FileNotFoundError(f"no plan.py in {plan_dir}")
+    # plan.py is code: it runs only if every generated file is the one compile wrote.
+    outputs = verify_folder(plan_dir) if (plan_dir / "schedule.json").exists() else None
     tag = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(f"edgetrain_plan_{tag}", path)
     module = importlib.util.module_from_spec(spec)
@@ -40,6 +44,7 @@ def load_plan(plan_dir) -> ModuleType:
     if missing:
         raise PlanError(f"{path}: PLAN lacks {', '.join(missing)}")
     module.PLAN_DIR = plan_dir
+    module.OUTPUTS = outputs
     return module
 
 
@@ -47,6 +52,8 @@ def runtime_for(plan: ModuleType, storage_dir=None, device=None) -> Runtime:
     """A Runtime set up as a loaded plan says: weights relative to the plan's folder, its optimizer and seed."""
     p, plan_dir = plan.PLAN, Path(plan.PLAN_DIR)
     opt = p["optimizer"]
+    outputs = getattr(plan, "OUTPUTS", None)
     return Runtime(plan_dir / p["weights"], storage_dir if storage_dir is not None else plan_dir / "pages",
                    device=device, lr=opt["lr"], momentum=opt.get("momentum", 0.0),
-                   weight_decay=opt.get("weight_decay", 0.0), seed=p["seed"])
+                   weight_decay=opt.get("weight_decay", 0.0), seed=p["seed"],
+                   expected_tensors=outputs["tensors"] if outputs else None)

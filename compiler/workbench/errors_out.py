@@ -17,9 +17,10 @@ from safetensors import SafetensorError
 from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.runtime.python import (IntegrityError, LedgerError, PageStoreError, PlanError, WeightsError)
 from edgetrain.runtime.python.checks import NonFiniteError, PeakMismatchError
+from edgetrain.runtime.python.local_trainer import TrainingStateError
 
 ANTICIPATED = (EdgetrainError, ValueError, IntegrityError, WeightsError, PlanError, PageStoreError, LedgerError,
-               PeakMismatchError, NonFiniteError, SafetensorError, OSError)
+               PeakMismatchError, NonFiniteError, SafetensorError, TrainingStateError, OSError)
 EXIT_ERROR, EXIT_FAILED, EXIT_INTERNAL = 2, 1, 3
 
 _OS_KINDS = {errno.ENOSPC: ("StorageFull", "free space on that disk or choose another folder"),

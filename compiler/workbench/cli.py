@@ -12,11 +12,11 @@ from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICE
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
 
 from .choices import Choices
+from .run_data import NAMED as DATA_SOURCES
 from .errors_out import ANTICIPATED, EXIT_ERROR, EXIT_FAILED, EXIT_INTERNAL, describe, dumps, error_object
 from .local_cli import add_compile_options, add_train_parser, compile_local_cmd, inspect_local, train_cmd
 from .report import console
 
-DATA_SOURCES = Choices("edgetrain.compiler.workbench.run", "DATA_SOURCES")
 EXECUTORS = Choices("edgetrain.compiler.workbench.sweep", "EXECUTORS")
 
 
@@ -105,8 +105,18 @@ def _parser() -> argparse.ArgumentParser:
     add_compile_options(c)
     r = sub.add_parser("run", help="execute a compiled plan")
     r.add_argument("dir")
-    r.add_argument("--steps", type=_positive_int, default=1)
-    r.add_argument("--data", default="random", choices=DATA_SOURCES)
+    length = r.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=_positive_int, help="training steps (default 1)")
+    length.add_argument("--epochs", type=_positive_int, help="passes over a dataset (not with random data)")
+    r.add_argument("--data", default="random", metavar="SOURCE",
+                   help=f"{', '.join(DATA_SOURCES)}, a .npz or .safetensors file with arrays x and y, or a "
+                        "folder with one sub-folder of images per class")
+    r.add_argument("--save", metavar="OUT.safetensors",
+                   help="write the trained weights (the model's own state_dict keys) and, beside them, "
+                        "OUT.optimizer.safetensors (optimizer state, step count)")
+    r.add_argument("--resume", action="store_true",
+                   help="with --save: continue from the state in that file, if it exists, exactly as an "
+                        "uninterrupted run would")
     r.add_argument("--check", action="store_true", help="compare with PyTorch autograd from the same weights and data")
     r.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     r.add_argument("--seed", type=int, default=1, help="seed of the data")
@@ -188,19 +198,23 @@ def _cmd_run(a) -> dict:
     from .run_c import is_c_plan, run_firmware
 
     if is_c_plan(a.dir):
-        return run_firmware(a.dir, qemu=a.qemu, steps=a.steps, data=a.data, check=a.check, seed=a.seed,
+        if a.epochs or a.save or a.resume:
+            raise EdgetrainError("--epochs, --save and --resume train with the Python runtime; C firmware "
+                                 "takes --steps")
+        return run_firmware(a.dir, qemu=a.qemu, steps=a.steps or 1, data=a.data, check=a.check, seed=a.seed,
                             cycle=a.cycle, timeout_s=a.timeout, corrupt_page=a.inject_corrupt_page)
     if a.qemu or a.cycle or a.inject_corrupt_page is not None:
         raise EdgetrainError(f"{a.dir} holds a plan for the Python runtime; --qemu, --cycle and "
                              "--inject-corrupt-page need C firmware: compile with `--emit c`")
+    opts = dict(steps=a.steps, epochs=a.epochs, data=a.data, check=a.check, device=a.device, seed=a.seed,
+                save=a.save, resume=a.resume)
     if a.json or not sys.stderr.isatty():
-        return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed)
+        return run_plan(a.dir, **opts)
     from rich.progress import Progress
 
     with Progress(console=console(stderr=True), transient=True) as bar:
-        task = bar.add_task("training steps", total=a.steps)
-        return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed,
-                        progress=lambda k, n: bar.update(task, completed=k))
+        task = bar.add_task("training steps", total=None)
+        return run_plan(a.dir, **opts, progress=lambda k, n: bar.update(task, completed=k, total=n))
 
 
 def _cmd_inspect(a) -> dict:

@@ -57,3 +57,8 @@ def runtime_for(plan: ModuleType, storage_dir=None, device=None) -> Runtime:
                    device=device, lr=opt["lr"], momentum=opt.get("momentum", 0.0),
                    weight_decay=opt.get("weight_decay", 0.0), seed=p["seed"],
                    expected_tensors=outputs["tensors"] if outputs else None)
+
+
+from .device_api import Trainer  # noqa: E402  (it builds on load_plan and runtime_for above)
+
+__all__.append("Trainer")

@@ -402,7 +402,7 @@ def test_corrupted_page_is_caught_by_the_crc_on_the_mcu(mcu, capsys):
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 1 and not r["ok"]
     assert r["exit_code"] == 3 and r["status"] == "ET_ERR_CRC" and r["steps_done"] == 0
-    assert "CRC" in r["error"]
+    assert "CRC" in r["error"]["message"] and r["error"]["kind"] == "FirmwareStatus"
 
 
 def test_c_codegen_renders_without_any_solver(tiny, tmp_path):

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                      "traceback above)", as_json, True, EXIT_INTERNAL)
     result.setdefault("ok", True)  # every --json object says whether the command succeeded
     if not result["ok"] and isinstance(result.get("error"), str):  # one error shape for every failure
-        result["error"] = {"kind": result.get("error_kind", "Failed"), "message": result["error"]}
+        result["error"] = {"kind": result.pop("error_kind", "Failed"), "message": result["error"]}
     if a.json:
         print(dumps(result))
     else:

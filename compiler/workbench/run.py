@@ -128,6 +128,7 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     }
     if rt.ledger.peak_bytes > body["budget"]["bytes"]:
         result["ok"] = False
+        result["error_kind"] = "BudgetExceeded"
         result["error"] = f"measured peak {rt.ledger.peak_bytes} B exceeds the budget {body['budget']['bytes']} B"
     if check:
         model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches, rt.device)
@@ -135,6 +136,7 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         result.update(max_abs_err=max_abs, max_rel_err=max_rel, reference_losses=ref_losses, mismatched=bad[:20])
         if bad:
             result["ok"] = False
+            result["error_kind"] = "CheckMismatch"
             result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}: "
                                f"{', '.join(bad[:5])}")
     return result

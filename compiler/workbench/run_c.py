@@ -174,6 +174,7 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
     if p.returncode not in (0, 3):
         meaning = {1: "the MCU faulted (HardFault/BusFault/...)", 2: "the driver could not read data.bin or "
                    "write its results"}.get(p.returncode, "unexpected exit code")
+        result["error_kind"] = "FirmwareFault"
         result["error"] = f"the firmware exited with {p.returncode} ({where}): {meaning}. {(p.stdout + p.stderr)[-500:]}"
         return result
     r = read_result(work, manifest)
@@ -187,6 +188,7 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
         result.update(instructions=instr, instructions_per_step=sum(instr) / len(instr))
     if r["status"] != 0:
         result["ok"] = False
+        result["error_kind"] = "FirmwareStatus"
         result["error"] = (f"training step {done} stopped with {result['status']} ({r['status']})"
                            + (": a page failed its CRC check at page-in; the step never used it"
                               if r["status"] == -4 else ""))
@@ -202,6 +204,7 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                       predict_max_abs_err=logit_err)
         if bad:
             result["ok"] = False
+            result["error_kind"] = "CheckMismatch"
             result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}: "
                                f"{', '.join(bad[:5])} (max abs err {max_abs:.3g}, max rel err {max_rel:.3g})")
     return result

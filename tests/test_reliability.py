@@ -339,3 +339,73 @@ def test_a_killed_run_leaves_pages_the_next_run_removes(plan, capsys):
     rc, r, _ = _cli(capsys, "run", plan, "--json")
     assert rc == 0 and r["ok"]
     assert not list(plan.glob("pages-*"))
+
+
+# -- small ones ------------------------------------------------------------------------------------------
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1: stat.rindex(")")]
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+                out.append((int(d.name), comm))
+    return out
+
+
+def test_a_killed_c_run_takes_its_firmware_process_with_it(tmp_path):
+    if shutil.which("gcc") is None or shutil.which("make") is None:
+        pytest.skip("needs gcc and make")
+    out = tmp_path / "fw"
+    compile_model(CompileOptions(model="mcu_cnn", target="nrf52840", budget="100%", batch_size=1, emit="c",
+                                 out=str(out), time_limit=10))
+    p = subprocess.Popen([*CLI, "run", str(out), "--steps", "3000", "--json"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    t0, fw = time.time(), []
+    while not fw and p.poll() is None and time.time() - t0 < 300:
+        fw = [pid for pid, comm in _children(p.pid) if comm == "fw"]
+        time.sleep(0.005)
+    assert fw, "the firmware never started"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    t0 = time.time()
+    while Path(f"/proc/{fw[0]}").exists() and time.time() - t0 < 10:
+        try:  # a zombie is gone for good; reap it if it became ours
+            if "Z" in (Path(f"/proc/{fw[0]}") / "stat").read_text().split(")")[1].split()[0]:
+                break
+        except OSError:
+            break
+        time.sleep(0.05)
+    state = (Path(f"/proc/{fw[0]}") / "stat").read_text().split(")")[1].split()[0] if Path(
+        f"/proc/{fw[0]}").exists() else "gone"
+    assert state in ("gone", "Z"), f"the firmware process {fw[0]} outlived the killed run ({state})"
+
+
+def test_missing_c_page_names_its_file(tmp_path):
+    from edgetrain.compiler.workbench.run_c import _missing_page, page_file
+
+    manifest = {"pages": [{"id": 1, "paged_in": True}, {"id": 2, "paged_in": True}, {"id": 3, "paged_in": False}]}
+    (tmp_path / "pages").mkdir()
+    Path(page_file(str(tmp_path), 1)).write_bytes(b"x")
+    assert _missing_page(str(tmp_path), manifest) == str(tmp_path / "pages" / "et_page_00000002.bin")
+
+
+@pytest.mark.parametrize("limit", ["-5", "0", "nan", "inf"])
+def test_time_limit_must_be_positive_and_finite(capsys, tmp_path, limit):
+    rc, obj, _ = _cli(capsys, "compile", "small_cnn", "--target", "rpi4", "--budget", "100%", "--out", tmp_path / "o",
+                      f"--time-limit={limit}", "--json")
+    assert rc == 2 and obj["error"]["kind"] == "UsageError" and "positive" in obj["error"]["message"]
+
+
+def test_option_like_budget_gets_a_clear_message(capsys, tmp_path):
+    rc, obj, _ = _cli(capsys, "compile", "small_cnn", "--target", "rpi4", "--budget", "-1MB", "--out", tmp_path / "o",
+                      "--json")
+    msg = obj["error"]["message"]
+    assert rc == 2 and "--budget -1MB" in msg and "--budget=-1MB" in msg
+    rc, obj, _ = _cli(capsys, "compile", "small_cnn", "--target", "rpi4", "--budget=-1MB", "--out", tmp_path / "o",
+                      "--json")
+    assert rc == 2 and obj["error"]["kind"] == "BudgetError"

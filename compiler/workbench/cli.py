@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 
 from edgetrain.compiler.errors import EdgetrainError
@@ -49,6 +51,16 @@ def _share(text: str) -> float:
     return x
 
 
+def _seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a time limit must be a positive, finite number of seconds")
+    return x
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -63,8 +75,17 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error under --json still prints one JSON object (then exits 2 as argparse does)."""
 
     json_errors = False
+    argv: list[str] = []
 
     def error(self, message: str):
+        m = re.match(r"argument (--[\w-]+): expected one argument", message)
+        if m:  # `--budget -1MB`: argparse reads a value that starts with '-' as another option
+            opt = m.group(1)
+            k = _Parser.argv.index(opt) if opt in _Parser.argv else -1
+            if 0 <= k < len(_Parser.argv) - 1 and _Parser.argv[k + 1].startswith("-"):
+                val = _Parser.argv[k + 1]
+                message = (f"{opt} {val}: a value starting with '-' is read as an option, so {opt} got none; "
+                           f"a negative value is not allowed here (to pass it anyway, write {opt}={val})")
         if _Parser.json_errors:
             print(json.dumps(error_object("UsageError", message)))
         super().error(message)
@@ -83,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
                    choices=list(SCHEDULERS), help="; ".join(f"{k}: {v}" for k, v in SCHEDULERS.items()))
     c.add_argument("--batch-size", type=_positive_int, default=8)
     c.add_argument("--input-shape", type=_shape)
-    c.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
+    c.add_argument("--time-limit", type=_seconds, default=60.0, help="solver time limit in seconds")
     c.add_argument("--solver", default="auto", choices=SOLVER_CHOICES,
                    help="MILP backend (default auto: Gurobi with a full license, else HiGHS)")
     c.add_argument("--lns", type=_share, default=0.0,
@@ -125,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
                         "(default for C firmware: build and run on the host)")
     r.add_argument("--cycle", type=_positive_int,
                    help="C firmware: train on the first N batches in turn (a memorization check: the loss falls)")
-    r.add_argument("--timeout", type=float, default=600.0, help="C firmware: seconds before the run is stopped")
+    r.add_argument("--timeout", type=_seconds, default=600.0, help="C firmware: seconds before the run is stopped")
     r.add_argument("--inject-corrupt-page", type=int, metavar="ID",
                    help="C firmware, fault injection: flip a bit of page ID on the medium right after the first "
                         "step pages it out (the CRC check must stop the step)")
@@ -142,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated deadlines: none (the default), multiples of the store-all time (1.2) or "
                         "seconds (0.5s)")
     w.add_argument("--schedulers", default="poet,checkmate,paging,dtr,checkpoint")
-    w.add_argument("--time-limit", type=float, default=60.0, help="solver time limit per solve, seconds")
+    w.add_argument("--time-limit", type=_seconds, default=60.0, help="solver time limit per solve, seconds")
     w.add_argument("--batch-size", type=_positive_int, default=8)
     w.add_argument("--input-shape", type=_shape)
     w.add_argument("--solver", default="auto", choices=SOLVER_CHOICES)
@@ -257,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv  # anywhere on the line: show the traceback of a failure
     argv = [x for x in argv if x != "--debug"]
     _Parser.json_errors = "--json" in argv
+    _Parser.argv = argv
     a = _parser().parse_args(argv)
     handlers = {"compile": _cmd_compile, "run": _cmd_run, "inspect": _cmd_inspect, "sweep": _cmd_sweep,
                 "plot": _cmd_plot,

@@ -8,10 +8,12 @@ back through files and are held against PyTorch autograd from the same initial w
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 
@@ -27,6 +29,7 @@ RTOL, ATOL = 1e-5, 1e-6
 APT = "apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
 STATUS = {0: "ET_OK", -1: "ET_ERR_ARG", -2: "ET_ERR_IO", -3: "ET_ERR_NOT_FOUND", -4: "ET_ERR_CRC",
           -5: "ET_ERR_FORMAT", -6: "ET_ERR_NOT_INIT"}
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 DATA_MAGIC, RESULT_MAGIC, NO_PAGE = 0x54445445, 0x53525445, 0xFFFFFFFF
 QEMU_ARGS = ["-M", "mps2-an386", "-nographic", "-monitor", "none", "-semihosting-config",
              "enable=on,target=native", "-icount", "shift=0"]
@@ -34,6 +37,28 @@ QEMU_ARGS = ["-M", "mps2-an386", "-nographic", "-monitor", "none", "-semihosting
 
 class FirmwareError(EdgetrainError):
     """The firmware could not be built or run (toolchain missing, compile error, crash, timeout)."""
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGKILL it when the process that started it dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the timeout still bounds the run
+        pass
+
+
+def page_file(work: str, page_id: int) -> str:
+    """The file the C page store keeps page `page_id` in (runtime/c/storage_block.c's name)."""
+    return os.path.join(work, "pages", f"et_page_{page_id:08x}.bin")
+
+
+def _missing_page(work: str, manifest: dict) -> str | None:
+    """The first page the schedule pages in whose file is not on the medium."""
+    for p in manifest["pages"]:
+        if p.get("paged_in") and not os.path.exists(page_file(work, p["id"])):
+            return page_file(work, p["id"])
+    return None
 
 
 def _need(*tools: str) -> None:
@@ -158,7 +183,9 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                corrupt_page)
     cmd = ["qemu-system-arm", *QEMU_ARGS, "-kernel", os.path.abspath(program)] if qemu else [os.path.abspath(program)]
     try:
-        p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout_s)
+        # The firmware (or QEMU) dies with this process: a killed `edgetrain run` leaves no orphan behind.
+        p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout_s,
+                           preexec_fn=_die_with_parent)
     except subprocess.TimeoutExpired:
         raise FirmwareError(f"the firmware ran past {timeout_s:.0f} s ({where}) and was stopped") from None
     result: dict = {
@@ -189,9 +216,11 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
     if r["status"] != 0:
         result["ok"] = False
         result["error_kind"] = "FirmwareStatus"
+        missing = _missing_page(work, manifest) if r["status"] == -3 else None
         result["error"] = (f"training step {done} stopped with {result['status']} ({r['status']})"
                            + (": a page failed its CRC check at page-in; the step never used it"
-                              if r["status"] == -4 else ""))
+                              if r["status"] == -4 else "")
+                           + (f": page file {missing} is missing from the medium" if missing else ""))
         return result
     if check:
         model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,

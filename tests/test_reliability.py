@@ -409,3 +409,28 @@ def test_option_like_budget_gets_a_clear_message(capsys, tmp_path):
     rc, obj, _ = _cli(capsys, "compile", "small_cnn", "--target", "rpi4", "--budget=-1MB", "--out", tmp_path / "o",
                       "--json")
     assert rc == 2 and obj["error"]["kind"] == "BudgetError"
+
+
+FACTORIES = """\
+import torch.nn as nn
+
+
+def needs(width):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, width))
+
+
+def make():
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+"""
+
+
+@pytest.mark.parametrize("factory, extra, words", [
+    ("needs", [], ["missing 1 required positional argument", "default"]),
+    ("make", ["--mode", "local", "--budget", "4MB"], ["num_classes=10", "accept num_classes"]),
+])
+def test_a_factory_that_cannot_be_called_is_the_users_error(capsys, tmp_path, factory, extra, words):
+    (tmp_path / "f.py").write_text(FACTORIES)
+    args = ["compile", f"{tmp_path / 'f.py'}:{factory}", "--target", "rpi4", "--budget", "100%", "--input-shape",
+            "1,8,8", "--out", tmp_path / "o", *extra]
+    msg = expect_refusal(capsys, "ModelSpecError", *args)
+    assert all(w in msg for w in words), msg

@@ -434,3 +434,26 @@ def test_a_factory_that_cannot_be_called_is_the_users_error(capsys, tmp_path, fa
             "1,8,8", "--out", tmp_path / "o", *extra]
     msg = expect_refusal(capsys, "ModelSpecError", *args)
     assert all(w in msg for w in words), msg
+
+
+def test_run_on_a_full_then_read_only_disk(plan, tmp_path, capsys):
+    if os.geteuid() != 0:
+        pytest.skip("a real full disk needs a tmpfs mount (root)")
+    size = sum(p.stat().st_size for p in plan.rglob("*") if p.is_file())
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size + 64 * 1024}", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("tmpfs cannot be mounted here")
+    try:
+        shutil.copytree(plan, mnt / "p")
+        msg = expect_refusal(capsys, "StorageFull", "run", mnt / "p", "--steps", "2")  # no room for the pages
+        assert "space" in msg
+        assert not list((mnt / "p").glob("pages-*"))  # the failed run removed its page store
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        rc, r, _ = _cli(capsys, "run", mnt / "p", "--steps", "2", "--json")  # pages go to the temporary folder
+        assert rc == 0 and r["ok"], r
+        msg = expect_refusal(capsys, "OutputDirError", "compile", "small_cnn", "--target", "rpi4", "--budget", "100%",
+                             "--out", mnt / "p")
+        assert "Read-only" in msg
+    finally:
+        subprocess.run(["umount", str(mnt)])

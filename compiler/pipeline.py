@@ -13,7 +13,7 @@ from .output_dir import StagedOutput
 from .frontend.modelspec import resolve
 from .graph.backends import get_backend
 from .graph.forward import trace_forward
-from .graph.ir import SGDConfig
+from .graph.ir import OptimizerConfig
 from .graph.liveness import analyze
 from .graph.lowering import apply_costs, lower
 from .schedule_file import format as schedule_format
@@ -34,7 +34,7 @@ class CompileOptions:
     time_limit: float = 60.0
     solver: str = "auto"  # MILP backend: auto (Gurobi with a full license, else HiGHS), highs, gurobi, scipy, cpsat
     loss: str = "cross_entropy"
-    optimizer: SGDConfig = field(default_factory=SGDConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     seed: int = 0
     model_kwargs: dict = field(default_factory=dict)
     emit: str = "python"  # the runtime the plan is generated for: "python" (torch) or "c" (runtime/c firmware)
@@ -84,8 +84,17 @@ def build_graph(opts: CompileOptions, target):
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
     else:
         example = torch.randn(opts.batch_size, *shape, generator=gen)
-    fwd = trace_forward(model, example, resolved.input_high)
-    graph = lower(fwd, opts.model, opts.loss, opts.optimizer, backend=get_backend(opts.emit))
+    if opts.emit == "python":
+        graph = capture_graph(opts, resolved, model, example)
+    else:
+        if opts.loss not in ("cross_entropy", "mse") or opts.optimizer.name != "sgd":
+            raise UnsupportedModelError(f"--emit {opts.emit} trains with --loss cross_entropy or mse and "
+                                        "--optimizer sgd; use --emit python for other losses and optimizers")
+        if any(not p.requires_grad for p in model.parameters()):
+            raise UnsupportedModelError(f"--emit {opts.emit} trains every parameter; a model with frozen "
+                                        "parameters (requires_grad=False) needs --emit python")
+        fwd = trace_forward(model, example, resolved.input_high)
+        graph = lower(fwd, opts.model, opts.loss, opts.optimizer, backend=get_backend(opts.emit))
     measured = None
     if getattr(target, "measured", False):
         from .graph.profiler import profile_nodes
@@ -93,6 +102,49 @@ def build_graph(opts: CompileOptions, target):
         measured = profile_nodes(graph)
     apply_costs(graph, target, measured)
     return resolved, model, graph
+
+
+def example_labels(opts: CompileOptions, resolved, model, example: torch.Tensor) -> torch.Tensor:
+    """Labels shaped as the loss expects them: class ids (B, ...) for cross-entropy, the output's shape for mse."""
+    gen = torch.Generator().manual_seed(opts.seed + 1)
+    with torch.no_grad():
+        out = model(example) if opts.loss != "model" else None
+    if opts.loss == "model":
+        labels_shape = getattr(resolved.module, "labels_shape", None)
+        high = resolved.num_classes or resolved.input_high or 2
+        shape = (example.shape[0], *labels_shape) if labels_shape else tuple(example.shape)
+        return torch.randint(0, high, shape, generator=gen)
+    if isinstance(out, (tuple, list)) or not isinstance(out, torch.Tensor):
+        out = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else None)
+    if not isinstance(out, torch.Tensor):
+        raise UnsupportedModelError("the model's output is not a tensor; give --loss model and have "
+                                    "forward(x, y) return the loss")
+    if opts.loss == "mse":
+        return torch.randn(out.shape, generator=gen)
+    token = resolved.input_dtype == "int64" and out.dim() == 3
+    classes = out.shape[-1] if token else out.shape[1] if out.dim() > 1 else None
+    if classes is None:
+        raise UnsupportedModelError(f"cross-entropy needs (B, C, ...) outputs; the model returns shape {tuple(out.shape)}")
+    shape = out.shape[:-1] if token else (out.shape[0], *out.shape[2:])
+    return torch.randint(0, classes, tuple(shape), generator=gen)
+
+
+def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor):
+    """The training graph from torch's joint forward-backward graph of one step."""
+    from .frontend.capture import capture, load_loss
+    from .graph.joint import build_graph as joint_graph
+
+    user_fn = None
+    loss = opts.loss
+    if loss not in ("cross_entropy", "mse", "model"):
+        user_fn = load_loss(loss)
+    y = example_labels(opts, resolved, model, example) if user_fn is None else \
+        example_labels(CompileOptions(**{**opts.__dict__, "loss": "cross_entropy"}), resolved, model, example)
+    cap = capture(model, example, y, loss="cross_entropy" if user_fn else loss,
+                  token_ids=resolved.input_dtype == "int64", user_fn=user_fn)
+    classes = resolved.num_classes or 0
+    return joint_graph(cap, opts.model, tuple(example.shape), classes, loss, opts.optimizer,
+                       input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys)
 
 
 def compile_model(opts: CompileOptions, progress=None) -> dict:

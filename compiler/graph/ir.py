@@ -12,8 +12,11 @@ from typing import Literal
 
 import networkx as nx
 
-DTYPE_BYTES = {"float32": 4, "int64": 8, "int32": 4}
-LOSSES = ("cross_entropy", "mse")  # what TrainingGraph.loss may be
+DTYPE_BYTES = {"float32": 4, "int64": 8, "int32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int16": 2,
+               "int8": 1, "uint8": 1, "bool": 1}
+LOSSES = ("cross_entropy", "mse", "model")  # what TrainingGraph.loss may be (or a user's path/file.py:fn)
+# The training graph's JSON layout; a graph.json or schedule of another format is refused, not misread.
+GRAPH_FORMAT = 2
 
 # input: the data batch; labels: the targets (pinned for the whole step); forward/loss: recomputable;
 # backward: gradient kernels with their fused SGD updates; grad_sum: accumulation of gradient contributions.
@@ -25,7 +28,8 @@ class TensorRef:
     """An operand: the tensor of node `name`, seen through a chain of views.
 
     Views are ("reshape", shape), ("narrow", dim, start, length), ("permute", dims) or ("item", k) (element
-    k of a node that produces a tuple: the gradients of an op with several differentiable inputs).
+    k of a node that produces a tuple: the gradients of an op with several differentiable inputs); in a graph
+    captured from torch, an aten view op and its literal arguments: ("aten.t.default", ()).
     """
 
     name: str
@@ -39,8 +43,12 @@ class TensorRef:
 
     @staticmethod
     def from_json(d: dict) -> "TensorRef":
-        view = tuple(tuple([v[0]] + [tuple(x) if isinstance(x, list) else x for x in v[1:]]) for v in d.get("view", []))
-        return TensorRef(d["t"], view)
+        return TensorRef(d["t"], tuple(_tuples(v) for v in d.get("view", [])))
+
+
+def _tuples(x):
+    """JSON lists back to (hashable) tuples, all the way down."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 def view_shape(base: tuple[int, ...], view: tuple) -> tuple[int, ...]:
@@ -96,9 +104,15 @@ class Node:
     energy_j: float = 0.0
     forward_of: str | None = None  # backward node: the forward node it differentiates
     source: str = ""  # where the user's code created it (file:line, module path)
+    # A node that holds several outputs of its op (a backward op's input gradients): their specs, in the
+    # order readers see them through ("item", k) views; `shape` is then None.
+    items: tuple["TensorSpec", ...] | None = None
+    updates: tuple[str, ...] = ()  # parameters whose optimizer step runs right after this node
 
     @property
     def bytes(self) -> int:
+        if self.items is not None:
+            return sum(s.bytes for s in self.items)
         if self.shape is None:
             return 0
         n = 1
@@ -116,6 +130,8 @@ class Node:
         d["shape"] = list(self.shape) if self.shape is not None else None
         d["params"] = list(self.params)
         d["buffers"] = list(self.buffers)
+        d["items"] = [{"shape": list(s.shape), "dtype": s.dtype} for s in self.items] if self.items is not None else None
+        d["updates"] = list(self.updates)
         return d
 
     @staticmethod
@@ -125,6 +141,9 @@ class Node:
         d["shape"] = tuple(d["shape"]) if d["shape"] is not None else None
         d["params"] = tuple(d["params"])
         d["buffers"] = tuple(d["buffers"])
+        if d.get("items") is not None:
+            d["items"] = tuple(TensorSpec(tuple(s["shape"]), s["dtype"]) for s in d["items"])
+        d["updates"] = tuple(d.get("updates", ()))
         return Node(**d)
 
 
@@ -142,11 +161,38 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class SGDConfig:
+class OptimizerConfig:
+    """The user's optimizer: "sgd" (momentum, weight decay, Nesterov), "adam" or "adamw"."""
+
+    name: str = "sgd"
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 5e-4
+    nesterov: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
 
+    @property
+    def state_per_param(self) -> int:
+        """State tensors of a parameter's size kept per trainable parameter."""
+        if self.name == "sgd":
+            return 1 if self.momentum else 0
+        return 2
+
+    @property
+    def flops_per_element(self) -> int:
+        """Arithmetic per parameter element of one update (SGD: d = g + wd*p; buf = m*buf + d; p -= lr*buf)."""
+        return 6 if self.name == "sgd" else 14
+
+    @staticmethod
+    def from_json(d: dict) -> "OptimizerConfig":
+        d = dict(d)
+        if "betas" in d:
+            d["betas"] = tuple(d["betas"])
+        return OptimizerConfig(**d)
+
+
+SGDConfig = OptimizerConfig  # the default optimizer
 
 @dataclass
 class TrainingGraph:
@@ -157,9 +203,11 @@ class TrainingGraph:
     input_shape: tuple[int, ...]  # with the batch dimension
     num_classes: int
     loss: str  # "cross_entropy" | "mse"
-    optimizer: SGDConfig = field(default_factory=SGDConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     input_dtype: str = "float32"  # "int64": token ids in [0, input_high), which no gradient reaches
     input_high: int | None = None
+    trainable: tuple[str, ...] | None = None  # parameters the optimizer updates; None: every parameter
+    labels_dtype: str | None = None  # the labels' dtype when the graph reads them (captured graphs)
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -184,8 +232,16 @@ class TrainingGraph:
         return sum(s.bytes for s in self.params.values())
 
     @property
+    def trainable_params(self) -> tuple[str, ...]:
+        return tuple(self.params) if self.trainable is None else self.trainable
+
+    @property
     def optimizer_bytes(self) -> int:
-        return self.param_bytes if self.optimizer.momentum else 0
+        """Optimizer state: per trainable parameter, its state tensors and (Adam) a 4-byte step count."""
+        o = self.optimizer
+        per = o.state_per_param
+        counters = 4 if o.name in ("adam", "adamw") else 0
+        return sum(per * self.params[p].bytes + counters for p in self.trainable_params)
 
     @property
     def buffer_bytes(self) -> int:
@@ -240,7 +296,10 @@ class TrainingGraph:
             "input_shape": list(self.input_shape),
             "num_classes": self.num_classes,
             "loss": self.loss,
-            "optimizer": asdict(self.optimizer),
+            "format": GRAPH_FORMAT,
+            "optimizer": {**asdict(self.optimizer), "betas": list(self.optimizer.betas)},
+            **({"trainable": list(self.trainable)} if self.trainable is not None else {}),
+            **({"labels_dtype": self.labels_dtype} if self.labels_dtype else {}),
             # Token-id inputs only, so image models' schedules (and their content hashes) stay as they were.
             **({"input_dtype": self.input_dtype, "input_high": self.input_high} if self.input_dtype != "float32" else {}),
             "params": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.params.items()},
@@ -250,6 +309,9 @@ class TrainingGraph:
 
     @staticmethod
     def from_json(d: dict) -> "TrainingGraph":
+        if d.get("format") != GRAPH_FORMAT:
+            raise ValueError(f"training graph of format {d.get('format', 1)}, this edgetrain reads format "
+                             f"{GRAPH_FORMAT}: build it again (rerun the sweep or compile)")
         return TrainingGraph(
             model=d["model"],
             nodes=[Node.from_json(n) for n in d["nodes"]],
@@ -258,7 +320,9 @@ class TrainingGraph:
             input_shape=tuple(d["input_shape"]),
             num_classes=d["num_classes"],
             loss=d["loss"],
-            optimizer=SGDConfig(**d["optimizer"]),
+            optimizer=OptimizerConfig.from_json(d["optimizer"]),
+            trainable=tuple(d["trainable"]) if "trainable" in d else None,
+            labels_dtype=d.get("labels_dtype"),
             input_dtype=d.get("input_dtype", "float32"),
             input_high=d.get("input_high"),
         )

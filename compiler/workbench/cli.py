@@ -9,7 +9,7 @@ import sys
 
 from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.compiler.graph.backends import BACKENDS
-from edgetrain.compiler.graph.ir import LOSSES, SGDConfig
+from edgetrain.compiler.graph.ir import LOSSES, OptimizerConfig
 from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICES
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
 
@@ -59,6 +59,22 @@ def _seconds(text: str) -> float:
     if not math.isfinite(x) or x <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a time limit must be a positive, finite number of seconds")
     return x
+
+
+def _loss(text: str) -> str:
+    if text in LOSSES or (":" in text and text.rpartition(":")[0].endswith(".py")):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: choose one of {', '.join(LOSSES)} or give path/file.py:fn")
+
+
+def _betas(text: str) -> tuple[float, float]:
+    try:
+        b1, b2 = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--betas {text!r}: write beta1,beta2 (e.g. 0.9,0.999)") from None
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise argparse.ArgumentTypeError(f"--betas {text!r}: each must lie in [0, 1)")
+    return b1, b2
 
 
 def _positive_int(text: str) -> int:
@@ -113,10 +129,15 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--cuts", type=_share, default=0.0,
                    help="with --lns: most share of --time-limit for window and memory cuts before the last solve "
                         "(e.g. 0.15)")
-    c.add_argument("--loss", default="cross_entropy", choices=LOSSES)
-    c.add_argument("--lr", type=float, default=0.01)
-    c.add_argument("--momentum", type=float, default=0.9)
-    c.add_argument("--weight-decay", type=float, default=5e-4)
+    c.add_argument("--loss", default="cross_entropy", type=_loss,
+                   help=f"{', '.join(LOSSES)} (the model's forward(x, y) returns the loss) or path/file.py:fn")
+    c.add_argument("--optimizer", default="sgd", choices=OPTIMIZER_CHOICES)
+    c.add_argument("--lr", type=float, default=None, help="learning rate (sgd 0.01, adam/adamw 0.001)")
+    c.add_argument("--momentum", type=float, default=0.9, help="sgd only")
+    c.add_argument("--nesterov", action="store_true", help="sgd only")
+    c.add_argument("--weight-decay", type=float, default=None, help="sgd/adam 5e-4 and 0, adamw 0.01")
+    c.add_argument("--betas", type=_betas, default=(0.9, 0.999), help="adam/adamw: beta1,beta2")
+    c.add_argument("--eps", type=float, default=1e-8, help="adam/adamw")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--emit", default="python", choices=list(BACKENDS),
                    help="python: a plan for the torch runtime (Jetson, Pi, host); c: C training firmware for "
@@ -207,11 +228,27 @@ def _cmd_compile(a) -> dict:
                           deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
                           time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
                           lns=a.lns, cuts=a.cuts,
-                          optimizer=SGDConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
+                          optimizer=_optimizer(a))
     if a.json or not sys.stderr.isatty():
         return compile_model(opts)
     with console(stderr=True).status("compiling") as status:
         return compile_model(opts, progress=lambda msg: status.update(msg))
+
+
+OPTIMIZER_CHOICES = ("sgd", "adam", "adamw")
+_DEFAULTS = {"sgd": (0.01, 5e-4), "adam": (1e-3, 0.0), "adamw": (1e-3, 1e-2)}  # lr, weight decay (torch's own)
+
+
+def _optimizer(a) -> OptimizerConfig:
+    lr, wd = _DEFAULTS[a.optimizer]
+    lr = lr if a.lr is None else a.lr
+    wd = wd if a.weight_decay is None else a.weight_decay
+    if a.optimizer != "sgd" and a.nesterov:
+        raise EdgetrainError("--nesterov is an SGD option; drop it or use --optimizer sgd")
+    if a.optimizer == "sgd" and a.nesterov and a.momentum <= 0:
+        raise EdgetrainError("--nesterov needs --momentum above 0")
+    return OptimizerConfig(name=a.optimizer, lr=lr, momentum=a.momentum if a.optimizer == "sgd" else 0.0,
+                           weight_decay=wd, nesterov=a.nesterov, betas=tuple(a.betas), eps=a.eps)
 
 
 def _cmd_run(a) -> dict:

@@ -31,14 +31,13 @@ def _target(body: dict):
 def _batches(body: dict, data: str, steps: int, seed: int) -> list:
     shape = body["graph"]["input_shape"]
     if data == "random":
-        if body["model"]["loss"] == "mse":
+        labels = next(x for x in body["graph"]["nodes"] if x["kind"] == "labels")
+        if labels["dtype"].startswith("float"):  # regression targets
             g = torch.Generator().manual_seed(seed)
-            n = body["graph"]["nodes"]
-            out_shape = next(x for x in n if x["kind"] == "labels")["shape"]
-            return [(torch.randn(*shape, generator=g), torch.randn(*out_shape, generator=g)) for _ in range(steps)]
-        labels = next(x for x in body["graph"]["nodes"] if x["kind"] == "labels")["shape"]
-        return list(random_batches(tuple(shape[1:]), body["model"]["num_classes"], shape[0], steps, seed,
-                                   input_high=body["graph"].get("input_high"), label_shape=tuple(labels[1:])))
+            return [(torch.randn(*shape, generator=g), torch.randn(*labels["shape"], generator=g)) for _ in range(steps)]
+        classes = body["model"]["num_classes"] or body["graph"].get("input_high") or 2
+        return list(random_batches(tuple(shape[1:]), classes, shape[0], steps, seed,
+                                   input_high=body["graph"].get("input_high"), label_shape=tuple(labels["shape"][1:])))
     if body["graph"].get("input_dtype", "float32") != "float32":
         raise EdgetrainError(f"--data {data} holds images; this model takes token ids: use --data random")
     if data == "fashion-mnist":

@@ -54,8 +54,7 @@ def runtime_for(plan: ModuleType, storage_dir=None, device=None) -> Runtime:
     opt = p["optimizer"]
     outputs = getattr(plan, "OUTPUTS", None)
     return Runtime(plan_dir / p["weights"], storage_dir if storage_dir is not None else plan_dir / "pages",
-                   device=device, lr=opt["lr"], momentum=opt.get("momentum", 0.0),
-                   weight_decay=opt.get("weight_decay", 0.0), seed=p["seed"],
+                   device=device, optimizer=opt, trainable=p.get("trainable"), seed=p["seed"],
                    expected_tensors=outputs["tensors"] if outputs else None)
 
 

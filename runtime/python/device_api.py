@@ -124,9 +124,12 @@ class Trainer:
         out.update({k: v.detach().to("cpu").contiguous().clone() for k, v in self.rt.buffers.items()})
         return out
 
+    def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
+        """The live optimizer state: `optim/<param>/<state>` (momentum, exp_avg, exp_avg_sq, step)."""
+        return {f"optim/{p}/{s}": t for p, st in self.rt.optim.state.items() for s, t in st.items()}
+
     def optimizer_state(self) -> dict[str, torch.Tensor]:
-        return {f"momentum/{k}": v.detach().to("cpu").contiguous().clone()
-                for k, v in self.rt.momentum_buffers.items()}
+        return {k: v.detach().to("cpu").contiguous().clone() for k, v in self._optimizer_tensors().items()}
 
     def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
         """Write the weights to `path` and the optimizer state beside it; returns both paths."""
@@ -149,8 +152,7 @@ class Trainer:
             raise ResumeError(f"{opt_file} does not belong to {path} (saved at another step, or either file was "
                               "changed); save both again with --save")
         self._copy_into(weights, {**self.rt.params, **self.rt.buffers}, path)
-        momentum = {k.removeprefix("momentum/"): v for k, v in state.items()}
-        self._copy_into(momentum, self.rt.momentum_buffers, opt_file)
+        self._copy_into(state, self._optimizer_tensors(), opt_file)
         self.rt.step = int(meta[_META_STEP])
 
     @staticmethod

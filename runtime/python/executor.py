@@ -14,9 +14,11 @@ import torch
 from torch import Tensor
 
 from .integrity import read_weights
+from . import aten_call
 from .kernel_api import KernelContext, KernelResult
 from .kernels import KERNELS
 from .ledger import Ledger
+from .optim import Optimizer
 from .sgd import sgd_update
 from .storage import FileStore
 from .views import ViewError, apply_views
@@ -39,12 +41,19 @@ def _storage_ptr(t: Tensor) -> int:
 
 class Runtime:
     def __init__(self, weights_file: str | PathLike, storage_dir: str | PathLike, *, device=None,
-                 lr: float, momentum: float, weight_decay: float, seed: int = 0,
+                 optimizer: dict | None = None, trainable=None, lr: float | None = None,
+                 momentum: float | None = None, weight_decay: float | None = None, seed: int = 0,
                  expected_tensors: dict | None = None) -> None:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.lr, self.momentum, self.weight_decay, self.seed = lr, momentum, weight_decay, int(seed)
+        if optimizer is None:  # SGD given by its hyper-parameters
+            optimizer = {"name": "sgd", "lr": lr, "momentum": momentum or 0.0, "weight_decay": weight_decay or 0.0}
+        self.optimizer_config = dict(optimizer)
+        self.lr = optimizer["lr"]
+        self.momentum = optimizer.get("momentum", 0.0) if optimizer.get("name", "sgd") == "sgd" else 0.0
+        self.weight_decay = optimizer.get("weight_decay", 0.0)
+        self.seed = int(seed)
         self.ledger = Ledger()
         self.store = FileStore(storage_dir)
         self._params: dict[str, Tensor] = {}
@@ -58,10 +67,14 @@ class Runtime:
             t = t.to(self.device, copy=True)  # own the memory (load_file maps the file)
             (self._params if kind == "param" else self._buffers)[name] = t
             self.ledger.alloc(key, nbytes(t))
-        if momentum != 0:
-            for name, p in self._params.items():
-                self._momentum[name] = torch.zeros_like(p)
-                self.ledger.alloc(f"momentum/{name}", nbytes(p))
+        self.trainable = tuple(self._params) if trainable is None else tuple(trainable)
+        missing = [p for p in self.trainable if p not in self._params]
+        if missing:
+            raise ValueError(f"{weights_file}: no weights for trainable parameters {', '.join(missing[:5])}")
+        self.optim = Optimizer(self.optimizer_config, self._params, self.trainable)
+        for key, size in self.optim.state_bytes().items():
+            self.ledger.alloc(key, size)
+        self._momentum = {p: st["momentum"] for p, st in self.optim.state.items() if "momentum" in st}
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.step = 0  # index of the current (or next) training step
@@ -178,6 +191,8 @@ class Runtime:
 
     def _run(self, first, name, op, inputs, params, buffers, attrs, aux_of):
         self._begin_op(f"{'compute' if first else 'recompute'} '{name}' ({op})")
+        if op.startswith("aten."):
+            return self._run_aten(first, name, op, inputs, attrs or {}, aux_of)
         kernel = KERNELS.get(op)
         if kernel is None:
             raise PlanError(f"{self._what}: no kernel named '{op}'")
@@ -209,6 +224,70 @@ class Runtime:
             self._step_loss = float(res.out)
             self.losses.append(self._step_loss)
         return res.out
+
+    def _run_aten(self, first, name, op, inputs, attrs, aux_of):
+        """One aten op: operands in, the outputs the plan keeps held, updates applied, the rest dropped."""
+        try:
+            fn = aten_call.resolve(op)
+        except KeyError as e:
+            raise PlanError(f"{self._what}: {e.args[0]}") from None
+        if name in self._live:
+            raise PlanError(f"{self._what}: tensor '{name}' is already resident")
+        ins = []
+        for r in inputs:
+            ref = {"t": r} if isinstance(r, str) else r
+            t = self._require(ref["t"])
+            try:
+                ins.append(aten_call.apply_view(t, ref.get("view")))
+            except (RuntimeError, IndexError, TypeError) as e:
+                raise PlanError(f"{self._what}: view {ref.get('view')} of '{ref['t']}': {e}") from None
+        aux = self._require(f"{aux_of}.aux") if aux_of is not None else None
+        try:
+            args = aten_call.fill(attrs.get("args", []), ins, self._params, self._buffers, aux, self.device)
+            kwargs = aten_call.fill(attrs.get("kwargs", {}), ins, self._params, self._buffers, aux, self.device)
+        except KeyError as e:
+            raise PlanError(f"{self._what}: unknown parameter or buffer {e.args[0]!r}") from None
+        with torch.no_grad():
+            if "seed_key" in attrs:
+                with aten_call.seeded(self.seed, self.step, attrs["seed_key"], self.device):
+                    res = fn(*args, **kwargs)
+            else:
+                res = fn(*args, **kwargs)
+        outs = list(res) if isinstance(res, (tuple, list)) else [res]
+        total = sum(nbytes(o) for o in outs if isinstance(o, Tensor))
+        keep = attrs.get("keep")
+        if keep is None:
+            held = outs[0]
+        elif keep == "none" or keep == []:
+            held = None
+        elif isinstance(keep, list):
+            held = tuple(outs[k] for k in keep)
+        else:
+            held = outs[keep]
+        for o in (held if isinstance(held, tuple) else (held,)):
+            if isinstance(o, Tensor) and o.numel() and any(
+                    isinstance(t, Tensor) and _storage_ptr(t) == _storage_ptr(o) for t in ins):
+                raise PlanError(f"{self._what}: the op's output aliases an operand")
+        kept = sum(nbytes(o) for o in held) if isinstance(held, tuple) else nbytes(held) if held is not None else 0
+        aux_items = attrs.get("aux", [])
+        aux_out = tuple(outs[k] for k in aux_items)
+        aux_bytes = sum(nbytes(a) for a in aux_out)
+        if held is not None:
+            self._hold(name, held, kept)
+        if first and aux_items:
+            self._hold(f"{name}.aux", aux_out, aux_bytes)
+        with self.ledger.transient(total - kept - aux_bytes, label=f"{name} (dropped outputs)"):
+            for u in attrs.get("updates", ()):
+                value = aten_call.apply_view(outs[0] if u.get("item") is None else outs[u["item"]], u.get("view"))
+                if "param" in u:
+                    self.optim.update(u["param"], self._params[u["param"]], value)
+                elif first:  # a recompute never updates running statistics again
+                    self._buffers[u["buffer"]].copy_(value)
+        if first and "loss_item" in attrs:
+            item = attrs["loss_item"]
+            self._step_loss = float(outs[0] if item is None else outs[item])
+            self.losses.append(self._step_loss)
+        return held
 
     def _check_result(self, res: KernelResult, operands: list[Tensor], n_params: int) -> None:
         if res.grads and len(res.grads) != n_params:

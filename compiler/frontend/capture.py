@@ -1,0 +1,243 @@
+"""Capture a model's whole training step (forward, loss, backward) as torch's own joint graph.
+
+AOTAutograd traces `loss = objective(model(x), y)` and its backward into one aten-level fx graph with the
+eager kernels (`convolution_backward`, `native_batch_norm_backward`, ...). Frozen parameters get no
+gradient and their weight-gradient work is absent; buffer updates (batch-norm running statistics) are
+graph outputs. Nothing here writes a backward rule: edgetrain only reads what torch produced.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from edgetrain.compiler.errors import UnsupportedModelError
+
+# What `--loss` may be, besides a user function given as path/file.py:fn.
+LOSSES = ("cross_entropy", "mse", "model")
+
+
+@dataclass
+class JointCapture:
+    """torch's joint forward-backward graph of one training step, with what its placeholders and outputs are."""
+
+    gm: fx.GraphModule
+    params: dict[str, str]  # placeholder -> parameter name (every parameter, frozen ones too)
+    buffers: dict[str, str]  # placeholder -> buffer name
+    inputs: tuple[str, str]  # placeholders of x and y
+    loss: str  # the fx node of the loss value
+    grads: dict[str, str]  # fx node -> parameter it is the (complete) gradient of
+    buffer_updates: dict[str, str]  # fx node -> buffer it becomes
+    trainable: tuple[str, ...]  # parameters with requires_grad, in the model's order
+    tied: dict[str, str] = field(default_factory=dict)  # alias name -> the parameter it shares storage with
+    seconds: float = 0.0
+    seed_keys: dict[str, str] = field(default_factory=dict)  # random op node -> the key its mask is drawn by
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, token_ids: bool = False) -> torch.Tensor:
+    """torch's cross-entropy (classes on dim 1 for (B, C, ...) outputs); for a token model's (B, T, V) logits,
+    the classes are the last dimension and every one of the B*T positions counts (labels (B, T))."""
+    if token_ids and logits.dim() == 3:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    return F.cross_entropy(logits, labels)
+
+
+def _loss_value(out) -> torch.Tensor:
+    """The loss a model returned: a tensor, an object with `.loss` (Hugging Face), or a tuple led by it."""
+    if isinstance(out, torch.Tensor):
+        return out
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise UnsupportedModelError(f"--loss model: the model returned {type(out).__name__}, not a loss; its "
+                                "forward(x, y) must return the scalar loss (a tensor, or an object with .loss)")
+
+
+def objective(loss: str, token_ids: bool = False, user_fn=None):
+    """The function (model, x, y) -> scalar loss for a `--loss` choice."""
+    if user_fn is not None:
+        return lambda model, x, y: user_fn(model(x), y)
+    if loss == "cross_entropy":
+        return lambda model, x, y: cross_entropy(model(x), y, token_ids)
+    if loss == "mse":
+        return lambda model, x, y: F.mse_loss(model(x), y)
+    if loss == "model":
+        return lambda model, x, y: _loss_value(model(x, y))
+    raise UnsupportedModelError(f"unknown loss {loss!r}: choose one of {', '.join(LOSSES)} or give path/file.py:fn")
+
+
+def load_loss(spec: str):
+    """A user's loss function given as path/file.py:fn, called as fn(output, labels)."""
+    from .modelspec import _load_file
+
+    where, _, attr = spec.rpartition(":")
+    if not where.endswith(".py") or not attr:
+        raise UnsupportedModelError(f"unknown loss {spec!r}: choose one of {', '.join(LOSSES)} or give "
+                                    "path/file.py:fn")
+    fn = getattr(_load_file(where), attr, None)
+    if not callable(fn):
+        raise UnsupportedModelError(f"{where!r} defines no function {attr!r} for the loss")
+    return fn
+
+
+class SeededDropout(nn.Module):
+    """nn.Dropout as torch's native_dropout, so that the plan and the exactness reference draw one mask.
+
+    During capture it only records its call; in the reference it draws from the generator the runtime
+    seeds for the same (seed, step, key)."""
+
+    def __init__(self, key: str, p: float, calls: list | None = None, clock=None) -> None:
+        super().__init__()
+        self.key, self.p, self.calls, self.clock = key, p, calls, clock
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        if self.calls is not None:
+            self.calls.append(self.key)
+            return torch.ops.aten.native_dropout(x, self.p, True)[0]
+        from edgetrain.runtime.python.aten_call import seeded
+
+        seed, step, counts = self.clock  # counts: calls of each module in this step (reset per step)
+        counts[self.key] = counts.get(self.key, 0) + 1
+        key = self.key if counts[self.key] == 1 else f"{self.key}#{counts[self.key]}"
+        with seeded(seed, step, key, x.device):
+            return torch.ops.aten.native_dropout(x, self.p, True)[0]
+
+
+def swap_dropout(model: nn.Module, calls: list | None = None, clock=None) -> None:
+    """Replace each nn.Dropout (p > 0) by a SeededDropout keyed by its module name."""
+    for qual, mod in list(model.named_modules()):
+        if type(mod) is nn.Dropout and mod.p > 0:
+            parent_name, _, leaf = qual.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, leaf, SeededDropout(qual, mod.p, calls, clock))
+
+
+def dropout_keys(gm: fx.GraphModule, calls: list[str]) -> dict[str, str]:
+    """The k-th native_dropout node of the graph is the k-th dropout call of the (last) trace."""
+    nodes = [n.name for n in gm.graph.nodes if n.op == "call_function" and "native_dropout" in str(n.target)
+             and "backward" not in str(n.target)]
+    if not nodes or len(calls) < len(nodes):
+        return {}
+    last = calls[-len(nodes):]
+    seen: dict[str, int] = {}
+    keys = {}
+    for node, key in zip(nodes, last):
+        seen[key] = seen.get(key, 0) + 1
+        keys[node] = key if seen[key] == 1 else f"{key}#{seen[key]}"
+    return keys
+
+
+def _sum_tied_gradients(gm: fx.GraphModule, grads: dict[str, str]) -> dict[str, str]:
+    """torch differentiates each name of a tied parameter apart; its gradient is the sum (one add node)."""
+    by_param: dict[str, list[str]] = {}
+    for node, p in grads.items():
+        by_param.setdefault(p, []).append(node)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    out = gm.graph.output_node()
+    for p, parts in by_param.items():
+        if len(parts) < 2:
+            continue
+        with gm.graph.inserting_before(out):
+            total = nodes[parts[0]]
+            for other in parts[1:]:
+                val = total.meta.get("val")
+                total = gm.graph.call_function(torch.ops.aten.add.Tensor, (total, nodes[other]))
+                total.meta["val"] = val
+        for node in parts:
+            del grads[node]
+        grads[total.name] = p
+        out.args = (tuple(out.args[0]) + (total,),)
+    return grads
+
+
+class _Step(nn.Module):
+    """model + objective as one module whose forward returns the loss (what AOTAutograd differentiates)."""
+
+    def __init__(self, model: nn.Module, fn) -> None:
+        super().__init__()
+        self.m = model
+        self.fn = fn
+
+    def forward(self, x, y):
+        return (self.fn(self.m, x, y),)
+
+
+_PREFIX = "m."
+
+
+def _strip(name: str) -> str:
+    return name[len(_PREFIX):] if name.startswith(_PREFIX) else name
+
+
+_USER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def _guard_message(e: Exception) -> str:
+    """Where torch gave up on data-dependent control flow: the user's line from its message."""
+    text = str(e)
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [m for m in _USER_FRAME.finditer(text) if not m["file"].startswith(torch_dir)]
+    where = f" at {os.path.basename(frames[-1]['file'])}:{frames[-1]['line']}" if frames else ""
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return (f"the model's control flow depends on tensor values{where} ({first[:200]}). A training graph must be "
+            "the same for every batch: replace the data-dependent `if`/loop with torch.where or a fixed shape")
+
+
+def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy",
+            token_ids: bool = False, user_fn=None) -> JointCapture:
+    """The joint graph of one training step of `model` on a batch like (x, y)."""
+    from torch._functorch.aot_autograd import aot_export_module
+
+    trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+    if not trainable:
+        raise UnsupportedModelError("every parameter of the model is frozen (requires_grad=False): "
+                                    "there is nothing to train")
+    # Tied parameters (an LM head sharing the embedding) are one parameter: named_parameters lists it once.
+    tied: dict[str, str] = {}
+    seen: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen and seen[id(p)] != name:
+            tied[name] = seen[id(p)]
+        seen.setdefault(id(p), name)
+    calls: list[str] = []
+    swap_dropout(model, calls)
+    step = _Step(model, objective(loss, token_ids, user_fn))
+    t0 = time.perf_counter()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), torch.fx.traceback.preserve_node_meta():
+            gm, sig = aot_export_module(step, (x, y), trace_joint=True, output_loss_index=0)
+    except UnsupportedModelError:
+        raise
+    except Exception as e:  # torch's own message for what it could not trace
+        name = type(e).__name__
+        if "GuardOnDataDependent" in name or "data-dependent" in str(e) or "DataDependent" in name:
+            raise UnsupportedModelError(_guard_message(e)) from None
+        raise UnsupportedModelError(f"torch could not trace the training step: {name}: "
+                                    f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
+    seconds = time.perf_counter() - t0
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    # A tied parameter is named as named_parameters() names it (its first name) everywhere.
+    params = {ph: tied.get(_strip(p), _strip(p)) for ph, p in sig.inputs_to_parameters.items()}
+    buffers = {ph: _strip(b) for ph, b in sig.inputs_to_buffers.items()}
+    user = [ph for ph in placeholders if ph not in params and ph not in buffers]
+    if len(user) != 2:
+        raise UnsupportedModelError(f"expected the batch as two inputs (x, y), torch traced {len(user)}")
+    bwd = sig.backward_signature
+    grads = {node: tied.get(_strip(p), _strip(p)) for node, p in bwd.gradients_to_parameters.items()}
+    grads = _sum_tied_gradients(gm, grads)
+    return JointCapture(gm=gm, params=params, buffers=buffers, inputs=(user[0], user[1]),
+                        loss=sig.user_outputs[0], grads=grads,
+                        buffer_updates={node: _strip(b) for node, b in sig.buffers_to_mutate.items()},
+                        trainable=trainable, tied=tied, seconds=seconds, seed_keys=dropout_keys(gm, calls))

@@ -1,0 +1,455 @@
+"""The training graph from torch's joint forward-backward graph: one node per aten op.
+
+What becomes what:
+- views, aliases, `detach` and `getitem` are folded into the operands of their readers (a view chain on a
+  base tensor: no memory, never recomputed);
+- a node holds the outputs of its op that other nodes read. A forward op's small side outputs read only by
+  one backward node (batch-norm's saved mean and inverse std) are its *aux*, kept from the forward pass to
+  that node. A forward op with two large outputs read apart (max-pool's values and indices, dropout's output
+  and mask) becomes one node per output, each running the op (the second keeps its own output only);
+- a parameter's complete gradient is consumed where it is made: the node applies the optimizer and drops it
+  (the fused update); a node that reads a parameter in the backward pass runs before its update;
+- buffer updates (batch-norm running statistics) are applied by the node that makes them, on its first
+  computation only, so a recompute never updates them twice.
+FLOPs come from torch's flop counter where it knows the op, else from one rule: elements read and written.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from math import prod
+
+import networkx as nx
+import torch
+import torch.fx as fx
+from torch.utils.flop_counter import flop_registry
+
+from edgetrain.compiler.errors import UnsupportedModelError
+from edgetrain.compiler.frontend.capture import JointCapture
+
+from .ir import DTYPE_BYTES, Node, OptimizerConfig, TensorRef, TensorSpec, TrainingGraph
+
+_ALIASES = {"aten.detach.default", "aten.alias.default"}
+_VIEWS = {"aten._unsafe_view.default"}  # a view torch's schema does not mark as one
+_AUX_SHARE = 8  # a side output at most 1/8 of the op's main output may ride along as aux
+_RANDOM = ("native_dropout", "bernoulli", "rand_like", "randn_like", "randint_like")
+
+
+def _dtype(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _spec(t) -> TensorSpec:
+    dt = _dtype(t)
+    if dt not in DTYPE_BYTES:
+        raise UnsupportedModelError(f"tensors of dtype {dt} are not supported (supported: {', '.join(DTYPE_BYTES)})")
+    return TensorSpec(tuple(int(s) for s in t.shape), dt)
+
+
+def _numel(t) -> int:
+    return prod(int(s) for s in t.shape) if isinstance(t, torch.Tensor) else 0
+
+
+def _literal(a, where: str):
+    """A non-tensor argument as JSON."""
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    if isinstance(a, (list, tuple)):
+        return [_literal(x, where) for x in a]
+    if isinstance(a, torch.dtype):
+        return {"$dtype": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.device):
+        return {"$device": str(a)}
+    if isinstance(a, torch.layout):
+        return {"$layout": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.memory_format):
+        return {"$mf": str(a).removeprefix("torch.")}
+    raise UnsupportedModelError(f"{where}: argument {a!r} of type {type(a).__name__} cannot be written to a plan")
+
+
+@dataclass
+class _Out:
+    """Output k of op node `node` (k None: the op's single result), seen through `view`."""
+
+    node: str
+    k: int | None
+    view: tuple = ()
+
+
+@dataclass
+class _State:
+    """A parameter or buffer placeholder seen through `view`."""
+
+    kind: str  # "param" | "buffer"
+    name: str
+    view: tuple = ()
+
+
+@dataclass
+class _Op:
+    fx: fx.Node
+    args: list
+    kwargs: dict
+    operands: list  # _Out, in marker order
+    readers: dict = field(default_factory=dict)  # output k -> names of op nodes that read it
+    kind: str = "forward"
+
+
+def _opname(target) -> str:
+    return f"aten.{target._schema.name.split('::')[1]}.{target._overloadname}" if hasattr(target, "_schema") else str(target)
+
+
+def _is_view(target) -> bool:
+    name = _opname(target)
+    return name in _ALIASES or name in _VIEWS or bool(getattr(target, "is_view", False))
+
+
+class _Builder:
+    def __init__(self, cap: JointCapture) -> None:
+        self.cap = cap
+        self.ref: dict[str, object] = {}
+        self.ops: dict[str, _Op] = {}
+        self.order: list[str] = []
+
+    # -- pass 1: fold views, record each op's operands ------------------------------------------------
+    def walk(self) -> None:
+        cap = self.cap
+        for n in self.cap.gm.graph.nodes:
+            if n.op == "placeholder":
+                if n.name in cap.params:
+                    self.ref[n.name] = _State("param", cap.params[n.name])
+                elif n.name in cap.buffers:
+                    self.ref[n.name] = _State("buffer", cap.buffers[n.name])
+                else:
+                    self.ref[n.name] = _Out("input" if n.name == cap.inputs[0] else "labels", None)
+            elif n.op == "call_function" and n.target is operator.getitem:
+                base, k = self.ref[n.args[0].name], n.args[1]
+                if isinstance(base, _Out) and base.k is None and not base.view and base.node in self.ops \
+                        and isinstance(self.ops[base.node].fx.meta.get("val"), (tuple, list)):
+                    self.ref[n.name] = _Out(base.node, k)
+                else:  # an item of a list of views (split, unbind)
+                    self.ref[n.name] = self._viewed(base, ("item", k))
+            elif n.op == "call_function" and _is_view(n.target):
+                base = self.ref[n.args[0].name] if isinstance(n.args[0], fx.Node) else None
+                if base is None:
+                    raise UnsupportedModelError(f"view {n.name} of a non-tensor")
+                name = _opname(n.target)
+                view = () if name in _ALIASES else ((name, tuple(_tuplify(_literal(a, n.name)) for a in n.args[1:])),)
+                if n.kwargs:
+                    raise UnsupportedModelError(f"view op {name} with keyword arguments at node {n.name}")
+                self.ref[n.name] = self._viewed(base, *view) if view else base
+            elif n.op == "call_function":
+                self._op(n)
+            elif n.op == "output":
+                pass
+            else:
+                raise UnsupportedModelError(f"graph node {n.name} of kind {n.op} is not supported")
+
+    @staticmethod
+    def _viewed(base, *views):
+        if isinstance(base, _Out):
+            return _Out(base.node, base.k, base.view + views)
+        if isinstance(base, _State):
+            return _State(base.kind, base.name, base.view + views)
+        raise UnsupportedModelError(f"a view of {base!r}")
+
+    def _op(self, n: fx.Node) -> None:
+        if not hasattr(n.target, "_schema"):
+            raise UnsupportedModelError(f"node {n.name}: {n.target} is not an aten op")
+        operands: list[_Out] = []
+
+        def marker(a):
+            if isinstance(a, fx.Node):
+                r = self.ref[a.name]
+                if isinstance(r, _State):
+                    key = "$p" if r.kind == "param" else "$b"
+                    return {key: r.name, **({"view": [list(v) for v in r.view]} if r.view else {})}
+                if not isinstance(r, _Out):
+                    raise UnsupportedModelError(f"node {n.name}: operand {a.name} is not a tensor")
+                operands.append(r)
+                return {"$t": len(operands) - 1}
+            if isinstance(a, (list, tuple)) and any(isinstance(x, fx.Node) for x in a):
+                return [marker(x) for x in a]
+            return _literal(a, f"node {n.name} ({_opname(n.target)})")
+
+        args = [marker(a) for a in n.args]
+        kwargs = {k: marker(v) for k, v in n.kwargs.items()}
+        self.ops[n.name] = _Op(fx=n, args=args, kwargs=kwargs, operands=operands)
+        self.order.append(n.name)
+        self.ref[n.name] = _Out(n.name, None)
+        for r in operands:
+            if r.node in self.ops:
+                self.ops[r.node].readers.setdefault(r.k, []).append(n.name)
+
+
+def _tuplify(x):
+    return tuple(_tuplify(v) for v in x) if isinstance(x, list) else x
+
+
+def _outputs(op: _Op) -> list:
+    val = op.fx.meta.get("val")
+    return list(val) if isinstance(val, (tuple, list)) else [val]
+
+
+def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num_classes: int, loss: str,
+                optimizer: OptimizerConfig, input_dtype: str = "float32", input_high: int | None = None,
+                seed_keys: dict[str, str] | None = None) -> TrainingGraph:
+    """The TrainingGraph of a captured training step (stage t computes node t)."""
+    b = _Builder(cap)
+    b.walk()
+    ops = b.ops
+    out_node = cap.gm.graph.output_node()
+    outputs = {o.name: b.ref[o.name] for o in out_node.args[0] if isinstance(o, fx.Node)}
+    loss_ref = outputs[cap.loss]
+    if not isinstance(loss_ref, _Out) or loss_ref.node not in ops:
+        raise UnsupportedModelError("the loss is not computed by the model's graph")
+
+    # Updates: each parameter's gradient and each buffer's new value, at the op that makes it.
+    updates: dict[str, list[dict]] = {}
+    for fx_name, p in cap.grads.items():
+        r = outputs[fx_name]
+        if not isinstance(r, _Out) or r.node not in ops:
+            raise UnsupportedModelError(f"the gradient of parameter {p} is not computed by an op")
+        updates.setdefault(r.node, []).append({"item": r.k, "view": r.view, "param": p})
+    for fx_name, buf in cap.buffer_updates.items():
+        r = outputs[fx_name]
+        if not isinstance(r, _Out) or r.node not in ops:
+            raise UnsupportedModelError(f"the new value of buffer {buf} is not computed by an op")
+        updates.setdefault(r.node, []).append({"item": r.k, "view": r.view, "buffer": buf})
+
+    # Kinds: what the loss depends on (and what depends on nothing of the backward) is forward.
+    dag = nx.DiGraph()
+    dag.add_nodes_from(b.order)
+    for name, op in ops.items():
+        for r in op.operands:
+            if r.node in ops:
+                dag.add_edge(r.node, name)
+    backward = nx.descendants(dag, loss_ref.node)
+    for name in b.order:
+        ops[name].kind = "backward" if name in backward else "forward"
+    ops[loss_ref.node].kind = "loss"
+
+    # A parameter's update runs after every node that reads the parameter.
+    param_update: dict[str, str] = {u["param"]: node for node, us in updates.items() for u in us if "param" in u}
+    readers_of: dict[str, list[str]] = {}
+    for name, op in ops.items():
+        for p in _state_names(op, "$p"):
+            readers_of.setdefault(p, []).append(name)
+    for p, upd in param_update.items():
+        for r in readers_of.get(p, []):
+            if r != upd and ops[r].kind == "backward":
+                if nx.has_path(dag, upd, r):
+                    raise UnsupportedModelError(
+                        f"parameter {p} is read by {r} after its gradient is complete; its update cannot run "
+                        "before that read")
+                dag.add_edge(r, upd)
+    fwd_names = [n for n in b.order if ops[n].kind == "forward"]
+    bwd_names = list(nx.lexicographical_topological_sort(dag.subgraph([n for n in b.order if ops[n].kind == "backward"]),
+                                                          key=b.order.index))
+    ordered = fwd_names + [loss_ref.node] + bwd_names
+
+    nodes = _nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {})
+    # input first; labels right before the first node that reads them.
+    x_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[0]).meta["val"]
+    y_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[1]).meta["val"]
+    input_node = Node(name="input", kind="input", op="input", shape=_spec(x_val).shape, dtype=_dtype(x_val),
+                      source="the data batch")
+    labels_node = Node(name="labels", kind="labels", op="labels", shape=_spec(y_val).shape, dtype=_dtype(y_val),
+                       source="the data batch")
+    first_label = next((i for i, n in enumerate(nodes) if any(r.name == "labels" for r in n.inputs)), len(nodes))
+    nodes = [input_node] + nodes[:first_label] + [labels_node] + nodes[first_label:]
+
+    model_params = {}
+    for ph, p in cap.params.items():
+        val = next(n for n in cap.gm.graph.nodes if n.name == ph).meta["val"]
+        model_params[p] = _spec(val)
+    model_buffers = {}
+    for ph, buf in cap.buffers.items():
+        val = next(n for n in cap.gm.graph.nodes if n.name == ph).meta["val"]
+        model_buffers[buf] = _spec(val)
+    trainable = tuple(p for p in model_params if p in set(cap.grads.values()))
+    return TrainingGraph(model=model, nodes=nodes, params=model_params, buffers=model_buffers,
+                         input_shape=tuple(input_shape), num_classes=num_classes, loss=loss, optimizer=optimizer,
+                         input_dtype=input_dtype, input_high=input_high, trainable=trainable,
+                         labels_dtype=_dtype(y_val))
+
+
+def _state_names(op: _Op, key: str) -> list[str]:
+    found: list[str] = []
+
+    def visit(a):
+        if isinstance(a, dict):
+            if key in a:
+                found.append(a[key])
+            else:
+                for v in a.values():
+                    visit(v)
+        elif isinstance(a, list):
+            for v in a:
+                visit(v)
+
+    visit(op.args)
+    visit(op.kwargs)
+    return list(dict.fromkeys(found))
+
+
+def _flops(op: _Op, outs: list) -> int:
+    target = op.fx.target
+    if target in flop_registry:
+        def val(a):
+            return a.meta.get("val") if isinstance(a, fx.Node) else [val(x) for x in a] if isinstance(a, (list, tuple)) else a
+
+        try:
+            args = [val(a) for a in op.fx.args]
+            kwargs = {k: val(v) for k, v in op.fx.kwargs.items()}
+            out = op.fx.meta.get("val")
+            return int(flop_registry[target](*args, out_val=out, **kwargs))
+        except Exception:  # a formula that does not take this overload's arguments: the generic rule
+            pass
+    read = sum(_numel(a.meta.get("val")) for a in op.fx.all_input_nodes)
+    return read + sum(_numel(o) for o in outs)
+
+
+def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, loss_ref: _Out,
+           cap: JointCapture, seed_keys: dict[str, str]) -> list[Node]:
+    """One Node per op (two or more for a forward op whose large outputs are read apart)."""
+    # How each op's outputs are held: name of the node holding output k, and its view prefix.
+    held: dict[tuple[str, int | None], tuple[str, tuple]] = {}
+    plan: dict[str, list[dict]] = {}  # op -> the nodes it becomes: {"name", "keep", "aux"}
+    aux_of_reader: dict[str, tuple[str, dict[int, int]]] = {}
+    for name in ordered:
+        op = ops[name]
+        outs = _outputs(op)
+        tuple_valued = isinstance(op.fx.meta.get("val"), (tuple, list))
+        read = [k for k in op.readers if op.readers[k]]
+        if name == loss_ref.node and loss_ref.k not in read:
+            read.append(loss_ref.k)
+        if not tuple_valued:
+            plan[name] = [{"name": name, "keep": None if read else "none", "aux": []}]
+            if read:
+                held[(name, None)] = (name, ())
+            continue
+        read = sorted(k for k in read if k is not None)
+        if not read:
+            plan[name] = [{"name": name, "keep": [], "aux": []}]
+            continue
+        if op.kind != "forward" or len(read) == 1:
+            if len(read) == 1:
+                plan[name] = [{"name": name, "keep": read[0], "aux": []}]
+                held[(name, read[0])] = (name, ())
+            else:
+                plan[name] = [{"name": name, "keep": read, "aux": []}]
+                for j, k in enumerate(read):
+                    held[(name, k)] = (name, (("item", j),))
+            continue
+        main = max(read, key=lambda k: _numel(outs[k]))
+        small = [k for k in read if k != main and _numel(outs[k]) * _AUX_SHARE <= _numel(outs[main])]
+        readers = {r for k in small for r in op.readers[k]}
+        aux_ok = small and len(readers) == 1 and all(ops[r].kind == "backward" for r in readers) \
+            and next(iter(readers)) not in aux_of_reader
+        aux = small if aux_ok else []
+        if aux:
+            aux_of_reader[next(iter(readers))] = (name, {k: j for j, k in enumerate(aux)})
+        parts = [{"name": name, "keep": main, "aux": aux}]
+        held[(name, main)] = (name, ())
+        for k in read:
+            if k == main or k in aux:
+                continue
+            part = f"{name}.out{k}"
+            parts.append({"name": part, "keep": k, "aux": []})
+            held[(name, k)] = (part, ())
+        plan[name] = parts
+
+    def tref(r: _Out) -> TensorRef:
+        if r.node in ("input", "labels"):
+            return TensorRef(r.node, r.view)
+        holder, prefix = held[(r.node, r.k)]
+        return TensorRef(holder, prefix + r.view)
+
+    nodes: list[Node] = []
+    for name in ordered:
+        op = ops[name]
+        outs = _outputs(op)
+        flops = _flops(op, outs)
+        opname = _opname(op.fx.target)
+        aux_from = aux_of_reader.get(name)
+        operands = []
+        args, kwargs = op.args, op.kwargs
+        if aux_from:  # operands that are the forward node's aux become {"$aux": j}
+            src, index = aux_from
+            keep_ops: list[int] = []
+            remap: dict[int, dict] = {}
+            for i, r in enumerate(op.operands):
+                if r.node == src and r.k in index and not r.view:
+                    remap[i] = {"$aux": index[r.k]}
+                else:
+                    remap[i] = {"$t": len(keep_ops)}
+                    keep_ops.append(i)
+            args, kwargs = _remap(args, remap), _remap(kwargs, remap)
+            operands = [op.operands[i] for i in keep_ops]
+        else:
+            operands = list(op.operands)
+        refs = tuple(tref(r) for r in operands)
+        params = tuple(_state_names(op, "$p"))
+        buffers = tuple(_state_names(op, "$b"))
+        ups = updates.get(name, [])
+        for part_i, part in enumerate(plan[name]):
+            keep = part["keep"]
+            if keep == "none":
+                shape, dtype, items = None, "float32", None
+                kept_bytes = 0
+            elif keep is None:
+                spec = _spec(outs[0])
+                shape, dtype, items = spec.shape, spec.dtype, None
+                kept_bytes = spec.bytes
+            elif isinstance(keep, list):
+                shape, dtype = None, "float32"
+                items = tuple(_spec(outs[k]) for k in keep) if keep else None
+                kept_bytes = sum(s.bytes for s in items) if items else 0
+            else:
+                spec = _spec(outs[keep])
+                shape, dtype, items = spec.shape, spec.dtype, None
+                kept_bytes = spec.bytes
+            total = sum(_spec(o).bytes for o in outs if isinstance(o, torch.Tensor))
+            aux_bytes = sum(_spec(outs[k]).bytes for k in part["aux"])
+            attrs: dict = {"args": args, **({"kwargs": kwargs} if kwargs else {})}
+            attrs["keep"] = keep
+            if part["aux"]:
+                attrs["aux"] = part["aux"]
+            mine = ups if part_i == 0 else []
+            if mine:
+                attrs["updates"] = [{k: ([list(v) for v in u[k]] if k == "view" else u[k]) for k in u
+                                     if not (k == "view" and not u[k])} for u in mine]
+            if any(r in opname for r in _RANDOM):
+                attrs["seed_key"] = seed_keys.get(name, name)
+            if name == loss_ref.node:
+                attrs["loss_item"] = loss_ref.k
+            opt_updates = tuple(u["param"] for u in mine if "param" in u)
+            kind = op.kind if part_i == 0 else op.kind
+            nodes.append(Node(
+                name=part["name"], kind=kind, op=opname, inputs=refs, params=params, buffers=buffers,
+                attrs=attrs, shape=shape, dtype=dtype, items=items, aux_bytes=aux_bytes,
+                aux_of=aux_from[0] if aux_from else None,
+                workspace_bytes=total - kept_bytes - aux_bytes, flops=flops, updates=opt_updates,
+                source=_source(op, ops)))
+    return nodes
+
+
+def _remap(template, remap: dict[int, dict]):
+    if isinstance(template, dict):
+        if "$t" in template:
+            return remap[template["$t"]]
+        return {k: _remap(v, remap) for k, v in template.items()}
+    if isinstance(template, list):
+        return [_remap(v, remap) for v in template]
+    return template
+
+
+def _source(op: _Op, ops: dict[str, _Op]) -> str:
+    """Which forward op a backward node differentiates (torch's sequence number links them)."""
+    seq = op.fx.meta.get("seq_nr")
+    if op.kind == "backward" and seq is not None:
+        for other in ops.values():
+            if other.kind != "backward" and other.fx.meta.get("seq_nr") == seq:
+                return f"backward of {other.fx.name}"
+    return ""

@@ -1,0 +1,90 @@
+"""Run one aten op of a plan: the op named in the plan, its literal arguments with the plan's tensors put in.
+
+A plan's arguments are JSON: numbers, lists, None, and markers for what is not a literal:
+{"$t": k} the k-th tensor operand, {"$p": name} a parameter, {"$b": name} a buffer (each with an optional
+"view" chain), {"$aux": k} item k of the statistics the forward node kept for this backward node,
+{"$dtype": "float32"}, {"$device": ...} (the runtime's own device), {"$layout": ...}, {"$mf": ...}.
+A view chain is a list of [op, args] (an aten view op applied to the tensor) or ["item", k].
+"""
+from __future__ import annotations
+
+import contextlib
+import zlib
+from functools import lru_cache
+
+import torch
+
+# Ops that draw random numbers: run under a generator seeded from (seed, step, node), so a recompute draws
+# the same mask as the first computation and the exactness reference can draw it too.
+RANDOM_OPS = frozenset({"aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
+                        "aten.rand_like.default", "aten.randn_like.default", "aten.rand.default",
+                        "aten.randn.default", "aten.randint_like.default"})
+
+
+@lru_cache(maxsize=None)
+def resolve(op: str):
+    """`aten.convolution.default` -> torch.ops.aten.convolution.default."""
+    try:
+        ns, name, overload = op.split(".")
+        return getattr(getattr(getattr(torch.ops, ns), name), overload)
+    except (ValueError, AttributeError):
+        raise KeyError(f"no aten op named '{op}' in this torch ({torch.__version__})") from None
+
+
+def seed_for(seed: int, step: int, key: str) -> int:
+    return zlib.crc32(f"{int(seed)}:{int(step)}:{key}".encode())
+
+
+@contextlib.contextmanager
+def seeded(seed: int, step: int, key: str, device: torch.device):
+    """Draw random numbers from a generator of their own, fixed by (seed, step, key)."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type):
+        torch.manual_seed(seed_for(seed, step, key))
+        yield
+
+
+def apply_view(t, view) -> torch.Tensor:
+    """A tensor (or an item of a tuple) seen through a view chain; views never copy."""
+    for v in view or ():
+        if v[0] == "item":
+            t = t[v[1]]
+        else:
+            args = v[1] if len(v) > 1 else ()
+            t = resolve(v[0])(t, *[_plain(a) for a in args])
+    return t
+
+
+def _plain(a):
+    """A view argument: lists stay lists (aten takes int[] as a list)."""
+    if isinstance(a, tuple):
+        return [_plain(x) for x in a]
+    return a
+
+
+_SPECIAL = {
+    "$dtype": lambda v, dev: getattr(torch, v),
+    "$device": lambda v, dev: dev,
+    "$layout": lambda v, dev: getattr(torch, v),
+    "$mf": lambda v, dev: getattr(torch, v),
+}
+
+
+def fill(template, tensors, params, buffers, aux, device):
+    """The op's arguments: the template with each marker replaced by its tensor or value."""
+    if isinstance(template, dict):
+        if "$t" in template:
+            return tensors[template["$t"]]
+        if "$p" in template:
+            return apply_view(params[template["$p"]], template.get("view"))
+        if "$b" in template:
+            return apply_view(buffers[template["$b"]], template.get("view"))
+        if "$aux" in template:
+            return aux[template["$aux"]]
+        for key, make in _SPECIAL.items():
+            if key in template:
+                return make(template[key], device)
+        return {k: fill(v, tensors, params, buffers, aux, device) for k, v in template.items()}
+    if isinstance(template, (list, tuple)):
+        return [fill(v, tensors, params, buffers, aux, device) for v in template]
+    return template

@@ -1,0 +1,71 @@
+"""The optimizers a plan applies right after a parameter's gradient is complete: SGD, Adam, AdamW.
+
+Each update is torch.optim's own single-tensor arithmetic (foreach=False), so a plan's weights equal those
+of `torch.optim.<Optimizer>(foreach=False)` after the same steps. State is allocated up front (zeros, as
+torch starts it) so that its memory is known before the first step.
+"""
+from __future__ import annotations
+
+import torch
+import torch.optim.adam as _adam
+from torch import Tensor
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def state_names(config: dict) -> tuple[str, ...]:
+    """The state tensors an optimizer keeps per trainable parameter (each the parameter's size)."""
+    name = config.get("name", "sgd")
+    if name == "sgd":
+        return ("momentum",) if config.get("momentum", 0) else ()
+    if name in ("adam", "adamw"):
+        return ("exp_avg", "exp_avg_sq")
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+def step_counter_bytes(config: dict) -> int:
+    """Adam's per-parameter step count is a 0-d float32 tensor."""
+    return 4 if config.get("name", "sgd") in ("adam", "adamw") else 0
+
+
+class Optimizer:
+    def __init__(self, config: dict, params: dict[str, Tensor], trainable) -> None:
+        self.config = dict(config)
+        self.name = self.config.get("name", "sgd")
+        self.state: dict[str, dict[str, Tensor]] = {}
+        for p_name in trainable:
+            p = params[p_name]
+            st = {s: torch.zeros_like(p) for s in state_names(self.config)}
+            if step_counter_bytes(self.config):
+                st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            self.state[p_name] = st
+
+    def state_bytes(self) -> dict[str, int]:
+        return {f"optim/{p}/{s}": t.numel() * t.element_size() for p, st in self.state.items() for s, t in st.items()}
+
+    @torch.no_grad()
+    def update(self, name: str, param: Tensor, grad: Tensor) -> None:
+        c, st = self.config, self.state[name]
+        if self.name == "sgd":
+            _sgd(param, grad, st.get("momentum"), c["lr"], c.get("momentum", 0.0), c.get("weight_decay", 0.0),
+                 c.get("nesterov", False))
+            return
+        beta1, beta2 = c.get("betas", (0.9, 0.999))
+        _adam.adam([param], [grad], [st["exp_avg"]], [st["exp_avg_sq"]], [], [st["step"]], foreach=False,
+                   capturable=False, differentiable=False, fused=None, grad_scale=None, found_inf=None,
+                   has_complex=False, decoupled_weight_decay=self.name == "adamw", amsgrad=False, beta1=beta1,
+                   beta2=beta2, lr=c["lr"], weight_decay=c.get("weight_decay", 0.0), eps=c.get("eps", 1e-8),
+                   maximize=False)
+
+
+def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, lr: float, momentum: float, weight_decay: float,
+         nesterov: bool) -> None:
+    """torch's `_single_tensor_sgd` (dampening 0): the buffer starts at zeros, so the first step's
+    buf = 0*m + d equals torch's clone(d) exactly."""
+    d = grad
+    if weight_decay != 0:
+        d = d.add(param, alpha=weight_decay)
+    if momentum != 0:
+        buf.mul_(momentum).add_(d, alpha=1)
+        d = d.add(buf, alpha=momentum) if nesterov else buf
+    param.add_(d, alpha=-lr)

@@ -1,0 +1,75 @@
+"""Models as users write them, trained by their compiled plans exactly as eager autograd trains them.
+
+Each model of tests/user_models.py is compiled (rpi4, batch 4) at store-all and at a budget halfway between
+its smallest feasible budget and store-all (so that the plan recomputes or pages), with SGD and with AdamW,
+then run for two steps and compared parameter by parameter (and buffer by buffer) with PyTorch autograd and
+the matching torch.optim optimizer from the same weights and batches.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgetrain.compiler.graph.ir import OptimizerConfig
+from edgetrain.compiler.graph.liveness import analyze
+from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
+from edgetrain.compiler.scheduling.budget import anchors
+from edgetrain.compiler.workbench.run import run_plan
+from edgetrain.targets import load_target
+
+MODELS = ["activations", "squeeze_excite", "norms", "segmenter", "recurrent", "encoder", "tied_lm",
+          "frozen_backbone", "bias_only"]
+OPTIMIZERS = {"sgd": OptimizerConfig(name="sgd", lr=0.05, momentum=0.9, weight_decay=5e-4),
+              "adamw": OptimizerConfig(name="adamw", lr=1e-2, momentum=0.0, weight_decay=1e-2)}
+
+
+def _options(model: str, out, budget: str, optimizer: str) -> CompileOptions:
+    return CompileOptions(model=f"tests/user_models.py:{model}", target="rpi4", budget=budget, out=str(out),
+                          batch_size=4, time_limit=5, optimizer=OPTIMIZERS[optimizer])
+
+
+def _halfway(opts: CompileOptions) -> tuple[int, int, int]:
+    """(the smallest feasible budget, store-all's peak, the budget halfway between them), in bytes."""
+    target = load_target(opts.target)
+    _, _, graph = build_graph(opts, target)
+    a = anchors(graph, analyze(graph), target)
+    return a.min_feasible_bytes, a.store_all.peak_bytes, (a.min_feasible_bytes + a.store_all.peak_bytes) // 2
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize("model", MODELS)
+def test_user_model_trains_exactly(tmp_path, model, optimizer):
+    opts = _options(model, tmp_path / "store_all", "100%", optimizer)
+    smallest, store_all, half = _halfway(opts)
+    assert smallest < store_all, f"{model}: nothing to schedule between {smallest} and {store_all} B"
+    for name, budget in (("store_all", "100%"), ("halfway", str(half))):
+        out = tmp_path / name
+        compiled = compile_model(_options(model, out, budget, optimizer))
+        assert compiled["peak_bytes"] <= compiled["budget_bytes"]
+        if name == "halfway":
+            assert compiled["recomputes"] + compiled["page_ins"] > 0, f"{model}: the halfway plan keeps everything"
+        result = run_plan(str(out), steps=2, check=True)
+        assert result["ok"], f"{model} {optimizer} {name}: {result.get('error')}"
+        assert result["max_abs_err"] <= 1e-6, result
+        assert result["measured_peak_bytes"] == result["predicted_peak_bytes"]
+        assert all(torch.isfinite(torch.tensor(result["losses"])))
+
+
+def test_frozen_backbone_needs_less_memory_than_the_same_model_unfrozen(tmp_path):
+    frozen = _halfway(_options("frozen_backbone", tmp_path / "f", "100%", "sgd"))
+    unfrozen = _halfway(_options("backbone", tmp_path / "u", "100%", "sgd"))
+    print(f"frozen backbone: smallest {frozen[0]} B, store-all {frozen[1]} B; "
+          f"unfrozen: smallest {unfrozen[0]} B, store-all {unfrozen[1]} B")
+    assert frozen[0] < unfrozen[0]
+    assert frozen[1] < unfrozen[1]
+
+
+def test_frozen_parameters_get_no_update_and_no_optimizer_state(tmp_path):
+    opts = _options("frozen_backbone", tmp_path, "100%", "adamw")
+    _, model, graph = build_graph(opts, load_target("rpi4"))
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and set(graph.trainable).isdisjoint(frozen)
+    assert not any(set(n.updates) & frozen for n in graph.nodes)
+    # Adam keeps two state tensors per trainable parameter only (plus a 4-byte step count each).
+    trainable_bytes = sum(graph.params[p].bytes for p in graph.trainable)
+    assert graph.optimizer_bytes == 2 * trainable_bytes + 4 * len(graph.trainable)

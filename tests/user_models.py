@@ -1,0 +1,202 @@
+"""Models written the way PyTorch users write them (importable as `tests.user_models:<factory>`).
+
+Each factory returns a module with `input_shape` (and, for token models, `input_dtype` / `input_high`) and
+`num_classes`, small enough that a compile and two checked steps take a second or two.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class _Facts:
+    input_shape: tuple = (3, 16, 16)
+    num_classes: int = 5
+
+
+class Activations(nn.Module, _Facts):
+    """Sigmoid, SiLU, Hardswish, Hardsigmoid, LeakyReLU, GELU, Mish, and a mean head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, stride=2)
+        self.acts = nn.ModuleList([nn.SiLU(), nn.Hardswish(), nn.LeakyReLU(0.1), nn.GELU(), nn.Mish()])
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = self.acts[0](self.c1(x))
+        x = self.acts[1](x) * torch.sigmoid(x) + F.hardsigmoid(x)
+        x = self.acts[2](self.c2(x))
+        x = self.acts[4](self.acts[3](x))
+        return self.fc(x.mean((2, 3)))
+
+
+class SqueezeExcite(nn.Module, _Facts):
+    """A MobileNetV3-style block: depthwise conv, BatchNorm, Hardswish, squeeze-excitation (x * gate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
+        self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(16, 4, 1), nn.ReLU(), nn.Conv2d(4, 16, 1),
+                                nn.Hardsigmoid())
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = self.dw(self.stem(x))
+        x = x * self.se(x)
+        return self.head(x.sum((2, 3)) / 256.0)
+
+
+class Norms(nn.Module, _Facts):
+    """GroupNorm, InstanceNorm, LayerNorm over channels-last, BatchNorm1d on features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.gn = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8)
+        self.c2, self.inorm = nn.Conv2d(8, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True)
+        self.ln = nn.LayerNorm(8)
+        self.fc1, self.bn1d, self.fc2 = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = F.relu(self.gn(self.c1(x)))
+        x = F.relu(self.inorm(self.c2(x)))
+        x = self.ln(x.permute(0, 2, 3, 1)).mean((1, 2))
+        return self.fc2(F.relu(self.bn1d(self.fc1(x))))
+
+
+class Segmenter(nn.Module, _Facts):
+    """Encoder-decoder with ConvTranspose2d, nn.Upsample and F.interpolate; per-pixel classes (B, C, H, W)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(),
+                                  nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU())
+        self.up1 = nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.up2 = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.skip = nn.Conv2d(3, 8, 1)
+        self.out = nn.Conv2d(8, 5, 1)
+
+    def forward(self, x):
+        y = self.up2(F.relu(self.up1(self.down(x))))
+        y = y + F.interpolate(self.skip(x), size=y.shape[-2:], mode="nearest")
+        return self.out(y)
+
+
+class Recurrent(nn.Module):
+    """A GRU then an LSTM over a sequence of feature vectors; classifies from the last step."""
+
+    input_shape, num_classes = (6, 4), 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(4, 8, batch_first=True)
+        self.lstm = nn.LSTM(8, 8, batch_first=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        x, _ = self.gru(x)
+        x, _ = self.lstm(x)
+        return self.fc(x[:, -1])
+
+
+class Encoder(nn.Module):
+    """nn.TransformerEncoderLayer (nn.MultiheadAttention inside) on token ids, a bare nn.Parameter as the
+    positional embedding, dropout 0.1 in its nn.Dropout modules (attention's own dropout_p is 0: torch draws
+    that mask inside the attention op, where no eager reference can draw the same one)."""
+
+    input_shape, input_dtype, input_high, num_classes = (8,), "int64", 40, 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(40, 16)
+        self.pos = nn.Parameter(torch.randn(1, 8, 16) * 0.02)
+        self.layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.1, batch_first=True)
+        self.layer.self_attn.dropout = 0.0
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, ids):
+        return self.head(self.layer(self.tok(ids) + self.pos).mean(1))
+
+
+class TiedLM(nn.Module):
+    """A small causal LM whose output head shares the embedding's weight (tied): next-token loss."""
+
+    input_shape, input_dtype, input_high, num_classes = (8,), "int64", 32, 32
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(32, 16)
+        self.mha = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.ln = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 32, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("mask", torch.triu(torch.full((8, 8), float("-inf")), diagonal=1))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        a, _ = self.mha(x, x, x, attn_mask=self.mask, need_weights=False)
+        return self.head(self.ln(x + a))
+
+
+def _backbone() -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 16, 3, padding=1, stride=2), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+
+
+class Backbone(nn.Module, _Facts):
+    """A small CNN backbone with a linear head; `frozen=True` freezes everything but the head
+    (the backbone's batch-norm layers stay in training mode, as a user's model.train() leaves them)."""
+
+    def __init__(self, frozen: bool = False, bias_only: bool = False) -> None:
+        super().__init__()
+        self.features = _backbone()
+        self.head = nn.Linear(16, 5)
+        for name, p in self.features.named_parameters():
+            if frozen or (bias_only and not name.endswith("bias")):
+                p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
+def activations():
+    return Activations()
+
+
+def squeeze_excite():
+    return SqueezeExcite()
+
+
+def norms():
+    return Norms()
+
+
+def segmenter():
+    return Segmenter()
+
+
+def recurrent():
+    return Recurrent()
+
+
+def encoder():
+    return Encoder()
+
+
+def tied_lm():
+    return TiedLM()
+
+
+def backbone():
+    return Backbone()
+
+
+def frozen_backbone():
+    return Backbone(frozen=True)
+
+
+def bias_only():
+    return Backbone(bias_only=True)

@@ -107,6 +107,8 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     dev = _device(device)
     resume_from = save if resume and os.path.exists(save) else None
     with Trainer(out_dir, device=dev, resume=resume_from) as trainer:
+        if trainer.plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
+            raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
         rt = trainer.rt
         start = trainer.steps_done
         batches = _stream(body, data, start, steps, seed, ds)

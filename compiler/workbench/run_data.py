@@ -23,6 +23,12 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".pgm", ".pp
 NAMED = ("random", "fashion-mnist", "digits")
 
 
+def zipfile_error() -> type:
+    import zipfile
+
+    return zipfile.BadZipFile
+
+
 class DataError(EdgetrainError):
     """The data does not fit the compiled model (shape, dtype, classes) or cannot be read."""
 
@@ -77,16 +83,28 @@ def _arrays(x: np.ndarray, y: np.ndarray, body: dict, source: str) -> Dataset:
     return Dataset(source, len(x), lambda idx: (xt[idx].clone(), yt[idx].clone()))
 
 
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a .npz (a zip of .npy files), read without unpickling: object arrays are refused."""
+    import zipfile
+
+    out = {}
+    with zipfile.ZipFile(path) as z:
+        for member in z.namelist():
+            if member.endswith(".npy"):
+                with z.open(member) as f:
+                    out[member[:-4]] = np.lib.format.read_array(f)  # its default refuses pickled objects
+    return out
+
+
 def _file(path: Path, body: dict) -> Dataset:
     try:
         if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
+            arrays = _read_npz(path)
         else:
             from safetensors.numpy import load_file
 
             arrays = load_file(str(path))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, zipfile_error()) as e:
         raise DataError(f"{path}: cannot read it ({e}); write x and y with numpy.savez or safetensors") from None
     except Exception as e:  # safetensors' own error for a damaged header
         raise DataError(f"{path}: cannot read it ({e})") from None

@@ -457,3 +457,14 @@ def test_run_on_a_full_then_read_only_disk(plan, tmp_path, capsys):
         assert "Read-only" in msg
     finally:
         subprocess.run(["umount", str(mnt)])
+
+
+def test_an_edited_c_makefile_is_refused_before_make_runs(tmp_path, capsys):
+    out = tmp_path / "fw"
+    compile_model(CompileOptions(model=f"{ROOT / 'tests' / 'c_models.py'}:tiny_cnn", target="nrf52840",
+                                 budget="100%", batch_size=1, emit="c", out=str(out), time_limit=10))
+    marker = tmp_path / "make-ran"
+    with open(out / "Makefile", "a") as f:
+        f.write(f"\n$(shell touch {marker})\n")
+    msg = expect_refusal(capsys, "IntegrityError", "run", out)
+    assert "Makefile" in msg and not marker.exists() and not (out / "build").exists()

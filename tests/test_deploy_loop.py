@@ -3,6 +3,7 @@ nn.Module, and resume to the bit. Real files: .npz and .safetensors datasets, a 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from safetensors.torch import load_file
 from edgetrain.compiler.frontend.modelspec import resolve
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.workbench.cli import main
-from edgetrain.runtime.python.device_api import optimizer_path
+from edgetrain.runtime.python.device_api import state_path
 from tests.test_layout import RUNTIME_FORBIDDEN, _run_blocked
 
 BATCH = 2
@@ -63,7 +64,7 @@ def npz(tmp_path) -> Path:
 def test_save_loads_strictly_into_the_users_model_with_trained_values(plan, tmp_path, capsys):
     out = tmp_path / "trained.safetensors"
     rc, r = _cli(capsys, "run", plan, "--steps", "3", "--save", out)
-    assert rc == 0 and r["ok"] and r["saved"] == [str(out), str(optimizer_path(out))]
+    assert rc == 0 and r["ok"] and r["saved"] == [str(out), str(state_path(out))]
     model = resolve("small_cnn").module
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     model.load_state_dict(load_file(out), strict=True)
@@ -83,11 +84,11 @@ def test_resume_equals_an_uninterrupted_run_to_the_bit(plan, npz, tmp_path, caps
     # 10 examples, batch 2: 5 steps an epoch; 7 steps cross an epoch, and the resume starts mid-epoch.
     assert _cli(capsys, "run", plan, "--data", source, "--steps", "7", "--save", whole)[0] == 0
     assert _cli(capsys, "run", plan, "--data", source, "--steps", "3", "--save", part)[0] == 0
-    rc, r = _cli(capsys, "run", plan, "--data", source, "--steps", "4", "--save", part, "--resume")
-    assert rc == 0 and r["first_step"] == 3 and r["resumed_from"] == str(part)
+    rc, r = _cli(capsys, "run", plan, "--data", source, "--steps", "7", "--save", part, "--resume")
+    assert rc == 0 and r["first_step"] == 3 and r["steps"] == 4 and r["resumed_from"] == str(part)
     a, b = load_file(whole), load_file(part)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    oa, ob = load_file(optimizer_path(whole)), load_file(optimizer_path(part))
+    oa, ob = load_file(state_path(whole)), load_file(state_path(part))
     assert oa.keys() == ob.keys() and all(torch.equal(oa[k], ob[k]) for k in oa)
 
 
@@ -126,13 +127,19 @@ def test_data_that_does_not_fit_the_model_is_refused(plan, tmp_path, capsys):
     assert "--save" in _refused(capsys, "EdgetrainError", "run", plan, "--resume")
 
 
-def test_resume_refuses_a_mismatched_optimizer_file(plan, tmp_path, capsys):
-    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+def test_resume_refuses_a_corrupt_state_or_another_plans(plan, tmp_path, capsys):
+    a = tmp_path / "a.safetensors"
     _cli(capsys, "run", plan, "--steps", "1", "--save", a)
-    _cli(capsys, "run", plan, "--steps", "2", "--save", b)
-    shutil.copyfile(optimizer_path(b), optimizer_path(a))  # the optimizer state of another save
-    assert "does not belong" in _refused(capsys, "ResumeError", "run", plan, "--steps", "1", "--save", a,
-                                         "--resume")
+    raw = bytearray(state_path(a).read_bytes())
+    raw[-7] ^= 0x04  # one bit of the last tensor
+    state_path(a).write_bytes(bytes(raw))
+    assert "corrupt" in _refused(capsys, "ResumeError", "run", plan, "--steps", "3", "--save", a, "--resume")
+    other = tmp_path / "other"
+    compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="100%", batch_size=BATCH, out=str(other)))
+    b = tmp_path / "b.safetensors"
+    _cli(capsys, "run", other, "--steps", "1", "--save", b)
+    assert "another compiled plan" in _refused(capsys, "ResumeError", "run", plan, "--steps", "3", "--save", b,
+                                               "--resume")
 
 
 def test_device_program_with_the_runtime_alone(compiled, tmp_path):
@@ -159,3 +166,33 @@ def test_device_program_with_the_runtime_alone(compiled, tmp_path):
     a, b = load_file(tmp_path / "w.safetensors"), load_file(tmp_path / "p.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not list(compiled.glob("pages-*"))  # each trainer removed its page store
+
+
+def test_a_killed_run_rerun_with_resume_ends_as_an_uninterrupted_one(plan, npz, tmp_path, capsys):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_reliability import CLI, ROOT
+
+    whole, part = tmp_path / "whole.safetensors", tmp_path / "part.safetensors"
+    cmd = ["run", str(plan), "--data", str(npz), "--steps", "60", "--save-every", "4"]
+    assert _cli(capsys, *cmd, "--save", whole)[0] == 0
+    # One thread, as in this process: bit-identity holds on the same device and thread count.
+    p = subprocess.Popen([*CLI, *cmd, "--save", str(part), "--resume", "--json"], cwd=ROOT,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while not part.exists() and p.poll() is None and time.time() - t0 < 120:
+        time.sleep(0.002)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL, "the run ended before it was killed"
+    rc, r = _cli(capsys, *cmd, "--save", part, "--resume")
+    assert rc == 0, r
+    assert 0 < r["first_step"] < 60 and r["first_step"] + r["steps"] == 60
+    a, b = load_file(whole), load_file(part)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    oa, ob = load_file(state_path(whole)), load_file(state_path(part))
+    assert all(torch.equal(oa[k], ob[k]) for k in oa)

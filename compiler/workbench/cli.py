@@ -157,8 +157,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the trained weights (the model's own state_dict keys) and, beside them, "
                         "OUT.optimizer.safetensors (optimizer state, step count)")
     r.add_argument("--resume", action="store_true",
-                   help="with --save: continue from the state in that file, if it exists, exactly as an "
-                        "uninterrupted run would")
+                   help="with --save: continue from the state in that file, if it exists: the steps it holds "
+                        "count towards --steps/--epochs, so rerunning a killed command finishes it exactly as an "
+                        "uninterrupted run would have")
+    r.add_argument("--save-every", type=_positive_int, metavar="N",
+                   help="with --save: also save every N steps (what --resume continues from after a kill)")
     r.add_argument("--check", action="store_true", help="compare with PyTorch autograd from the same weights and data")
     r.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     r.add_argument("--seed", type=int, default=1, help="seed of the data")
@@ -256,7 +259,7 @@ def _cmd_run(a) -> dict:
     from .run_c import is_c_plan, run_firmware
 
     if is_c_plan(a.dir):
-        if a.epochs or a.save or a.resume:
+        if a.epochs or a.save or a.resume or a.save_every:
             raise EdgetrainError("--epochs, --save and --resume train with the Python runtime; C firmware "
                                  "takes --steps")
         return run_firmware(a.dir, qemu=a.qemu, steps=a.steps or 1, data=a.data, check=a.check, seed=a.seed,
@@ -265,7 +268,7 @@ def _cmd_run(a) -> dict:
         raise EdgetrainError(f"{a.dir} holds a plan for the Python runtime; --qemu, --cycle and "
                              "--inject-corrupt-page need C firmware: compile with `--emit c`")
     opts = dict(steps=a.steps, epochs=a.epochs, data=a.data, check=a.check, device=a.device, seed=a.seed,
-                save=a.save, resume=a.resume)
+                save=a.save, resume=a.resume, save_every=a.save_every)
     if a.json or not sys.stderr.isatty():
         return run_plan(a.dir, **opts)
     from rich.progress import Progress

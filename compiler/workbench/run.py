@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from edgetrain.runtime.python.device_api import Trainer
+from edgetrain.runtime.python.device_api import Trainer, state_path
 from edgetrain.runtime.python.integrity import verify_folder
 
 from edgetrain.compiler.schedule_file import format as schedule_format
@@ -89,7 +89,9 @@ def _stream(body: dict, data: str, start: int, count: int, seed: int, ds) -> lis
 
 def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check: bool = False, seed: int = 1,
              device: str | None = None, progress=None, epochs: int | None = None, save: str | None = None,
-             resume: bool = False) -> dict:
+             resume: bool = False, save_every: int | None = None) -> dict:
+    """Train `steps` (or `epochs`) in all; with `resume`, the steps `save` already holds count towards them,
+    so rerunning the same command after a kill finishes the run exactly as if it had never stopped."""
     body = schedule_format.load(out_dir)
     verify_folder(out_dir)  # every generated file as compiled, before plan.py is imported
     graph = TrainingGraph.from_json(body["graph"])
@@ -97,6 +99,8 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     report = validate(graph, [Step(**s) for s in body["steps"]], _target(body), body["budget"]["bytes"])
     if resume and not save:
         raise EdgetrainError("--resume continues the state an earlier --save wrote: give --save FILE too")
+    if save_every and not save:
+        raise EdgetrainError("--save-every writes the --save file: give --save FILE too")
     if resume and check:
         raise EdgetrainError("--check trains autograd from the compiled weights; it cannot follow --resume")
     ds = open_source(data, body)  # None for random data
@@ -105,22 +109,24 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         steps = epochs_to_steps(ds, batch, epochs)
     steps = 1 if steps is None else steps
     dev = _device(device)
-    resume_from = save if resume and os.path.exists(save) else None
+    resume_from = save if resume and state_path(save).exists() else None
     with Trainer(out_dir, device=dev, resume=resume_from) as trainer:
         if trainer.plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
             raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
         rt = trainer.rt
         start = trainer.steps_done
-        batches = _stream(body, data, start, steps, seed, ds)
+        batches = _stream(body, data, start, max(0, steps - start), seed, ds)
         t0 = time.perf_counter()
         for k, (x, y) in enumerate(batches):
             trainer.step(x, y)
+            if save_every and trainer.steps_done % save_every == 0 and k + 1 < len(batches):
+                trainer.save(save)  # a checkpoint a killed run resumes from
             if progress:
                 progress(k + 1, len(batches))
         wall = time.perf_counter() - t0
         saved = [str(p) for p in trainer.save(save)] if save else None
     result = {
-        "ok": True, "steps": len(batches), "first_step": start, "data": data, "device": str(rt.device),
+        "ok": True, "steps": len(batches), "first_step": start, "steps_total": steps, "data": data, "device": str(rt.device),
         "losses": rt.losses, "saved": saved, "resumed_from": str(resume_from) if resume_from else None,
         "budget_bytes": body["budget"]["bytes"], "predicted_peak_bytes": report.peak_bytes,
         "measured_peak_bytes": rt.ledger.peak_bytes, "cuda_max_memory_allocated": rt.cuda_max_memory_allocated,

@@ -4,16 +4,18 @@
 
     trainer = Trainer("build/example", device="cpu")     # checks every file, then loads plan and weights
     loss = trainer.step(x, y)                            # one scheduled step, every check of checks.py
-    trainer.save("trained.safetensors")                  # the model's own state_dict + optimizer state
+    trainer.save("trained.safetensors")                  # state_dict keys; the training state beside
     trainer = Trainer("build/example", resume="trained.safetensors")   # continues exactly where it stopped
 
 `save` writes the trained tensors under the keys of the model's own `state_dict()`, so
 `model.load_state_dict(safetensors.torch.load_file(path))` takes them back, and beside them
-(`<stem>.optimizer.safetensors`) the optimizer state and the step count that `resume` needs to continue
-bit-identically. Both are written atomically (temporary file, fsync, rename). Torch and safetensors only.
+(`<stem>.state.safetensors`) the training state `resume` reads alone to continue bit-identically: the
+weights again, the optimizer state, the step count and a checksum. Each file is written atomically
+(temporary file, fsync, rename), the state first. Torch and safetensors only.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -24,19 +26,28 @@ from safetensors.torch import save_file
 
 from . import load_plan, runtime_for
 from .checks import checked_step
-from .integrity import file_sha256
 from .run_dirs import remove_stale_pages
 
-OPTIMIZER_SUFFIX = ".optimizer.safetensors"
-_META_PLAN, _META_STEP, _META_WEIGHTS = "edgetrain.schedule_content", "edgetrain.step", "edgetrain.weights_sha256"
+OPTIMIZER_SUFFIX = ".state.safetensors"
+_META_PLAN, _META_STEP, _META_SUM = "edgetrain.schedule_content", "edgetrain.step", "edgetrain.sha256"
 
 
 class ResumeError(ValueError):
-    """A saved state cannot continue this plan: another model, a missing or mismatched optimizer file."""
+    """A saved state cannot continue this plan: another plan's, missing or corrupt."""
 
 
-def optimizer_path(weights_path: str | os.PathLike) -> Path:
-    """Where `save` puts the optimizer state of `weights_path` (model.safetensors -> model.optimizer.safetensors)."""
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        t = tensors[k].detach().to("cpu").contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return "sha256:" + h.hexdigest()
+
+
+def state_path(weights_path: str | os.PathLike) -> Path:
+    """Where `save` puts the training state of `weights_path` (model.safetensors -> model.state.safetensors)."""
     p = Path(weights_path)
     stem = p.name[: -len(".safetensors")] if p.name.endswith(".safetensors") else p.name
     return p.with_name(stem + OPTIMIZER_SUFFIX)
@@ -131,28 +142,35 @@ class Trainer:
     def optimizer_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu").contiguous().clone() for k, v in self._optimizer_tensors().items()}
 
+    def training_state(self) -> dict[str, torch.Tensor]:
+        """Everything `resume` needs in one file: the weights (`model/<key>`) and the optimizer state."""
+        return {**{f"model/{k}": v for k, v in self.state_dict().items()}, **self.optimizer_state()}
+
     def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
-        """Write the weights to `path` and the optimizer state beside it; returns both paths."""
+        """Write the weights to `path` and the training state beside it; returns both paths.
+
+        The state file alone is what `resume` reads (weights, optimizer state, step, a checksum), and it is
+        written first: a save killed between the two files leaves a state that resumes correctly."""
         path = Path(path)
         meta = {_META_PLAN: str(self.plan.PLAN["schedule_content"]), _META_STEP: str(self.rt.step)}
+        state = self.training_state()
+        opt = state_path(path)
+        _atomic_save(state, opt, dict(meta, **{_META_SUM: tensors_sha256(state)}))
         _atomic_save(self.state_dict(), path, meta)
-        opt = optimizer_path(path)
-        _atomic_save(self.optimizer_state(), opt, dict(meta, **{_META_WEIGHTS: file_sha256(path)}))
         return path, opt
 
     def _resume(self, path: Path) -> None:
-        weights, meta = _read(path)
-        opt_file = optimizer_path(path)
-        state, opt_meta = _read(opt_file)
-        plan_hash = str(self.plan.PLAN["schedule_content"])
-        if meta.get(_META_PLAN) != plan_hash:
-            raise ResumeError(f"{path} was saved by another compiled plan; resume with the folder it was "
-                              f"trained from (or start without --resume)")
-        if opt_meta.get(_META_WEIGHTS) != file_sha256(path) or opt_meta.get(_META_STEP) != meta.get(_META_STEP):
-            raise ResumeError(f"{opt_file} does not belong to {path} (saved at another step, or either file was "
-                              "changed); save both again with --save")
-        self._copy_into(weights, {**self.rt.params, **self.rt.buffers}, path)
-        self._copy_into(state, self._optimizer_tensors(), opt_file)
+        opt_file = state_path(path)
+        state, meta = _read(opt_file)
+        if meta.get(_META_SUM) != tensors_sha256(state):
+            raise ResumeError(f"{opt_file} is corrupt (its checksum does not match its tensors); resume from "
+                              "another save or start over without --resume")
+        if meta.get(_META_PLAN) != str(self.plan.PLAN["schedule_content"]):
+            raise ResumeError(f"{opt_file} was saved by another compiled plan; resume with the folder it was "
+                              "trained from (or start over without --resume)")
+        live = {**{f"model/{k}": t for k, t in {**self.rt.params, **self.rt.buffers}.items()},
+                **self._optimizer_tensors()}
+        self._copy_into(state, live, opt_file)
         self.rt.step = int(meta[_META_STEP])
 
     @staticmethod

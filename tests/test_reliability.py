@@ -468,3 +468,20 @@ def test_an_edited_c_makefile_is_refused_before_make_runs(tmp_path, capsys):
         f.write(f"\n$(shell touch {marker})\n")
     msg = expect_refusal(capsys, "IntegrityError", "run", out)
     assert "Makefile" in msg and not marker.exists() and not (out / "build").exists()
+
+
+def test_two_concurrent_c_runs_of_one_folder_take_turns(tmp_path):
+    if shutil.which("gcc") is None or shutil.which("make") is None:
+        pytest.skip("needs gcc and make")
+    out = tmp_path / "fw"
+    compile_model(CompileOptions(model="mcu_cnn", target="nrf52840", budget="70%", batch_size=1, emit="c",
+                                 out=str(out), time_limit=10))
+    cmd = [*CLI, "run", str(out), "--steps", "300", "--json"]
+    ps = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in ps]
+    assert all(p.returncode == 0 for p in ps), outs
+    a, b = (json.loads(o) for o, _ in outs)
+    assert a["ok"] and b["ok"] and a["losses"] == b["losses"] and a["paged_bytes"] > 0
+    assert {a["waited_for_pid"], b["waited_for_pid"]} & {p.pid for p in ps}  # one waited for the other
+    assert not (out / "run-host" / "pages").exists()  # no page files left behind

@@ -9,6 +9,7 @@ back through files and are held against PyTorch autograd from the same initial w
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ import shutil
 import signal
 import struct
 import subprocess
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -37,6 +39,25 @@ QEMU_ARGS = ["-M", "mps2-an386", "-nographic", "-monitor", "none", "-semihosting
 
 class FirmwareError(EdgetrainError):
     """The firmware could not be built or run (toolchain missing, compile error, crash, timeout)."""
+
+
+@contextmanager
+def _exclusive(out_dir: str):
+    """Hold DIR/.run.lock (with our pid in it) while building and running; yields the pid waited for, if any."""
+    fd = os.open(os.path.join(out_dir, ".run.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    waited = None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            waited = int(holder) if holder.isdigit() else None
+            fcntl.flock(fd, fcntl.LOCK_EX)  # another run of this folder: its turn first
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield waited
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _die_with_parent() -> None:
@@ -174,27 +195,32 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
         batches = [base[k % len(base)] for k in range(steps)]
     else:
         batches = _batches(body, data, steps, seed)
-    program = build(out_dir, qemu)
-    where = "qemu" if qemu else "host"
-    work = os.path.join(out_dir, f"run-{where}")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(os.path.join(work, "pages"))
-    write_data(os.path.join(work, "data.bin"), manifest, batches, corrupt_step if corrupt_page is not None else None,
-               corrupt_page)
-    cmd = ["qemu-system-arm", *QEMU_ARGS, "-kernel", os.path.abspath(program)] if qemu else [os.path.abspath(program)]
-    try:
-        # The firmware (or QEMU) dies with this process: a killed `edgetrain run` leaves no orphan behind.
-        p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout_s,
-                           preexec_fn=_die_with_parent)
-    except subprocess.TimeoutExpired:
-        raise FirmwareError(f"the firmware ran past {timeout_s:.0f} s ({where}) and was stopped") from None
+    with _exclusive(out_dir) as waited_for:  # one build and run of a folder at a time
+        program = build(out_dir, qemu)
+        where = "qemu" if qemu else "host"
+        work = os.path.join(out_dir, f"run-{where}")
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(os.path.join(work, "pages"))
+        write_data(os.path.join(work, "data.bin"), manifest, batches,
+                   corrupt_step if corrupt_page is not None else None, corrupt_page)
+        cmd = ["qemu-system-arm", *QEMU_ARGS, "-kernel", os.path.abspath(program)] if qemu else [
+            os.path.abspath(program)]
+        try:
+            # The firmware (or QEMU) dies with this process: a killed `edgetrain run` leaves no orphan behind.
+            p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout_s,
+                               preexec_fn=_die_with_parent)
+        except subprocess.TimeoutExpired:
+            raise FirmwareError(f"the firmware ran past {timeout_s:.0f} s ({where}) and was stopped") from None
+        r = read_result(work, manifest) if p.returncode in (0, 3) else None
+        missing = _missing_page(work, manifest) if r is not None and r["status"] == -3 else None
+        shutil.rmtree(os.path.join(work, "pages"), ignore_errors=True)  # pages live only within a step
     result: dict = {
         "ok": p.returncode == 0, "build": where, "exit_code": p.returncode, "steps": len(batches), "data": data,
         "cycle": cycle,
         "checked": check, "arena_bytes": manifest["arena_bytes"], "budget_bytes": manifest["budget_bytes"],
         "state_bytes": manifest["state_bytes"], "predicted_peak_bytes": manifest["predicted_peak_bytes"],
         "predicted_paged_bytes_per_step": manifest["paged_bytes_per_step"], "max_abs_err": None,
-        "max_rel_err": None, "instructions_per_step": None,
+        "max_rel_err": None, "instructions_per_step": None, "waited_for_pid": waited_for,
     }
     if qemu:
         result.update(elf_size(program))
@@ -204,7 +230,6 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
         result["error_kind"] = "FirmwareFault"
         result["error"] = f"the firmware exited with {p.returncode} ({where}): {meaning}. {(p.stdout + p.stderr)[-500:]}"
         return result
-    r = read_result(work, manifest)
     done = r["steps_done"]
     result.update(steps_done=done, losses=r["losses"], status=STATUS.get(r["status"], str(r["status"])),
                   paged_bytes=r["paged_out"] + r["paged_in"],
@@ -216,7 +241,6 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
     if r["status"] != 0:
         result["ok"] = False
         result["error_kind"] = "FirmwareStatus"
-        missing = _missing_page(work, manifest) if r["status"] == -3 else None
         result["error"] = (f"training step {done} stopped with {result['status']} ({r['status']})"
                            + (": a page failed its CRC check at page-in; the step never used it"
                               if r["status"] == -4 else "")

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -267,7 +268,7 @@ def test_check_peak_accepts_equal_and_refuses_other(plan, tmp_path):
 
 # -- 4. non-finite values ------------------------------------------------------------------------------------
 
-def test_nan_weights_stop_training_naming_the_step(plan, capsys):
+def test_nan_weights_are_refused_naming_the_tensor(plan, capsys):
     tensors = load_file(plan / "weights.safetensors")
     key = next(k for k in tensors if k.startswith("param/"))
     tensors[key] = tensors[key].clone()
@@ -275,9 +276,24 @@ def test_nan_weights_stop_training_naming_the_step(plan, capsys):
     save_file(tensors, plan / "weights.safetensors")
     resign(plan)
     msg = expect_refusal(capsys, "NonFiniteError", "run", plan, "--steps", "2")
-    assert "step 0" in msg and "nan" in msg
+    assert f"'{key.partition('/')[2]}'" in msg and "before any training step" in msg
     rc, out, err = _cli(capsys, "run", plan, "--steps", "2")  # human output: the message, not markup soup
-    assert rc == 2 and "step 0" in err and "Traceback" not in err
+    assert rc == 2 and "NaN" in err and "Traceback" not in err
+
+
+def test_nan_data_and_a_diverging_run_stop_at_their_step(plan, tmp_path, capsys):
+    x = np.random.default_rng(0).standard_normal((8, 1, 28, 28)).astype(np.float32)
+    x[5, 0, 3, 3] = np.nan  # in the third batch of 2
+    np.savez(tmp_path / "nan.npz", x=x, y=np.zeros(8, np.int64))
+    msg = expect_refusal(capsys, "NonFiniteError", "run", plan, "--data", tmp_path / "nan.npz", "--steps", "4")
+    assert "inputs" in msg and "step" in msg
+    tensors = load_file(plan / "weights.safetensors")  # finite weights whose logits overflow float32
+    last = [k for k in tensors if k.startswith("param/") and tensors[k].dim() == 2][-1]
+    tensors[last] = tensors[last] * 1e37
+    save_file(tensors, plan / "weights.safetensors")
+    resign(plan)
+    msg = expect_refusal(capsys, "NonFiniteError", "run", plan, "--steps", "4")
+    assert msg.startswith(("step 0:", "step 1:")) and ("loss is" in msg or "non-finite" in msg)
 
 
 def test_json_has_no_bare_nan_and_human_output_escapes_markup(capsys):

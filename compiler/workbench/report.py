@@ -104,6 +104,11 @@ def print_human(cmd: str, r: dict) -> None:
         con.print(f"{r['steps']} steps on {r['device']}, losses {losses(r['losses'])}")
         con.print(f"measured peak {mb(r['measured_peak_bytes'])} (predicted {mb(r['predicted_peak_bytes'])}, "
                   f"budget {mb(r['budget_bytes'])}), paged {r['paged_bytes']} B")
+        if r.get("resumed_from"):
+            con.print(f"resumed from {escape(r['resumed_from'])} at step {r['first_step']}")
+        if r.get("saved"):
+            con.print(f"saved {escape(r['saved'][0])} (the model's state_dict) and {escape(r['saved'][1])} "
+                      f"(training state, step {r['first_step'] + r['steps']})")
         if r.get("checked"):
             con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
                       f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from . import load_plan, runtime_for
-from .checks import checked_step
+from .checks import NonFiniteError, checked_step, first_non_finite
 from .run_dirs import remove_stale_pages
 
 OPTIMIZER_SUFFIX = ".state.safetensors"
@@ -100,6 +100,11 @@ class Trainer:
         self.check_peak = check_peak
         if resume is not None:
             self._resume(Path(resume))
+        bad = first_non_finite({**self.rt.params, **self.rt.buffers})
+        if bad is not None:  # cheap, and it names the cause instead of a NaN loss one step later
+            source = resume if resume is not None else self.plan_dir / self.plan.PLAN["weights"]
+            raise NonFiniteError(f"'{bad}' in {source} holds NaN or infinite values before any training "
+                                 "step; these weights cannot train")
 
     # -- training -------------------------------------------------------------------------------------
     @property
@@ -114,6 +119,9 @@ class Trainer:
         """One training step on a batch of exactly the compiled shape; returns its loss."""
         if list(x.shape) != self.input_shape:
             raise ValueError(f"a batch of shape {list(x.shape)}; the plan was compiled for {self.input_shape}")
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            raise NonFiniteError(f"step {self.rt.step}: the batch's inputs hold NaN or infinite values; training "
+                                 "stopped (clean the data)")
         return checked_step(self.plan, self.rt, x, y, check_peak_bytes=self.check_peak)
 
     def close(self) -> None:

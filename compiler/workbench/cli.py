@@ -109,6 +109,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="edgetrain", description="Compile PyTorch training to fit a device's memory.")
+    p.add_argument("--debug", action="store_true",
+                   help="on a failure, print the traceback too (accepted anywhere on the command line)")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     c = sub.add_parser("compile", help="model -> validated schedule -> generated plan")
     c.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
@@ -155,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
                         "folder with one sub-folder of images per class")
     r.add_argument("--save", metavar="OUT.safetensors",
                    help="write the trained weights (the model's own state_dict keys) and, beside them, "
-                        "OUT.optimizer.safetensors (optimizer state, step count)")
+                        "OUT.state.safetensors (weights, optimizer state, step: what --resume reads)")
     r.add_argument("--resume", action="store_true",
                    help="with --save: continue from the state in that file, if it exists: the steps it holds "
                         "count towards --steps/--epochs, so rerunning a killed command finishes it exactly as an "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import shutil
 import uuid
@@ -51,8 +52,25 @@ def _remove_stale(out: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+# What compile writes (folders without an `outputs` record), and what runs and builds leave: replaced freely.
+GENERATED = {SCHEDULE, "plan.py", "weights.safetensors", "plan.c", "plan.h", "main_host.c", "main_qemu.c", "Makefile",
+             "firmware.json", "et_runtime"}
+DISPOSABLE = {"build", "run-host", "run-qemu", "pages", ".run.lock", "__pycache__"}
+
+
 def _looks_compiled(out: Path) -> bool:
     return (out / SCHEDULE).is_file()
+
+
+def _kept_files(out: Path) -> list[str]:
+    """What in an earlier output compile did not write and a swap would throw away (saved weights, a
+    local-learning run's work folder, notes): those are the user's."""
+    try:
+        recorded = json.loads((out / SCHEDULE).read_text()).get("outputs", {}).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        recorded = {}
+    ours = GENERATED | DISPOSABLE | {rel.split("/")[0] for rel in recorded}
+    return sorted(p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith("pages-"))
 
 
 def check_out_dir(path: str) -> Path:
@@ -64,6 +82,11 @@ def check_out_dir(path: str) -> Path:
     if out.is_dir() and any(out.iterdir()) and not _looks_compiled(out):
         raise OutputDirError(f"--out {path!r} holds files that edgetrain did not write (no {SCHEDULE}); compile "
                              "replaces the whole folder, so give a new or empty folder")
+    kept = _kept_files(out) if out.is_dir() and _looks_compiled(out) else []
+    if kept:
+        raise OutputDirError(f"--out {path!r} is an earlier output that also holds {', '.join(kept[:5])}"
+                             f"{' ...' if len(kept) > 5 else ''}, which compile did not write; compile replaces the "
+                             "whole folder, so move them out first or give another --out")
     parent = out.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

@@ -501,3 +501,19 @@ def test_two_concurrent_c_runs_of_one_folder_take_turns(tmp_path):
     assert a["ok"] and b["ok"] and a["losses"] == b["losses"] and a["paged_bytes"] > 0
     assert {a["waited_for_pid"], b["waited_for_pid"]} & {p.pid for p in ps}  # one waited for the other
     assert not (out / "run-host" / "pages").exists()  # no page files left behind
+
+
+def test_recompiling_refuses_to_throw_away_the_users_files(plan, capsys):
+    (plan / "trained.safetensors").write_bytes(b"weights the user trained")
+    (plan / "work").mkdir()
+    before = _snapshot(plan)
+    msg = expect_refusal(capsys, "OutputDirError", "compile", "small_cnn", "--target", "rpi4", "--budget", "100%",
+                         "--batch-size", "2", "--out", plan)
+    assert "trained.safetensors" in msg and "work" in msg and _snapshot(plan) == before
+    (plan / "trained.safetensors").unlink()
+    (plan / "work").rmdir()
+    for leftover in ("build", "run-host", "pages-1-x"):  # what runs leave is replaced freely
+        (plan / leftover).mkdir()
+    assert _cli(capsys, "compile", "small_cnn", "--target", "rpi4", "--budget", "100%", "--batch-size", "2",
+                "--out", plan, "--json")[0] == 0
+    assert not (plan / "build").exists()

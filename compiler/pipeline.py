@@ -112,7 +112,7 @@ def example_labels(opts: CompileOptions, resolved, model, example: torch.Tensor)
     if opts.loss == "model":
         labels_shape = getattr(resolved.module, "labels_shape", None)
         high = resolved.num_classes or resolved.input_high or 2
-        shape = (example.shape[0], *labels_shape) if labels_shape else tuple(example.shape)
+        shape = (example.shape[0], *labels_shape) if labels_shape is not None else tuple(example.shape)
         return torch.randint(0, high, shape, generator=gen)
     if isinstance(out, (tuple, list)) or not isinstance(out, torch.Tensor):
         out = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else None)
@@ -142,6 +142,8 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor):
         example_labels(CompileOptions(**{**opts.__dict__, "loss": "cross_entropy"}), resolved, model, example)
     cap = capture(model, example, y, loss="cross_entropy" if user_fn else loss,
                   token_ids=resolved.input_dtype == "int64", user_fn=user_fn)
+    for name, value in cap.constants.items():  # tensors torch lifted out of the code: buffers of the plan
+        model.register_buffer(name, value.detach().clone())
     classes = resolved.num_classes or 0
     return joint_graph(cap, opts.model, tuple(example.shape), classes, loss, opts.optimizer,
                        input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys)

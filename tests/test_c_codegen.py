@@ -58,23 +58,23 @@ def _code(text: str) -> str:
 # -- the backend memory model ----------------------------------------------------------------------------
 
 def test_backends_count_what_their_runtime_holds():
+    """torch computes a parameter's gradient into a tensor before the update (the Python plan counts it as the
+    node's workspace); the C runtime fuses it into the update (et_*_wgrad_sgd: no gradient buffer) and keeps
+    max-pool indices and labels as int32."""
     target = load_target("nrf52840")
     graphs = {b: build_graph(CompileOptions(model="mcu_cnn", target="nrf52840", budget="100%", out="", batch_size=1,
                                             emit=b), target)[2] for b in ("python", "c")}
     py, c = graphs["python"], graphs["c"]
-    assert [n.name for n in py.nodes] == [n.name for n in c.nodes]
-    for a, b in zip(py.nodes, c.nodes):
-        if a.op == "maxpool_argmax":
-            assert (a.dtype, b.dtype) == ("int64", "int32")
-            assert 2 * a.workspace_bytes == a.bytes and b.workspace_bytes == 0  # float32 pooled values: torch only
-            assert b.bytes * 2 == a.bytes
-        elif a.kind == "labels":
-            assert (a.dtype, b.dtype) == ("int64", "int32")
-        elif a.kind == "backward" and a.params:
-            assert a.workspace_bytes == sum(py.params[p].bytes for p in a.params) > 0  # gradient tensors
-            assert b.workspace_bytes == 0  # et_*_wgrad_sgd: no gradient buffer
-        else:
-            assert (a.dtype, a.workspace_bytes, a.bytes) == (b.dtype, b.workspace_bytes, b.bytes)
+    updating = [n for n in py.nodes if n.updates]
+    assert {p for n in updating for p in n.updates} == set(py.params)
+    for n in updating:
+        assert n.workspace_bytes >= sum(py.params[p].bytes for p in n.updates) > 0
+    for n in c.nodes:
+        if n.op == "maxpool_argmax" or n.kind == "labels":
+            assert n.dtype == "int32"
+        elif n.kind == "backward" and n.params:
+            assert n.workspace_bytes == 0
+    assert next(n for n in py.nodes if n.kind == "labels").dtype == "int64"
     assert PYTHON.index_dtype == "int64" and C.index_dtype == "int32"
 
 

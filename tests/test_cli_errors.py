@@ -141,8 +141,10 @@ SILU = """\
     ("silu_model", SILU, "SiLU", "act", "self.act(self.conv(x))"),
 ])
 def test_unsupported_op_names_op_node_source_and_what_is_supported(capsys, tmp_path, name, body, op, fx_node, needle):
+    """The C runtime's kernel set is fixed: an op outside it is refused with its source line (the Python
+    runtime runs every aten op, so the same model compiles for it)."""
     path, spec = _write_model(tmp_path, name, body)
-    msg = expect_error(capsys, *_compile_args(spec, tmp_path / "out"))
+    msg = expect_error(capsys, *_compile_args(spec, tmp_path / "out"), "--emit", "c")
     assert "unsupported" in msg
     assert op in msg
     assert f"`{fx_node}`" in msg and "fx node" in msg
@@ -205,6 +207,18 @@ def test_data_dependent_control_flow_names_file_and_line(capsys, tmp_path):
     msg = expect_error(capsys, *_compile_args(spec, tmp_path / "out"))
     assert "control flow" in msg
     assert f"{path.name}:{_line_of(path, 'if x.sum() > 0:')}" in msg
+
+
+def test_factory_that_needs_arguments_says_which(capsys, tmp_path):
+    path, spec = _write_model(tmp_path, "needs_args", """\
+    import torch.nn as nn
+
+
+    def make(width):
+        return nn.Linear(width, 2)
+""")
+    msg = expect_error(capsys, *_compile_args(spec, tmp_path / "out"))
+    assert "needs argument(s) width" in msg and "Traceback" not in msg
 
 
 # -- (c) a budget below the minimum ---------------------------------------------------------------------------

@@ -147,15 +147,16 @@ def _backbone() -> nn.Sequential:
 
 
 class Backbone(nn.Module, _Facts):
-    """A small CNN backbone with a linear head; `frozen=True` freezes everything but the head
-    (the backbone's batch-norm layers stay in training mode, as a user's model.train() leaves them)."""
+    """A small CNN backbone with a linear head. `frozen=True` freezes the backbone's first two conv blocks
+    (fine-tuning its last block and the head; the frozen batch-norm layers stay in training mode, as a
+    user's model.train() leaves them); `bias_only=True` trains only the backbone's biases and the head."""
 
     def __init__(self, frozen: bool = False, bias_only: bool = False) -> None:
         super().__init__()
         self.features = _backbone()
         self.head = nn.Linear(16, 5)
         for name, p in self.features.named_parameters():
-            if frozen or (bias_only and not name.endswith("bias")):
+            if (frozen and int(name.split(".")[0]) < 6) or (bias_only and not name.endswith("bias")):
                 p.requires_grad_(False)
 
     def forward(self, x):

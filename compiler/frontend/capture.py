@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +40,7 @@ class JointCapture:
     tied: dict[str, str] = field(default_factory=dict)  # alias name -> the parameter it shares storage with
     seconds: float = 0.0
     seed_keys: dict[str, str] = field(default_factory=dict)  # random op node -> the key its mask is drawn by
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # buffer name -> a constant tensor of the code
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, token_ids: bool = False) -> torch.Tensor:
@@ -175,21 +176,28 @@ class _Step(nn.Module):
 
 
 _PREFIX = "m."
+CONSTANT_PREFIX = "edgetrain_constant_"  # a tensor constant of the model's code, kept as a buffer of the plan
 
 
 def _strip(name: str) -> str:
     return name[len(_PREFIX):] if name.startswith(_PREFIX) else name
 
 
-_USER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+def user_frame(e: BaseException) -> str:
+    """The innermost frame of the user's code in an exception's traceback: ` at file.py:line: `code``."""
+    torch_dir = os.path.dirname(torch.__file__)
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for f in reversed(traceback.extract_tb(e.__traceback__)):
+        if not f.filename.startswith((torch_dir, ours)) and "site-packages" not in f.filename \
+                and not f.filename.startswith("<"):
+            return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`"
+    return ""
 
 
 def _guard_message(e: Exception) -> str:
-    """Where torch gave up on data-dependent control flow: the user's line from its message."""
+    """Where torch gave up on data-dependent control flow: the user's line."""
     text = str(e)
-    torch_dir = os.path.dirname(torch.__file__)
-    frames = [m for m in _USER_FRAME.finditer(text) if not m["file"].startswith(torch_dir)]
-    where = f" at {os.path.basename(frames[-1]['file'])}:{frames[-1]['line']}" if frames else ""
+    where = user_frame(e)
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
     return (f"the model's control flow depends on tensor values{where} ({first[:200]}). A training graph must be "
             "the same for every batch: replace the data-dependent `if`/loop with torch.where or a fixed shape")
@@ -224,7 +232,7 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
         name = type(e).__name__
         if "GuardOnDataDependent" in name or "data-dependent" in str(e) or "DataDependent" in name:
             raise UnsupportedModelError(_guard_message(e)) from None
-        raise UnsupportedModelError(f"torch could not trace the training step: {name}: "
+        raise UnsupportedModelError(f"torch could not trace the training step{user_frame(e)}: {name}: "
                                     f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
     seconds = time.perf_counter() - t0
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
@@ -237,7 +245,9 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
     bwd = sig.backward_signature
     grads = {node: tied.get(_strip(p), _strip(p)) for node, p in bwd.gradients_to_parameters.items()}
     grads = _sum_tied_gradients(gm, grads)
-    return JointCapture(gm=gm, params=params, buffers=buffers, inputs=(user[0], user[1]),
+    constants = {f"{CONSTANT_PREFIX}{n.target}": getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    buffers.update({n.name: f"{CONSTANT_PREFIX}{n.target}" for n in gm.graph.nodes if n.op == "get_attr"})
+    return JointCapture(gm=gm, constants=constants, params=params, buffers=buffers, inputs=(user[0], user[1]),
                         loss=sig.user_outputs[0], grads=grads,
                         buffer_updates={node: _strip(b) for node, b in sig.buffers_to_mutate.items()},
                         trainable=trainable, tied=tied, seconds=seconds, seed_keys=dropout_keys(gm, calls))

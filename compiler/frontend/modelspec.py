@@ -48,6 +48,23 @@ def _load_file(path: str):
     return mod
 
 
+def _check_factory(spec: str, factory, kwargs: dict) -> None:
+    """A factory must build the model from no arguments (or the keyword arguments edgetrain passes)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    missing = [p.name for p in sig.parameters.values()
+               if p.default is inspect.Parameter.empty and p.name not in kwargs
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)]
+    if missing:
+        raise ModelSpecError(f"{spec}: the factory needs argument(s) {', '.join(missing)}; give defaults to them "
+                             f"or point at a function that takes none (e.g. def model(): return "
+                             f"{getattr(factory, '__name__', 'factory')}(...))")
+
+
 def resolve(spec: str, **kwargs) -> ResolvedModel:
     if ":" not in spec:
         if spec not in zoo.ZOO:
@@ -68,7 +85,14 @@ def resolve(spec: str, **kwargs) -> ResolvedModel:
     if not hasattr(mod, attr):
         raise ModelSpecError(f"{where!r} has no attribute {attr!r}")
     obj = getattr(mod, attr)
-    model = obj if isinstance(obj, nn.Module) else obj(**kwargs) if callable(obj) else None
+    if callable(obj) and not isinstance(obj, nn.Module):
+        _check_factory(spec, obj, kwargs)
+        try:
+            model = obj(**kwargs)
+        except Exception as e:
+            raise ModelSpecError(f"{spec}: building the model failed: {type(e).__name__}: {e}") from None
+    else:
+        model = obj
     if not isinstance(model, nn.Module):
         raise ModelSpecError(f"{spec!r} is neither an nn.Module nor a callable returning one")
     facts = {"input_shape": None, "num_classes": None, **_input_facts(model, obj)}

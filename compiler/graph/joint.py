@@ -115,7 +115,7 @@ class _Builder:
     def walk(self) -> None:
         cap = self.cap
         for n in self.cap.gm.graph.nodes:
-            if n.op == "placeholder":
+            if n.op in ("placeholder", "get_attr"):
                 if n.name in cap.params:
                     self.ref[n.name] = _State("param", cap.params[n.name])
                 elif n.name in cap.buffers:
@@ -166,6 +166,9 @@ class _Builder:
                     return {key: r.name, **({"view": [list(v) for v in r.view]} if r.view else {})}
                 if not isinstance(r, _Out):
                     raise UnsupportedModelError(f"node {n.name}: operand {a.name} is not a tensor")
+                val = a.meta.get("val")
+                if isinstance(val, torch.Tensor) and val.numel() == 0:  # no data: made where it is read
+                    return {"$empty": list(val.shape), "dtype": _dtype(val)}
                 operands.append(r)
                 return {"$t": len(operands) - 1}
             if isinstance(a, (list, tuple)) and any(isinstance(x, fx.Node) for x in a):
@@ -217,6 +220,23 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
             raise UnsupportedModelError(f"the new value of buffer {buf} is not computed by an op")
         updates.setdefault(r.node, []).append({"item": r.k, "view": r.view, "buffer": buf})
 
+    # Dead code (shape asserts, values nothing reads) is dropped: keep what updates, or the loss needs.
+    dag0 = nx.DiGraph()
+    dag0.add_nodes_from(b.order)
+    for name, op in ops.items():
+        for r in op.operands:
+            if r.node in ops:
+                dag0.add_edge(r.node, name)
+    roots = set(updates) | {loss_ref.node}
+    live = set(roots)
+    for root in roots:
+        live |= nx.ancestors(dag0, root)
+    for name in [n for n in b.order if n not in live]:
+        del ops[name]
+    b.order = [n for n in b.order if n in live]
+    for op in ops.values():
+        op.readers = {k: [r for r in rs if r in live] for k, rs in op.readers.items()}
+
     # Kinds: what the loss depends on (and what depends on nothing of the backward) is forward.
     dag = nx.DiGraph()
     dag.add_nodes_from(b.order)
@@ -265,8 +285,8 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
         model_params[p] = _spec(val)
     model_buffers = {}
     for ph, buf in cap.buffers.items():
-        val = next(n for n in cap.gm.graph.nodes if n.name == ph).meta["val"]
-        model_buffers[buf] = _spec(val)
+        val = next(n for n in cap.gm.graph.nodes if n.name == ph).meta.get("val")
+        model_buffers[buf] = _spec(val if val is not None else cap.constants[buf])
     trainable = tuple(p for p in model_params if p in set(cap.grads.values()))
     return TrainingGraph(model=model, nodes=nodes, params=model_params, buffers=model_buffers,
                          input_shape=tuple(input_shape), num_classes=num_classes, loss=loss, optimizer=optimizer,

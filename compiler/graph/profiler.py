@@ -1,10 +1,10 @@
 """Measure each node of a training graph on the machine that compiles it: the costs of the `host` target.
 
-The graph is walked once in execution order with the runtime's own kernels, so every operand is a real
+The graph is walked once in execution order with the runtime's own op call, so every operand is a real
 tensor of the right shape and dtype: max-pool indices come from a real argmax, a batch-norm backward gets
-the aux (saved mean and inverse std) of a real forward, labels are in range. Each kernel then runs
-`repeats` more times on the same operands, and the median wall time is the node's cost. A backward
-node's time includes its fused SGD update, as it runs on the device. Tensors are dropped after their
+the aux (saved mean and inverse std) of a real forward, labels are in range. Each op then runs `repeats`
+more times on the same operands, and the median wall time is the node's cost. A node that completes a
+parameter's gradient includes its optimizer update, as it runs on the device. Tensors are dropped after their
 last reader, so profiling holds about what a store-all step holds.
 """
 from __future__ import annotations
@@ -14,37 +14,19 @@ import time
 
 import torch
 
-from edgetrain.runtime.python.kernel_api import KernelContext
-from edgetrain.runtime.python.kernels import KERNELS
-from edgetrain.runtime.python.sgd import sgd_update
-from edgetrain.runtime.python.views import ViewError, apply_views
-
 from edgetrain.compiler.errors import EdgetrainError
-from .ir import TensorRef, TrainingGraph
+from .ir import TrainingGraph
 
-_DTYPES = {"float32": torch.float32, "int64": torch.int64}
 _MIN_S = 1e-9  # a time is never zero: the solver would treat the node as free
-
-
-def _view(t, ref: TensorRef) -> torch.Tensor:
-    try:
-        return apply_views(t, ref.view)[0]
-    except ViewError as e:
-        raise EdgetrainError(f"profiler: {e} on '{ref.name}'") from None
 
 
 def _state(graph: TrainingGraph, gen: torch.Generator):
     params = {k: torch.randn(s.shape, generator=gen) * 0.1 for k, s in graph.params.items()}
     buffers = {}
     for k, s in graph.buffers.items():
-        if s.dtype == "int64":
-            buffers[k] = torch.zeros(s.shape, dtype=torch.int64)
-        elif k.endswith("running_var"):
-            buffers[k] = torch.ones(s.shape)
-        else:
-            buffers[k] = torch.zeros(s.shape)
-    momentum = {k: torch.zeros_like(p) for k, p in params.items()} if graph.optimizer.momentum else {}
-    return params, buffers, momentum
+        make = torch.ones if k.endswith("running_var") else torch.zeros
+        buffers[k] = make(s.shape, dtype=getattr(torch, s.dtype))
+    return params, buffers
 
 
 def _batch(graph: TrainingGraph, node, gen: torch.Generator) -> torch.Tensor:
@@ -52,63 +34,80 @@ def _batch(graph: TrainingGraph, node, gen: torch.Generator) -> torch.Tensor:
         return torch.randint(0, max(1, graph.num_classes), node.shape, generator=gen, dtype=torch.int64)
     if node.dtype == "int64":  # token ids
         return torch.randint(0, max(1, graph.input_high or 1), node.shape, generator=gen, dtype=torch.int64)
-    return torch.randn(node.shape, generator=gen, dtype=_DTYPES[node.dtype])
+    return torch.randn(node.shape, generator=gen, dtype=getattr(torch, node.dtype))
 
 
-def profile_nodes(graph: TrainingGraph, repeats: int = 5, seed: int = 0) -> dict[str, float]:
-    """Median seconds of each compute node of `graph` (input and labels are not computed, so not listed)."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+def _labels(graph: TrainingGraph, node, gen: torch.Generator) -> torch.Tensor:
+    if node.dtype.startswith("float"):
+        return torch.randn(node.shape, generator=gen)
+    high = max(1, graph.num_classes or graph.input_high or 1)
+    return torch.randint(0, high, node.shape, generator=gen, dtype=getattr(torch, node.dtype))
+
+
+def _profile_aten(graph: TrainingGraph, repeats: int, seed: int) -> dict[str, float]:
+    """Each node of a graph captured from torch, run by the runtime's own op call and optimizer."""
+    from edgetrain.runtime.python import aten_call
+    from edgetrain.runtime.python.optim import Optimizer
+
     gen = torch.Generator().manual_seed(seed)
-    params, buffers, momentum = _state(graph, gen)
-    opt = graph.optimizer
+    params, buffers = _state(graph, gen)
+    optim = Optimizer({"name": graph.optimizer.name, "lr": graph.optimizer.lr,
+                       "momentum": graph.optimizer.momentum, "weight_decay": graph.optimizer.weight_decay,
+                       "nesterov": graph.optimizer.nesterov, "betas": graph.optimizer.betas,
+                       "eps": graph.optimizer.eps}, params, graph.trainable_params)
     last_use: dict[str, int] = {}
     for t, n in enumerate(graph.nodes):
         for r in n.inputs:
             last_use[r.name] = t
         if n.aux_of:
             last_use[f"{n.aux_of}.aux"] = t
-    values: dict[str, torch.Tensor] = {}
-    aux: dict[str, tuple] = {}
+    values: dict[str, object] = {}
     times: dict[str, float] = {}
+    cpu = torch.device("cpu")
     with torch.no_grad():
         for t, n in enumerate(graph.nodes):
-            if n.kind in ("input", "labels"):
+            if n.kind == "input":
                 values[n.name] = _batch(graph, n, gen)
                 continue
-            kernel = KERNELS.get(n.op)
-            if kernel is None:
-                raise EdgetrainError(f"profiler: node '{n.name}' uses op '{n.op}', which the runtime has no "
-                                     "kernel for")
+            if n.kind == "labels":
+                values[n.name] = _labels(graph, n, gen)
+                continue
             try:
-                ins = [_view(values[r.name], r) for r in n.inputs]
+                ins = [aten_call.apply_view(values[r.name], r.view) for r in n.inputs]
             except KeyError as e:
                 raise EdgetrainError(f"profiler: node '{n.name}' reads '{e.args[0]}' before it is computed") from None
-            ps = [params[p] for p in n.params]
-            bufs = [buffers[b] for b in n.buffers]
+            aux = values.get(f"{n.aux_of}.aux") if n.aux_of else None
 
-            def once(first: bool):
-                ctx = KernelContext(first=first, buffers=bufs, aux=aux.get(n.aux_of) if n.aux_of else None,
-                                    step=0, seed=seed, device="cpu")
-                res = kernel(ctx, ins, ps, dict(n.attrs))
-                for pname, p, g in zip(n.params, ps, res.grads):
-                    sgd_update(p, g, momentum.get(pname), opt.lr, opt.momentum, opt.weight_decay)
-                return res
+            def once():
+                outs = aten_call.call(n.op, n.attrs, ins, params, buffers, aux, cpu, seed, 0)
+                for u in n.attrs.get("updates", ()):
+                    if "param" in u:
+                        optim.update(u["param"], params[u["param"]], aten_call.update_value(outs, u))
+                return outs
 
-            res = once(True)  # warm-up; its result feeds the nodes that read this one
+            outs = once()  # warm-up; its result feeds the nodes that read this one
             samples = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                once(True)
+                once()
                 samples.append(time.perf_counter() - start)
             times[n.name] = max(statistics.median(samples), _MIN_S)
-            if res.out is not None:
-                values[n.name] = res.out
-            if res.aux is not None:
-                aux[n.name] = tuple(res.aux)
-            for r in {r.name for r in n.inputs}:
+            kept = aten_call.held(outs, n.attrs.get("keep"))
+            if kept is not None:
+                values[n.name] = kept
+            if n.attrs.get("aux"):
+                values[f"{n.name}.aux"] = tuple(outs[k] for k in n.attrs["aux"])
+            for r in {r.name for r in n.inputs} | ({f"{n.aux_of}.aux"} if n.aux_of else set()):
                 if last_use.get(r) == t:
                     values.pop(r, None)
-            if n.aux_of and last_use.get(f"{n.aux_of}.aux") == t:
-                aux.pop(n.aux_of, None)
     return times
+
+
+def profile_nodes(graph: TrainingGraph, repeats: int = 5, seed: int = 0) -> dict[str, float]:
+    """Median seconds of each compute node of `graph` (input and labels are not computed, so not listed)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if not any(n.op.startswith("aten.") for n in graph.nodes):
+        raise EdgetrainError("a measured target times the Python runtime's ops; this graph is for the C runtime "
+                             "(--emit c): compile it for a device target, whose costs come from its profile")
+    return _profile_aten(graph, repeats, seed)

@@ -1,4 +1,5 @@
-"""edgetrain's Python runtime (torch + safetensors only): kernels, ledger, page store, executor, plan loader."""
+"""edgetrain's Python runtime (torch + safetensors only): aten op calls, optimizers, ledger, page store,
+executor, plan loader."""
 from __future__ import annotations
 
 import hashlib
@@ -8,15 +9,12 @@ from types import ModuleType
 
 from .executor import PlanError, Runtime
 from .integrity import IntegrityError, WeightsError, verify_folder
-from .kernel_api import KernelContext, KernelResult
-from .kernels import KERNELS, dropout_apply, dropout_mask
 from .ledger import Ledger, LedgerError
-from .sgd import sgd_update
+from .optim import OPTIMIZERS, Optimizer
 from .storage import FileStore, PageStoreError
 
-__all__ = ["KERNELS", "KernelContext", "KernelResult", "dropout_apply", "dropout_mask", "Ledger", "LedgerError",
-           "FileStore", "PageStoreError", "PlanError", "Runtime", "sgd_update", "load_plan", "runtime_for",
-           "IntegrityError", "WeightsError", "verify_folder"]
+__all__ = ["Ledger", "LedgerError", "FileStore", "PageStoreError", "PlanError", "Runtime", "OPTIMIZERS", "Optimizer",
+           "load_plan", "runtime_for", "IntegrityError", "WeightsError", "verify_folder"]
 
 PLAN_KEYS = ("weights", "optimizer", "seed")
 

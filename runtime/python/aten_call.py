@@ -3,6 +3,7 @@
 A plan's arguments are JSON: numbers, lists, None, and markers for what is not a literal:
 {"$t": k} the k-th tensor operand, {"$p": name} a parameter, {"$b": name} a buffer (each with an optional
 "view" chain), {"$aux": k} item k of the statistics the forward node kept for this backward node,
+{"$empty": shape, "dtype": ...} a tensor with no elements,
 {"$dtype": "float32"}, {"$device": ...} (the runtime's own device), {"$layout": ...}, {"$mf": ...}.
 A view chain is a list of [op, args] (an aten view op applied to the tensor) or ["item", k].
 """
@@ -81,6 +82,8 @@ def fill(template, tensors, params, buffers, aux, device):
             return apply_view(buffers[template["$b"]], template.get("view"))
         if "$aux" in template:
             return aux[template["$aux"]]
+        if "$empty" in template:  # a tensor with no elements
+            return torch.empty(template["$empty"], dtype=getattr(torch, template["dtype"]), device=device)
         for key, make in _SPECIAL.items():
             if key in template:
                 return make(template[key], device)
@@ -88,3 +91,33 @@ def fill(template, tensors, params, buffers, aux, device):
     if isinstance(template, (list, tuple)):
         return [fill(v, tensors, params, buffers, aux, device) for v in template]
     return template
+
+
+def call(op: str, attrs: dict, ins: list, params: dict, buffers: dict, aux, device, seed: int, step: int) -> list:
+    """Run a plan node's op; returns every output of the op (a one-element list for a single tensor)."""
+    fn = resolve(op)
+    args = fill(attrs.get("args", []), ins, params, buffers, aux, device)
+    kwargs = fill(attrs.get("kwargs", {}), ins, params, buffers, aux, device)
+    if "seed_key" in attrs:
+        with seeded(seed, step, attrs["seed_key"], device):
+            res = fn(*args, **kwargs)
+    else:
+        res = fn(*args, **kwargs)
+    return list(res) if isinstance(res, (tuple, list)) else [res]
+
+
+def held(outs: list, keep):
+    """What the node keeps of its op's outputs: the single result (keep None), one output (an index), a tuple
+    of outputs (a list of indices), or nothing ("none" or [])."""
+    if keep is None:
+        return outs[0]
+    if keep == "none" or keep == []:
+        return None
+    if isinstance(keep, list):
+        return tuple(outs[k] for k in keep)
+    return outs[keep]
+
+
+def update_value(outs: list, update: dict):
+    """The tensor an update reads: an output of the op, through the update's view chain."""
+    return apply_view(outs[0] if update.get("item") is None else outs[update["item"]], update.get("view"))

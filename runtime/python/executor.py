@@ -1,7 +1,8 @@
 """The executor: a generated plan calls one `Runtime` method per schedule step.
 
-The runtime holds every tensor by name, counts it in the ledger, runs kernels, applies the fused SGD
-updates, and pages tensors to files. It checks the plan as it goes: an operand that is not resident, a
+The runtime holds every tensor by name, counts it in the ledger, runs each step's aten op (torch's own
+kernel, the one autograd runs), applies the optimizer right after a parameter's gradient is made, and pages
+tensors to files. It checks the plan as it goes: an operand that is not resident, a
 tensor computed twice, a page-in of something never paged out all raise `PlanError` naming the tensor and
 the step.
 """
@@ -15,15 +16,10 @@ from torch import Tensor
 
 from .integrity import read_weights
 from . import aten_call
-from .kernel_api import KernelContext, KernelResult
-from .kernels import KERNELS
 from .ledger import Ledger
 from .optim import Optimizer
-from .sgd import sgd_update
 from .storage import FileStore
-from .views import ViewError, apply_views
 
-LOSS_OPS = frozenset({"cross_entropy", "mse"})
 INPUT, LABELS = "input", "labels"
 
 
@@ -88,7 +84,7 @@ class Runtime:
         self._freed_at: dict[str, str] = {}
         self._paged_out: set[str] = set()
         self._step_loss: float | None = None
-        self.view_copied_bytes = 0  # reshapes that had to copy (a plan the compiler got right has none)
+        self.view_copied_bytes = 0  # views never copy: aten view ops alias their base
 
     # -- properties -----------------------------------------------------------------------------------
     @property
@@ -139,26 +135,6 @@ class Runtime:
         self.ledger.alloc(name, size)
         self._live[name] = value
 
-    def _operand(self, ref) -> tuple[Tensor, int]:
-        """An input operand: a name, or {"t": name, "view": [...]}. Returns it and the bytes copied."""
-        if isinstance(ref, str):
-            ref = {"t": ref}
-        t = self._require(ref["t"])
-        if isinstance(t, tuple) and not ref.get("view"):
-            raise PlanError(f"{self._what}: '{ref['t']}' is an aux tuple, not an operand")
-        try:
-            t, copied = apply_views(t, ref.get("view", ()))
-        except ViewError as e:
-            raise PlanError(f"{self._what}: {e} on '{ref['t']}'") from None
-        self.view_copied_bytes += copied
-        return t, copied
-
-    def _lookup(self, table: dict, names, kind: str) -> list[Tensor]:
-        try:
-            return [table[n] for n in names]
-        except KeyError as e:
-            raise PlanError(f"{self._what}: unknown {kind} {e.args[0]!r}") from None
-
     # -- the batch ------------------------------------------------------------------------------------
     def begin_step(self, x: Tensor, y: Tensor) -> None:
         if self._in_step:
@@ -193,44 +169,11 @@ class Runtime:
         self._begin_op(f"{'compute' if first else 'recompute'} '{name}' ({op})")
         if op.startswith("aten."):
             return self._run_aten(first, name, op, inputs, attrs or {}, aux_of)
-        kernel = KERNELS.get(op)
-        if kernel is None:
-            raise PlanError(f"{self._what}: no kernel named '{op}'")
-        if name in self._live:
-            raise PlanError(f"{self._what}: tensor '{name}' is already resident")
-        operands = [self._operand(r) for r in inputs]
-        ins = [t for t, _ in operands]
-        copied = sum(c for _, c in operands)
-        ps = self._lookup(self._params, params, "parameter")
-        bufs = self._lookup(self._buffers, buffers, "buffer")
-        aux = None
-        if aux_of is not None:
-            aux = self._require(f"{aux_of}.aux")
-        ctx = KernelContext(first=first, buffers=bufs, aux=aux, step=self.step, seed=self.seed,
-                            device=self.device)
-        with torch.no_grad():
-            res = kernel(ctx, ins, ps, dict(attrs or {}))
-        self._check_result(res, ins + ps + bufs, len(ps))
-        if res.out is not None:  # a tuple: the input gradients of an op with several differentiable inputs
-            out = tuple(res.out) if isinstance(res.out, (tuple, list)) else res.out
-            self._hold(name, out, sum(map(nbytes, out)) if isinstance(out, tuple) else nbytes(out))
-        if first and res.aux is not None:
-            self._hold(f"{name}.aux", tuple(res.aux), sum(nbytes(a) for a in res.aux))
-        work = sum(nbytes(g) for g in res.grads) + sum(nbytes(s) for s in res.scratch) + copied
-        with self.ledger.transient(work, label=f"{name} (grads+scratch)"):
-            for pname, p, g in zip(params, ps, res.grads):
-                sgd_update(p, g, self._momentum.get(pname), self.lr, self.momentum, self.weight_decay)
-        if first and op in LOSS_OPS:
-            self._step_loss = float(res.out)
-            self.losses.append(self._step_loss)
-        return res.out
+        raise PlanError(f"{self._what}: '{op}' is not an aten op; this plan was generated for another "
+                        "runtime: recompile it")
 
     def _run_aten(self, first, name, op, inputs, attrs, aux_of):
         """One aten op: operands in, the outputs the plan keeps held, updates applied, the rest dropped."""
-        try:
-            fn = aten_call.resolve(op)
-        except KeyError as e:
-            raise PlanError(f"{self._what}: {e.args[0]}") from None
         if name in self._live:
             raise PlanError(f"{self._what}: tensor '{name}' is already resident")
         ins = []
@@ -243,27 +186,13 @@ class Runtime:
                 raise PlanError(f"{self._what}: view {ref.get('view')} of '{ref['t']}': {e}") from None
         aux = self._require(f"{aux_of}.aux") if aux_of is not None else None
         try:
-            args = aten_call.fill(attrs.get("args", []), ins, self._params, self._buffers, aux, self.device)
-            kwargs = aten_call.fill(attrs.get("kwargs", {}), ins, self._params, self._buffers, aux, self.device)
+            with torch.no_grad():
+                outs = aten_call.call(op, attrs, ins, self._params, self._buffers, aux, self.device, self.seed,
+                                      self.step)
         except KeyError as e:
-            raise PlanError(f"{self._what}: unknown parameter or buffer {e.args[0]!r}") from None
-        with torch.no_grad():
-            if "seed_key" in attrs:
-                with aten_call.seeded(self.seed, self.step, attrs["seed_key"], self.device):
-                    res = fn(*args, **kwargs)
-            else:
-                res = fn(*args, **kwargs)
-        outs = list(res) if isinstance(res, (tuple, list)) else [res]
+            raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
         total = sum(nbytes(o) for o in outs if isinstance(o, Tensor))
-        keep = attrs.get("keep")
-        if keep is None:
-            held = outs[0]
-        elif keep == "none" or keep == []:
-            held = None
-        elif isinstance(keep, list):
-            held = tuple(outs[k] for k in keep)
-        else:
-            held = outs[keep]
+        held = aten_call.held(outs, attrs.get("keep"))
         for o in (held if isinstance(held, tuple) else (held,)):
             if isinstance(o, Tensor) and o.numel() and any(
                     isinstance(t, Tensor) and _storage_ptr(t) == _storage_ptr(o) for t in ins):
@@ -278,7 +207,7 @@ class Runtime:
             self._hold(f"{name}.aux", aux_out, aux_bytes)
         with self.ledger.transient(total - kept - aux_bytes, label=f"{name} (dropped outputs)"):
             for u in attrs.get("updates", ()):
-                value = aten_call.apply_view(outs[0] if u.get("item") is None else outs[u["item"]], u.get("view"))
+                value = aten_call.update_value(outs, u)
                 if "param" in u:
                     self.optim.update(u["param"], self._params[u["param"]], value)
                 elif first:  # a recompute never updates running statistics again
@@ -288,16 +217,6 @@ class Runtime:
             self._step_loss = float(outs[0] if item is None else outs[item])
             self.losses.append(self._step_loss)
         return held
-
-    def _check_result(self, res: KernelResult, operands: list[Tensor], n_params: int) -> None:
-        if res.grads and len(res.grads) != n_params:
-            raise PlanError(f"{self._what}: kernel gave {len(res.grads)} gradients for {n_params} params")
-        outs = res.out if isinstance(res.out, (tuple, list)) else [res.out]
-        for out in outs:
-            if out is not None and out.numel():
-                ptr = _storage_ptr(out)
-                if any(_storage_ptr(t) == ptr for t in operands):
-                    raise PlanError(f"{self._what}: kernel output aliases an operand")
 
     # -- paging and freeing ---------------------------------------------------------------------------
     def page_out(self, name: str) -> None:

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 
 import torch
 
-from .errors import ModelSpecError, OutputDirError, UnsupportedModelError
+from .errors import OutputDirError, UnsupportedModelError
 from .output_dir import StagedOutput
 from .frontend.modelspec import resolve
 from .graph.backends import get_backend
@@ -55,26 +54,10 @@ def prepare_out_dir(path: str) -> None:
                              "Choose another --out or fix its permissions.") from None
 
 
-_SIGNATURE = re.compile(r"missing \d+ required|unexpected keyword argument|takes \d+ positional argument")
-
-
-def resolve_model(spec: str, **kwargs):
-    """`resolve`, with a factory whose parameters do not fit the call reported as the user's error."""
-    try:
-        return resolve(spec, **kwargs)
-    except TypeError as e:
-        if not _SIGNATURE.search(str(e)):
-            raise
-        given = f" (edgetrain passes {', '.join(f'{k}={v!r}' for k, v in kwargs.items())})" if kwargs else ""
-        raise ModelSpecError(f"{spec!r}: the factory cannot be called as edgetrain calls it{given}: {e}. Give "
-                             "every parameter a default" + (f" and accept {', '.join(kwargs)}" if kwargs else "")
-                             ) from None
-
-
 def build_graph(opts: CompileOptions, target):
     """Resolve, trace and lower the model; annotate costs for the target. Returns (resolved, model, graph)."""
     torch.manual_seed(opts.seed)  # zoo models initialize deterministically from the seed
-    resolved = resolve_model(opts.model, **opts.model_kwargs)
+    resolved = resolve(opts.model, **opts.model_kwargs)
     shape = opts.input_shape or resolved.input_shape
     if not shape:
         raise UnsupportedModelError(f"the input shape of {opts.model!r} is unknown; pass --input-shape C,H,W")

@@ -84,12 +84,10 @@ def compile_local(opts: LocalOptions, progress=None) -> dict:
 def _compile_local_into(opts: LocalOptions, budget, target, work: str, stage, progress) -> dict:
     """Profile, partition and write every output into the staging folder `work`."""
     from edgetrain.codegen.local_plan import render_local_plan
-
-    from .pipeline import resolve_model
     from edgetrain.runtime.python.integrity import weights_table
 
     torch.manual_seed(opts.seed)
-    resolved = resolve_model(opts.model, num_classes=opts.num_classes)
+    resolved = resolve(opts.model, num_classes=opts.num_classes)
     model = resolved.module
     if not (opts.input_shape or resolved.input_shape):
         raise UnsupportedModelError(f"the input shape of {opts.model!r} is unknown; pass --input-shape C,H,W")

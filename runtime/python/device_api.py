@@ -100,7 +100,7 @@ class Trainer:
         self.check_peak = check_peak
         if resume is not None:
             self._resume(Path(resume))
-        bad = first_non_finite({**self.rt.params, **self.rt.buffers})
+        bad = first_non_finite(self.rt.params)  # buffers may hold -inf on purpose (attention masks)
         if bad is not None:  # cheap, and it names the cause instead of a NaN loss one step later
             source = resume if resume is not None else self.plan_dir / self.plan.PLAN["weights"]
             raise NonFiniteError(f"'{bad}' in {source} holds NaN or infinite values before any training "

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import OutputDirError, UnsupportedModelError
+from .output_dir import StagedOutput
 from .frontend.modelspec import resolve
 from .graph.backends import get_backend
 from .graph.forward import trace_forward
@@ -145,44 +146,14 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor):
 
 def compile_model(opts: CompileOptions, progress=None) -> dict:
     from edgetrain.targets import load_target
-    from edgetrain.codegen import render_python_plan, write_weights
 
     budget = parse_budget(opts.budget)
     get_backend(opts.emit)  # an unknown --emit fails before any work
     target = load_target(opts.target)
-    prepare_out_dir(opts.out)
-    resolved, model, graph = build_graph(opts, target)
-    lv = analyze(graph)
-    anchor = anchors(graph, lv, target)
-    sa = anchor.store_all
-    budget_bytes = budget.resolve(anchor)
-    deadline_s = parse_deadline(opts.deadline, sa.time_s)
-    if progress:
-        progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors")
-    result = run_scheduler(graph, lv, target, budget_bytes, scheduler=opts.scheduler, deadline_s=deadline_s,
-                           time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
-    rep = result.report
-    body = schedule_format.backprop_body(
-        spec=resolved.spec, kwargs=resolved.kwargs, graph=graph, target=target, budget_text=budget.text,
-        budget_bytes=budget_bytes, anchor=anchor, decision_tensors=len(lv.decision),
-        deadline_s=deadline_s, scheduled=result, scheduler=opts.scheduler, seed=opts.seed, backend=opts.emit)
-    firmware = None
-    if opts.emit == "c":
-        from edgetrain.codegen.c import FIRMWARE_FILES, render_c_firmware
-
-        # Weights first (the C initializers are read from them); the schedule last, so a folder whose
-        # firmware could not be generated (arena over budget) holds no schedule that looks compiled.
-        for name in FIRMWARE_FILES + ("schedule.json", "plan.py"):
-            if os.path.exists(os.path.join(opts.out, name)):
-                os.remove(os.path.join(opts.out, name))
-        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), opts.out)
-        checked = json.loads(schedule_format.dumps(body))  # exactly what schedule.json will hold
-        firmware = render_c_firmware(checked, opts.out)
-        schedule_format.save(body, opts.out)
-    else:
-        schedule_format.save(body, opts.out)
-        render_python_plan(schedule_format.load(opts.out), opts.out)
-        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), opts.out)
+    with StagedOutput(opts.out) as stage:  # the previous output stays whole until the new one is complete
+        rep, result, graph, lv, anchor, sa, budget_bytes, deadline_s, resolved, firmware = _compile_into(
+            opts, target, budget, str(stage.path), progress, stage)
+        stage.commit()
     out = {
         "out": opts.out, "model": resolved.spec, "target": target.name, "scheduler": opts.scheduler,
         "schedule": result.name, "nodes": len(graph.nodes), "budget_bytes": budget_bytes,
@@ -200,3 +171,40 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         out["paged_bytes_per_step"] = firmware["paged_bytes_per_step"]
         out["pages"] = len(firmware["pages"])
     return out
+
+
+def _compile_into(opts: CompileOptions, target, budget, work: str, progress, stage):
+    """Trace, solve and write every output into the staging folder `work`."""
+    from edgetrain.codegen import render_python_plan, write_weights
+    from edgetrain.runtime.python.integrity import weights_table
+
+    resolved, model, graph = build_graph(opts, target)
+    lv = analyze(graph)
+    anchor = anchors(graph, lv, target)
+    sa = anchor.store_all
+    budget_bytes = budget.resolve(anchor)
+    deadline_s = parse_deadline(opts.deadline, sa.time_s)
+    if progress:
+        progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors")
+    result = run_scheduler(graph, lv, target, budget_bytes, scheduler=opts.scheduler, deadline_s=deadline_s,
+                           time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
+    rep = result.report
+    body = schedule_format.backprop_body(
+        spec=resolved.spec, kwargs=resolved.kwargs, graph=graph, target=target, budget_text=budget.text,
+        budget_bytes=budget_bytes, anchor=anchor, decision_tensors=len(lv.decision),
+        deadline_s=deadline_s, scheduled=result, scheduler=opts.scheduler, seed=opts.seed, backend=opts.emit)
+    firmware = None
+    if opts.emit == "c":
+        from edgetrain.codegen.c import render_c_firmware
+
+        # Weights first: the C initializers are read from them.
+        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), work)
+        checked = json.loads(schedule_format.dumps(body))  # exactly what schedule.json will hold
+        firmware = render_c_firmware(checked, work)
+    else:
+        render_python_plan(json.loads(schedule_format.dumps(body)), work)
+        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), work)
+    # The schedule last: it records the sha256 of every file above and the weights' table.
+    body["outputs"] = stage.outputs(weights_table(os.path.join(work, "weights.safetensors")))
+    schedule_format.save(body, work)
+    return rep, result, graph, lv, anchor, sa, budget_bytes, deadline_s, resolved, firmware

@@ -7,6 +7,7 @@ layers and heads (safetensors) and the generated plan that the runtime's Control
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -61,10 +62,9 @@ def _params(module: torch.nn.Module) -> int:
 
 
 def compile_local(opts: LocalOptions, progress=None) -> dict:
-    from edgetrain.codegen.local_plan import render_local_plan
     from edgetrain.targets import load_target
 
-    from .pipeline import prepare_out_dir
+    from .output_dir import StagedOutput
 
     budget = parse_budget(opts.budget)
     if budget.nbytes is None:
@@ -74,7 +74,18 @@ def compile_local(opts: LocalOptions, progress=None) -> dict:
     if opts.cache_dtype not in CACHE_DTYPES:
         raise BudgetError(f"--cache-dtype must be one of {', '.join(CACHE_DTYPES)}, got {opts.cache_dtype!r}")
     target = load_target(opts.target)
-    prepare_out_dir(opts.out)
+    stage = StagedOutput(opts.out)  # fails before any work when --out cannot be replaced
+    with stage:
+        result = _compile_local_into(opts, budget, target, str(stage.path), stage, progress)
+        stage.commit()
+    return dict(result, out=opts.out)
+
+
+def _compile_local_into(opts: LocalOptions, budget, target, work: str, stage, progress) -> dict:
+    """Profile, partition and write every output into the staging folder `work`."""
+    from edgetrain.codegen.local_plan import render_local_plan
+    from edgetrain.runtime.python.integrity import weights_table
+
     torch.manual_seed(opts.seed)
     resolved = resolve(opts.model, num_classes=opts.num_classes)
     model = resolved.module
@@ -129,12 +140,11 @@ def compile_local(opts: LocalOptions, progress=None) -> dict:
             "full_params": _params(model),
         },
         seed=opts.seed)
-    for name in ("schedule.json", "plan.py", WEIGHTS):
-        if os.path.exists(os.path.join(opts.out, name)):
-            os.remove(os.path.join(opts.out, name))
-    save_file(weights, os.path.join(opts.out, WEIGHTS))
-    schedule_format.save(body, opts.out)
-    render_local_plan(schedule_format.load(opts.out), opts.out)
+    save_file(weights, os.path.join(work, WEIGHTS))
+    render_local_plan(json.loads(schedule_format.dumps(body)), work)
+    # The schedule last: it records the sha256 of every file above and the weights' table.
+    body["outputs"] = stage.outputs(weights_table(os.path.join(work, WEIGHTS)))
+    schedule_format.save(body, work)
     return {
         "out": opts.out, "mode": "local", "model": resolved.spec, "target": target.name,
         "budget_bytes": budget.nbytes, "min_feasible_bytes": min_feasible, "layers": len(layers),

@@ -106,7 +106,7 @@ def test_emit_c_rejects_ops_without_a_c_kernel(tmp_path, capsys, model, op, node
     rc = cli.main(["compile", model, "--target", "nrf52840", "--budget", "100%", "--emit", "c", "--batch-size", "1",
                    "--out", str(tmp_path / "cli"), "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rc == 2 and out["ok"] is False and out["error_type"] == "UnsupportedModelError" and op in out["error"]
+    assert rc == 2 and out["ok"] is False and out["error"]["kind"] == "UnsupportedModelError" and op in out["error"]["message"]
 
 
 # -- names -----------------------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ def test_run_qemu_on_a_python_plan_says_emit_c(tmp_path, capsys):
     compile_model(CompileOptions(model="tests.c_models:tiny_cnn", target="nrf52840", budget="100%", out=str(out),
                                  batch_size=1))
     rc = cli.main(["run", str(out), "--qemu", "--json"])
-    msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]["message"]
     assert rc == 2 and "--emit c" in msg
 
 
@@ -402,7 +402,7 @@ def test_corrupted_page_is_caught_by_the_crc_on_the_mcu(mcu, capsys):
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 1 and not r["ok"]
     assert r["exit_code"] == 3 and r["status"] == "ET_ERR_CRC" and r["steps_done"] == 0
-    assert "CRC" in r["error"]
+    assert "CRC" in r["error"]["message"] and r["error"]["kind"] == "FirmwareStatus"
 
 
 def test_c_codegen_renders_without_any_solver(tiny, tmp_path):

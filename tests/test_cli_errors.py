@@ -47,15 +47,16 @@ def expect_error(capsys, *args) -> str:
     lines = out.strip().splitlines()
     assert len(lines) == 1, f"--json must print exactly one JSON object, got: {out!r}"
     obj = json.loads(lines[0])
-    assert obj["ok"] is False and isinstance(obj["error"], str) and obj["error"]
-    assert obj["error"] in err
+    assert obj["ok"] is False and set(obj["error"]) == {"kind", "message"} and obj["error"]["message"]
+    msg = obj["error"]["message"]
+    assert msg in err
 
     rc2, out2, err2 = _cli(capsys, *args)
     assert rc2 == 2, (rc2, out2, err2)
     assert "Traceback" not in out2 + err2
     assert out2 == ""
-    assert "error:" in err2 and obj["error"] in err2
-    return obj["error"]
+    assert "error:" in err2 and msg in err2
+    return msg
 
 
 def _write_model(tmp_path: Path, name: str, body: str) -> tuple[Path, str]:
@@ -171,7 +172,7 @@ def test_real_process_prints_no_traceback(compiled, tmp_path, case):
     assert "Traceback" not in p.stdout + p.stderr
     assert p.stderr.startswith(start) and "error: " in p.stderr
     obj = json.loads(p.stdout)
-    assert obj["ok"] is False and all(w in obj["error"] for w in words)
+    assert obj["ok"] is False and all(w in obj["error"]["message"] for w in words)
     assert not (tmp_path / "o").exists()
 
 

@@ -43,7 +43,7 @@ STAGES = (
     ("edgetrain.compiler.scheduling", "edgetrain.compiler.local"),
     ("edgetrain.compiler.schedule_file",),
     ("edgetrain.codegen",),
-    ("edgetrain.compiler.pipeline", "edgetrain.compiler.pipeline_local"),
+    ("edgetrain.compiler.pipeline", "edgetrain.compiler.pipeline_local", "edgetrain.compiler.output_dir"),
     ("edgetrain.compiler.workbench",),
 )
 # What every stage may use: the user's errors, the package's version, device profiles, the device runtime.

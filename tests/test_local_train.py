@@ -154,14 +154,15 @@ def test_train_refuses_a_poet_plan_and_a_changed_run(small_plan, tmp_path, capsy
                  "--json"]) == 0
     capsys.readouterr()
     assert main(["train", poet, "--data", "digits", "--json"]) == 2
-    assert "--mode local" in json.loads(capsys.readouterr().out.splitlines()[-1])["error"]
+    assert "--mode local" in json.loads(capsys.readouterr().out.splitlines()[-1])["error"]["message"]
     out, _ = small_plan
     w = str(tmp_path / "w")
     _train(["train", out, "--data", "digits", "--epochs", "1", "--work", w, "--no-export", "--train-size", "200"],
            capsys)
-    with pytest.raises(RuntimeError, match="another plan or settings"):
-        main(["train", out, "--data", "digits", "--epochs", "2", "--work", w, "--no-export", "--train-size", "200",
-              "--json"])
+    assert main(["train", out, "--data", "digits", "--epochs", "2", "--work", w, "--no-export", "--train-size",
+                 "200", "--json"]) == 2
+    err = json.loads(capsys.readouterr().out.splitlines()[-1])["error"]
+    assert err["kind"] == "TrainingStateError" and "another plan or settings" in err["message"]
 
 
 def _run_train(out: str, work: str) -> subprocess.Popen:
@@ -329,3 +330,21 @@ def test_local_learning_benchmark_runs_and_draws(tmp_path):
     assert os.path.exists(os.path.join(out, "local_learning_small_cnn.png"))
     with open(os.path.join(out, "local_learning.json")) as f:
         assert json.load(f)["patience"] == 1
+
+
+def test_a_flipped_byte_in_a_checkpoint_is_refused_on_resume(small_plan, tmp_path):
+    out, _ = small_plan
+    work = str(tmp_path / "killed")
+    progress = os.path.join(work, "progress.json")
+    seen = _kill_when(_run_train(out, work), progress, lambda s: s["block"] == 0 and s["epoch"] >= 1)
+    state = os.path.join(work, seen["state"])
+    if not os.path.exists(state):  # the run moved on to the next checkpoint between reading and killing
+        state = os.path.join(work, json.load(open(progress))["state"])
+    raw = bytearray(open(state, "rb").read())
+    raw[-3] ^= 0x01  # one bit of the last tensor's data, as a torn write after a kill would leave
+    open(state, "wb").write(bytes(raw))
+    p = _run_train(out, work)
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 2 and "Traceback" not in stderr
+    err = json.loads(stdout)["error"]
+    assert err["kind"] == "TrainingStateError" and "corrupt" in err["message"] and "delete" in err["message"]

@@ -181,7 +181,7 @@ def test_plot_writes_png_and_svg(plotted, capsys):
     assert not [f for f in os.listdir(os.path.join(out, "plots")) if f.endswith(".tmp")]  # atomic writes
     assert r["report"] == os.path.join(out, "report.html") and os.path.exists(r["report"])
     assert main(["plot", out, "--solve", combo_key("min", "none", "dtr"), "--json"]) == 2  # infeasible: no schedule
-    assert "no schedule" in json.loads(capsys.readouterr().out)["error"]
+    assert "no schedule" in json.loads(capsys.readouterr().out)["error"]["message"]
 
 
 def test_sweep_on_a_local_ray_instance(swept, tmp_path):

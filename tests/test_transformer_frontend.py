@@ -139,7 +139,7 @@ def test_emit_c_refuses_transformer_ops(tmp_path, capsys):
     rc = cli.main(["compile", "gpt_tiny", "--target", "nrf52840", "--budget", "100%", "--emit", "c",
                    "--batch-size", "1", "--out", str(tmp_path / "cli"), "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rc == 2 and out["ok"] is False and "embedding" in out["error"] and "C runtime" in out["error"]
+    assert rc == 2 and out["ok"] is False and "embedding" in out["error"]["message"] and "C runtime" in out["error"]["message"]
 
 
 # -- data and the CLI ------------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ def test_cli_compiles_and_runs_a_decoder(tmp_path, capsys):
     assert rc == 0 and r["ok"] and r["max_abs_err"] == 0.0
     rc = cli.main(["run", str(out), "--data", "fashion-mnist", "--json"])
     r = json.loads(capsys.readouterr().out)
-    assert rc == 2 and "token ids" in r["error"] and "--data random" in r["error"]
+    assert rc == 2 and "token ids" in r["error"]["message"] and "--data random" in r["error"]["message"]
 
 
 def test_page_store_keeps_a_permuted_layout(tmp_path):

@@ -15,6 +15,7 @@ import jsonschema
 
 from edgetrain.compiler import __version__
 from edgetrain.compiler.errors import ScheduleFormatError
+from edgetrain.runtime.python.integrity import json_checksum
 
 FORMAT = "edgetrain.schedule"
 # 2: a `mode` field ("poet" or "local") and the local-learning section (`local`: layers, heads, partition).
@@ -27,8 +28,7 @@ def _schema() -> dict:
 
 
 def _checksum(body: dict) -> str:
-    canon = json.dumps({k: v for k, v in body.items() if k != "checksum"}, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+    return json_checksum(body)  # the runtime checks it too, before it trusts the `outputs` section
 
 
 # What each mode's plan is made of: "poet" is one backprop step scheduled by the MILP (or a baseline),
@@ -110,6 +110,8 @@ def save(body: dict, out_dir: str) -> str:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)  # never leave a half-written schedule behind
     return path
 

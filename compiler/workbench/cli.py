@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 
 from edgetrain.compiler.errors import EdgetrainError
@@ -13,10 +15,11 @@ from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICE
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
 
 from .choices import Choices
+from .run_data import NAMED as DATA_SOURCES
+from .errors_out import ANTICIPATED, EXIT_ERROR, EXIT_FAILED, EXIT_INTERNAL, describe, dumps, error_object
 from .local_cli import add_compile_options, add_train_parser, compile_local_cmd, inspect_local, train_cmd
 from .report import console
 
-DATA_SOURCES = Choices("edgetrain.compiler.workbench.run", "DATA_SOURCES")
 EXECUTORS = Choices("edgetrain.compiler.workbench.sweep", "EXECUTORS")
 
 
@@ -46,6 +49,16 @@ def _share(text: str) -> float:
     if not 0.0 <= x < phases:
         raise argparse.ArgumentTypeError(f"{text!r}: a share of the time limit in [0, {phases:g}) (the first "
                                          f"solve takes {first:.0%})")
+    return x
+
+
+def _seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a time limit must be a positive, finite number of seconds")
     return x
 
 
@@ -79,15 +92,26 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error under --json still prints one JSON object (then exits 2 as argparse does)."""
 
     json_errors = False
+    argv: list[str] = []
 
     def error(self, message: str):
+        m = re.match(r"argument (--[\w-]+): expected one argument", message)
+        if m:  # `--budget -1MB`: argparse reads a value that starts with '-' as another option
+            opt = m.group(1)
+            k = _Parser.argv.index(opt) if opt in _Parser.argv else -1
+            if 0 <= k < len(_Parser.argv) - 1 and _Parser.argv[k + 1].startswith("-"):
+                val = _Parser.argv[k + 1]
+                message = (f"{opt} {val}: a value starting with '-' is read as an option, so {opt} got none; "
+                           f"a negative value is not allowed here (to pass it anyway, write {opt}={val})")
         if _Parser.json_errors:
-            print(json.dumps({"ok": False, "error": message, "error_type": "UsageError"}))
+            print(json.dumps(error_object("UsageError", message)))
         super().error(message)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="edgetrain", description="Compile PyTorch training to fit a device's memory.")
+    p.add_argument("--debug", action="store_true",
+                   help="on a failure, print the traceback too (accepted anywhere on the command line)")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     c = sub.add_parser("compile", help="model -> validated schedule -> generated plan")
     c.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
@@ -99,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
                    choices=list(SCHEDULERS), help="; ".join(f"{k}: {v}" for k, v in SCHEDULERS.items()))
     c.add_argument("--batch-size", type=_positive_int, default=8)
     c.add_argument("--input-shape", type=_shape)
-    c.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
+    c.add_argument("--time-limit", type=_seconds, default=60.0, help="solver time limit in seconds")
     c.add_argument("--solver", default="auto", choices=SOLVER_CHOICES,
                    help="MILP backend (default auto: Gurobi with a full license, else HiGHS)")
     c.add_argument("--lns", type=_share, default=0.0,
@@ -126,8 +150,21 @@ def _parser() -> argparse.ArgumentParser:
     add_compile_options(c)
     r = sub.add_parser("run", help="execute a compiled plan")
     r.add_argument("dir")
-    r.add_argument("--steps", type=_positive_int, default=1)
-    r.add_argument("--data", default="random", choices=DATA_SOURCES)
+    length = r.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=_positive_int, help="training steps (default 1)")
+    length.add_argument("--epochs", type=_positive_int, help="passes over a dataset (not with random data)")
+    r.add_argument("--data", default="random", metavar="SOURCE",
+                   help=f"{', '.join(DATA_SOURCES)}, a .npz or .safetensors file with arrays x and y, or a "
+                        "folder with one sub-folder of images per class")
+    r.add_argument("--save", metavar="OUT.safetensors",
+                   help="write the trained weights (the model's own state_dict keys) and, beside them, "
+                        "OUT.state.safetensors (weights, optimizer state, step: what --resume reads)")
+    r.add_argument("--resume", action="store_true",
+                   help="with --save: continue from the state in that file, if it exists: the steps it holds "
+                        "count towards --steps/--epochs, so rerunning a killed command finishes it exactly as an "
+                        "uninterrupted run would have")
+    r.add_argument("--save-every", type=_positive_int, metavar="N",
+                   help="with --save: also save every N steps (what --resume continues from after a kill)")
     r.add_argument("--check", action="store_true", help="compare with PyTorch autograd from the same weights and data")
     r.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     r.add_argument("--seed", type=int, default=1, help="seed of the data")
@@ -136,7 +173,7 @@ def _parser() -> argparse.ArgumentParser:
                         "(default for C firmware: build and run on the host)")
     r.add_argument("--cycle", type=_positive_int,
                    help="C firmware: train on the first N batches in turn (a memorization check: the loss falls)")
-    r.add_argument("--timeout", type=float, default=600.0, help="C firmware: seconds before the run is stopped")
+    r.add_argument("--timeout", type=_seconds, default=600.0, help="C firmware: seconds before the run is stopped")
     r.add_argument("--inject-corrupt-page", type=int, metavar="ID",
                    help="C firmware, fault injection: flip a bit of page ID on the medium right after the first "
                         "step pages it out (the CRC check must stop the step)")
@@ -153,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated deadlines: none (the default), multiples of the store-all time (1.2) or "
                         "seconds (0.5s)")
     w.add_argument("--schedulers", default="poet,checkmate,paging,dtr,checkpoint")
-    w.add_argument("--time-limit", type=float, default=60.0, help="solver time limit per solve, seconds")
+    w.add_argument("--time-limit", type=_seconds, default=60.0, help="solver time limit per solve, seconds")
     w.add_argument("--batch-size", type=_positive_int, default=8)
     w.add_argument("--input-shape", type=_shape)
     w.add_argument("--solver", default="auto", choices=SOLVER_CHOICES)
@@ -224,26 +261,32 @@ def _cmd_run(a) -> dict:
     from .run_c import is_c_plan, run_firmware
 
     if is_c_plan(a.dir):
-        return run_firmware(a.dir, qemu=a.qemu, steps=a.steps, data=a.data, check=a.check, seed=a.seed,
+        if a.epochs or a.save or a.resume or a.save_every:
+            raise EdgetrainError("--epochs, --save and --resume train with the Python runtime; C firmware "
+                                 "takes --steps")
+        return run_firmware(a.dir, qemu=a.qemu, steps=a.steps or 1, data=a.data, check=a.check, seed=a.seed,
                             cycle=a.cycle, timeout_s=a.timeout, corrupt_page=a.inject_corrupt_page)
     if a.qemu or a.cycle or a.inject_corrupt_page is not None:
         raise EdgetrainError(f"{a.dir} holds a plan for the Python runtime; --qemu, --cycle and "
                              "--inject-corrupt-page need C firmware: compile with `--emit c`")
+    opts = dict(steps=a.steps, epochs=a.epochs, data=a.data, check=a.check, device=a.device, seed=a.seed,
+                save=a.save, resume=a.resume, save_every=a.save_every)
     if a.json or not sys.stderr.isatty():
-        return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed)
+        return run_plan(a.dir, **opts)
     from rich.progress import Progress
 
     with Progress(console=console(stderr=True), transient=True) as bar:
-        task = bar.add_task("training steps", total=a.steps)
-        return run_plan(a.dir, steps=a.steps, data=a.data, check=a.check, device=a.device, seed=a.seed,
-                        progress=lambda k, n: bar.update(task, completed=k))
+        task = bar.add_task("training steps", total=None)
+        return run_plan(a.dir, **opts, progress=lambda k, n: bar.update(task, completed=k, total=n))
 
 
 def _cmd_inspect(a) -> dict:
     from edgetrain.compiler.schedule_file import format as schedule_format
+    from edgetrain.runtime.python.integrity import verify_folder
     from .inspect_schedule import summarize
 
     body = schedule_format.load(a.dir)
+    verify_folder(a.dir)  # the files beside the schedule are the ones compile wrote
     return inspect_local(body) if body.get("mode") == "local" else summarize(a.dir)
 
 
@@ -273,26 +316,51 @@ def _cmd_plot(a) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # anywhere on the line: show the traceback of a failure
+    argv = [x for x in argv if x != "--debug"]
+    _Parser.json_errors = "--json" in argv
+    _Parser.argv = argv
     a = _parser().parse_args(argv)
     handlers = {"compile": _cmd_compile, "run": _cmd_run, "inspect": _cmd_inspect, "sweep": _cmd_sweep,
                 "plot": _cmd_plot,
                 "train": _cmd_train}
+    as_json = getattr(a, "json", False)
     try:
         result = handlers[a.cmd](a)
-    except (EdgetrainError, ValueError) as e:  # targets' and data's errors derive from ValueError or ours
-        if getattr(a, "json", False):
-            print(json.dumps({"ok": False, "error": str(e), "error_type": type(e).__name__}))
-        print(f"edgetrain {a.cmd}: error: {e}", file=sys.stderr)
-        return 2
+    except ANTICIPATED as e:  # a message for the user: no traceback unless --debug
+        kind, message = describe(e)
+        return _fail(a.cmd, kind, message, as_json, debug, EXIT_ERROR)
+    except SystemExit as e:  # sys.exit() inside a model file or a plan: reported, not a silent exit
+        return _fail(a.cmd, "UnexpectedExit", f"the model file or plan called sys.exit({e.code!r}) while "
+                     "edgetrain was running it; remove the call (a model file must only define the model)",
+                     as_json, debug, EXIT_ERROR)
+    except KeyboardInterrupt:
+        return _fail(a.cmd, "Interrupted", "interrupted", as_json, debug, 130)
+    except Exception as e:  # a bug: still one JSON object, and always the traceback
+        return _fail(a.cmd, "internal", f"{type(e).__name__}: {e} (an edgetrain bug; please report it with the "
+                     "traceback above)", as_json, True, EXIT_INTERNAL)
     result.setdefault("ok", True)  # every --json object says whether the command succeeded
+    if not result["ok"] and isinstance(result.get("error"), str):  # one error shape for every failure
+        result["error"] = {"kind": result.pop("error_kind", "Failed"), "message": result["error"]}
     if a.json:
-        print(json.dumps(result, default=str))
+        print(dumps(result))
     else:
         from .report import print_human
 
         print_human(a.cmd, result)
-    return 0 if result.get("ok", True) else 1
+    return 0 if result.get("ok", True) else EXIT_FAILED
+
+
+def _fail(cmd: str, kind: str, message: str, as_json: bool, debug: bool, code: int) -> int:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+    if as_json:
+        print(dumps(error_object(kind, message)))
+    print(f"edgetrain {cmd}: error: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

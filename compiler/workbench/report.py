@@ -38,6 +38,11 @@ def losses(values) -> str:
     return escape("[" + ", ".join(f"{x:.4f}" if math.isfinite(x) else str(x) for x in values) + "]")
 
 
+def error_message(r: dict) -> str:
+    e = r.get("error")
+    return str(e.get("message")) if isinstance(e, dict) else str(e)
+
+
 def print_human(cmd: str, r: dict) -> None:
     con = console()
     if r.get("mode") == "local" or cmd == "train":
@@ -72,7 +77,7 @@ def print_human(cmd: str, r: dict) -> None:
             con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
                       f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
         if not r["ok"]:
-            con.print(f"[red]{escape(str(r.get('error')))}")
+            con.print(f"[red]{escape(error_message(r))}")
     elif cmd == "sweep":
         t = Table(title=f"{r['model']} on {r['target']}, batch {r['batch_size']}: {r['combinations']} combinations "
                         f"({r['solved']} solved now, {r['skipped']} from earlier runs)")
@@ -99,11 +104,16 @@ def print_human(cmd: str, r: dict) -> None:
         con.print(f"{r['steps']} steps on {r['device']}, losses {losses(r['losses'])}")
         con.print(f"measured peak {mb(r['measured_peak_bytes'])} (predicted {mb(r['predicted_peak_bytes'])}, "
                   f"budget {mb(r['budget_bytes'])}), paged {r['paged_bytes']} B")
+        if r.get("resumed_from"):
+            con.print(f"resumed from {escape(r['resumed_from'])} at step {r['first_step']}")
+        if r.get("saved"):
+            con.print(f"saved {escape(r['saved'][0])} (the model's state_dict) and {escape(r['saved'][1])} "
+                      f"(training state, step {r['first_step'] + r['steps']})")
         if r.get("checked"):
             con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
                       f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
         if not r["ok"]:
-            con.print(f"[red]{escape(str(r.get('error')))}")
+            con.print(f"[red]{escape(error_message(r))}")
     else:
         t = Table(title=f"{r['model']} on {r['target']}: stages with recomputes or paging ({len(r['active_stages'])}"
                         f" of {r['stages']})")

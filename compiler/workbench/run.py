@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 import torch
 
-from edgetrain.runtime.python import Runtime, load_plan
+from edgetrain.runtime.python.device_api import Trainer, state_path
+from edgetrain.runtime.python.integrity import verify_folder
 
 from edgetrain.compiler.schedule_file import format as schedule_format
 from .data import fashion_mnist_batches, random_batches
@@ -15,10 +15,11 @@ from edgetrain.compiler.scheduling.steps import Step
 from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.compiler.graph.ir import TrainingGraph
 from .reference import train_reference
+from .run_data import NAMED, dataset_batches, epochs_to_steps, open_source
 from edgetrain.compiler.scheduling.validator import validate
 
 RTOL, ATOL = 1e-5, 1e-6
-DATA_SOURCES = ("random", "fashion-mnist")  # what `run --data` takes
+DATA_SOURCES = NAMED  # by name; also a .npz/.safetensors file or an image folder
 
 
 def _target(body: dict):
@@ -79,37 +80,62 @@ def _compare(model, rt) -> tuple[float, float, list[str]]:
     return max_abs, max_rel, bad
 
 
-def run_plan(out_dir: str, *, steps: int = 1, data: str = "random", check: bool = False, seed: int = 1,
-             device: str | None = None, progress=None) -> dict:
+def _stream(body: dict, data: str, start: int, count: int, seed: int, ds) -> list:
+    """Batches for global steps start .. start+count-1 (a resumed run continues the same stream)."""
+    if ds is None:  # random: the seeded stream from its beginning, the steps already done skipped
+        return _batches(body, "random", start + count, seed)[start:]
+    return dataset_batches(ds, body["graph"]["input_shape"][0], start, count, seed)
+
+
+def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check: bool = False, seed: int = 1,
+             device: str | None = None, progress=None, epochs: int | None = None, save: str | None = None,
+             resume: bool = False, save_every: int | None = None) -> dict:
+    """Train `steps` (or `epochs`) in all; with `resume`, the steps `save` already holds count towards them,
+    so rerunning the same command after a kill finishes the run exactly as if it had never stopped."""
     body = schedule_format.load(out_dir)
+    verify_folder(out_dir)  # every generated file as compiled, before plan.py is imported
     graph = TrainingGraph.from_json(body["graph"])
     # The schedule is replayed once more before it runs: a plan that could exceed its budget never runs.
     report = validate(graph, [Step(**s) for s in body["steps"]], _target(body), body["budget"]["bytes"])
-    plan = load_plan(out_dir)
-    if plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
-        raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
-    batches = _batches(body, data, steps, seed)
-    pages = os.path.join(out_dir, "pages")
-    shutil.rmtree(pages, ignore_errors=True)
+    if resume and not save:
+        raise EdgetrainError("--resume continues the state an earlier --save wrote: give --save FILE too")
+    if save_every and not save:
+        raise EdgetrainError("--save-every writes the --save file: give --save FILE too")
+    if resume and check:
+        raise EdgetrainError("--check trains autograd from the compiled weights; it cannot follow --resume")
+    ds = open_source(data, body)  # None for random data
+    batch = body["graph"]["input_shape"][0]
+    if epochs is not None:
+        steps = epochs_to_steps(ds, batch, epochs)
+    steps = 1 if steps is None else steps
     dev = _device(device)
-    opt = body["graph"]["optimizer"]
-    rt = Runtime(os.path.join(out_dir, "weights.safetensors"), pages, device=dev, optimizer=opt,
-                 trainable=body["graph"].get("trainable"), seed=body["seed"])
-    t0 = time.perf_counter()
-    for k, (x, y) in enumerate(batches):
-        rt.begin_step(x, y)
-        plan.train_step(rt)
-        if progress:
-            progress(k + 1, len(batches))
-    wall = time.perf_counter() - t0
+    resume_from = save if resume and state_path(save).exists() else None
+    with Trainer(out_dir, device=dev, resume=resume_from) as trainer:
+        if trainer.plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
+            raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
+        rt = trainer.rt
+        start = trainer.steps_done
+        batches = _stream(body, data, start, max(0, steps - start), seed, ds)
+        t0 = time.perf_counter()
+        for k, (x, y) in enumerate(batches):
+            trainer.step(x, y)
+            if save_every and trainer.steps_done % save_every == 0 and k + 1 < len(batches):
+                trainer.save(save)  # a checkpoint a killed run resumes from
+            if progress:
+                progress(k + 1, len(batches))
+        wall = time.perf_counter() - t0
+        saved = [str(p) for p in trainer.save(save)] if save else None
     result = {
-        "ok": True, "steps": len(batches), "data": data, "device": str(rt.device), "losses": rt.losses,
+        "ok": True, "steps": len(batches), "first_step": start, "steps_total": steps, "data": data, "device": str(rt.device),
+        "losses": rt.losses, "saved": saved, "resumed_from": str(resume_from) if resume_from else None,
         "budget_bytes": body["budget"]["bytes"], "predicted_peak_bytes": report.peak_bytes,
         "measured_peak_bytes": rt.ledger.peak_bytes, "cuda_max_memory_allocated": rt.cuda_max_memory_allocated,
-        "paged_bytes": rt.paged_bytes, "view_copied_bytes": rt.view_copied_bytes, "wall_s": wall, "checked": check, "max_abs_err": None, "max_rel_err": None,
+        "paged_bytes": rt.paged_bytes, "view_copied_bytes": rt.view_copied_bytes, "wall_s": wall,
+        "checked": check, "max_abs_err": None, "max_rel_err": None,
     }
     if rt.ledger.peak_bytes > body["budget"]["bytes"]:
         result["ok"] = False
+        result["error_kind"] = "BudgetExceeded"
         result["error"] = f"measured peak {rt.ledger.peak_bytes} B exceeds the budget {body['budget']['bytes']} B"
     if check:
         model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches, rt.device)
@@ -117,6 +143,7 @@ def run_plan(out_dir: str, *, steps: int = 1, data: str = "random", check: bool 
         result.update(max_abs_err=max_abs, max_rel_err=max_rel, reference_losses=ref_losses, mismatched=bad[:20])
         if bad:
             result["ok"] = False
+            result["error_kind"] = "CheckMismatch"
             result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}: "
                                f"{', '.join(bad[:5])}")
     return result

@@ -8,24 +8,30 @@ back through files and are held against PyTorch autograd from the same initial w
 """
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 from edgetrain.compiler.schedule_file import format as schedule_format
 from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.runtime.python.integrity import verify_folder
 from .reference import train_reference
 
 RTOL, ATOL = 1e-5, 1e-6
 APT = "apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
 STATUS = {0: "ET_OK", -1: "ET_ERR_ARG", -2: "ET_ERR_IO", -3: "ET_ERR_NOT_FOUND", -4: "ET_ERR_CRC",
           -5: "ET_ERR_FORMAT", -6: "ET_ERR_NOT_INIT"}
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 DATA_MAGIC, RESULT_MAGIC, NO_PAGE = 0x54445445, 0x53525445, 0xFFFFFFFF
 QEMU_ARGS = ["-M", "mps2-an386", "-nographic", "-monitor", "none", "-semihosting-config",
              "enable=on,target=native", "-icount", "shift=0"]
@@ -33,6 +39,47 @@ QEMU_ARGS = ["-M", "mps2-an386", "-nographic", "-monitor", "none", "-semihosting
 
 class FirmwareError(EdgetrainError):
     """The firmware could not be built or run (toolchain missing, compile error, crash, timeout)."""
+
+
+@contextmanager
+def _exclusive(out_dir: str):
+    """Hold DIR/.run.lock (with our pid in it) while building and running; yields the pid waited for, if any."""
+    fd = os.open(os.path.join(out_dir, ".run.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    waited = None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            waited = int(holder) if holder.isdigit() else None
+            fcntl.flock(fd, fcntl.LOCK_EX)  # another run of this folder: its turn first
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield waited
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGKILL it when the process that started it dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the timeout still bounds the run
+        pass
+
+
+def page_file(work: str, page_id: int) -> str:
+    """The file the C page store keeps page `page_id` in (runtime/c/storage_block.c's name)."""
+    return os.path.join(work, "pages", f"et_page_{page_id:08x}.bin")
+
+
+def _missing_page(work: str, manifest: dict) -> str | None:
+    """The first page the schedule pages in whose file is not on the medium."""
+    for p in manifest["pages"]:
+        if p.get("paged_in") and not os.path.exists(page_file(work, p["id"])):
+            return page_file(work, p["id"])
+    return None
 
 
 def _need(*tools: str) -> None:
@@ -61,6 +108,13 @@ def load_firmware(out_dir: str) -> tuple[dict, dict]:
     if manifest.get("schedule_content") != schedule_format.content_hash(body):
         raise EdgetrainError(f"{out_dir}: the firmware was generated from another schedule; recompile the model")
     return body, manifest
+
+
+def verified_firmware(out_dir: str) -> tuple[dict, dict]:
+    """load_firmware, after every generated file (sources, Makefile, weights) is checked against the schedule:
+    `make` runs the folder's Makefile, so nothing is built from a file compile did not write."""
+    verify_folder(out_dir)
+    return load_firmware(out_dir)
 
 
 def build(out_dir: str, qemu: bool) -> str:
@@ -135,40 +189,47 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                  corrupt_step: int = 0) -> dict:
     from .run import _batches
 
-    body, manifest = load_firmware(out_dir)
+    body, manifest = verified_firmware(out_dir)
     if cycle:  # the first `cycle` batches in turn
         base = _batches(body, data, min(cycle, steps), seed)
         batches = [base[k % len(base)] for k in range(steps)]
     else:
         batches = _batches(body, data, steps, seed)
-    program = build(out_dir, qemu)
-    where = "qemu" if qemu else "host"
-    work = os.path.join(out_dir, f"run-{where}")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(os.path.join(work, "pages"))
-    write_data(os.path.join(work, "data.bin"), manifest, batches, corrupt_step if corrupt_page is not None else None,
-               corrupt_page)
-    cmd = ["qemu-system-arm", *QEMU_ARGS, "-kernel", os.path.abspath(program)] if qemu else [os.path.abspath(program)]
-    try:
-        p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise FirmwareError(f"the firmware ran past {timeout_s:.0f} s ({where}) and was stopped") from None
+    with _exclusive(out_dir) as waited_for:  # one build and run of a folder at a time
+        program = build(out_dir, qemu)
+        where = "qemu" if qemu else "host"
+        work = os.path.join(out_dir, f"run-{where}")
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(os.path.join(work, "pages"))
+        write_data(os.path.join(work, "data.bin"), manifest, batches,
+                   corrupt_step if corrupt_page is not None else None, corrupt_page)
+        cmd = ["qemu-system-arm", *QEMU_ARGS, "-kernel", os.path.abspath(program)] if qemu else [
+            os.path.abspath(program)]
+        try:
+            # The firmware (or QEMU) dies with this process: a killed `edgetrain run` leaves no orphan behind.
+            p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout_s,
+                               preexec_fn=_die_with_parent)
+        except subprocess.TimeoutExpired:
+            raise FirmwareError(f"the firmware ran past {timeout_s:.0f} s ({where}) and was stopped") from None
+        r = read_result(work, manifest) if p.returncode in (0, 3) else None
+        missing = _missing_page(work, manifest) if r is not None and r["status"] == -3 else None
+        shutil.rmtree(os.path.join(work, "pages"), ignore_errors=True)  # pages live only within a step
     result: dict = {
         "ok": p.returncode == 0, "build": where, "exit_code": p.returncode, "steps": len(batches), "data": data,
         "cycle": cycle,
         "checked": check, "arena_bytes": manifest["arena_bytes"], "budget_bytes": manifest["budget_bytes"],
         "state_bytes": manifest["state_bytes"], "predicted_peak_bytes": manifest["predicted_peak_bytes"],
         "predicted_paged_bytes_per_step": manifest["paged_bytes_per_step"], "max_abs_err": None,
-        "max_rel_err": None, "instructions_per_step": None,
+        "max_rel_err": None, "instructions_per_step": None, "waited_for_pid": waited_for,
     }
     if qemu:
         result.update(elf_size(program))
     if p.returncode not in (0, 3):
         meaning = {1: "the MCU faulted (HardFault/BusFault/...)", 2: "the driver could not read data.bin or "
                    "write its results"}.get(p.returncode, "unexpected exit code")
+        result["error_kind"] = "FirmwareFault"
         result["error"] = f"the firmware exited with {p.returncode} ({where}): {meaning}. {(p.stdout + p.stderr)[-500:]}"
         return result
-    r = read_result(work, manifest)
     done = r["steps_done"]
     result.update(steps_done=done, losses=r["losses"], status=STATUS.get(r["status"], str(r["status"])),
                   paged_bytes=r["paged_out"] + r["paged_in"],
@@ -179,9 +240,11 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
         result.update(instructions=instr, instructions_per_step=sum(instr) / len(instr))
     if r["status"] != 0:
         result["ok"] = False
+        result["error_kind"] = "FirmwareStatus"
         result["error"] = (f"training step {done} stopped with {result['status']} ({r['status']})"
                            + (": a page failed its CRC check at page-in; the step never used it"
-                              if r["status"] == -4 else ""))
+                              if r["status"] == -4 else "")
+                           + (f": page file {missing} is missing from the medium" if missing else ""))
         return result
     if check:
         model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
@@ -194,6 +257,7 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                       predict_max_abs_err=logit_err)
         if bad:
             result["ok"] = False
+            result["error_kind"] = "CheckMismatch"
             result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}: "
                                f"{', '.join(bad[:5])} (max abs err {max_abs:.3g}, max rel err {max_rel:.3g})")
     return result

@@ -8,12 +8,13 @@ from pathlib import Path
 from types import ModuleType
 
 from .executor import PlanError, Runtime
+from .integrity import IntegrityError, WeightsError, verify_folder
 from .ledger import Ledger, LedgerError
 from .optim import OPTIMIZERS, Optimizer
 from .storage import FileStore, PageStoreError
 
 __all__ = ["Ledger", "LedgerError", "FileStore", "PageStoreError", "PlanError", "Runtime", "OPTIMIZERS", "Optimizer",
-           "load_plan", "runtime_for"]
+           "load_plan", "runtime_for", "IntegrityError", "WeightsError", "verify_folder"]
 
 PLAN_KEYS = ("weights", "optimizer", "seed")
 
@@ -25,6 +26,8 @@ def load_plan(plan_dir) -> ModuleType:
     path = plan_dir / "plan.py"
     if not path.is_file():
         raise FileNotFoundError(f"no plan.py in {plan_dir}")
+    # plan.py is code: it runs only if every generated file is the one compile wrote.
+    outputs = verify_folder(plan_dir) if (plan_dir / "schedule.json").exists() else None
     tag = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(f"edgetrain_plan_{tag}", path)
     module = importlib.util.module_from_spec(spec)
@@ -39,6 +42,7 @@ def load_plan(plan_dir) -> ModuleType:
     if missing:
         raise PlanError(f"{path}: PLAN lacks {', '.join(missing)}")
     module.PLAN_DIR = plan_dir
+    module.OUTPUTS = outputs
     return module
 
 
@@ -46,5 +50,12 @@ def runtime_for(plan: ModuleType, storage_dir=None, device=None) -> Runtime:
     """A Runtime set up as a loaded plan says: weights relative to the plan's folder, its optimizer and seed."""
     p, plan_dir = plan.PLAN, Path(plan.PLAN_DIR)
     opt = p["optimizer"]
+    outputs = getattr(plan, "OUTPUTS", None)
     return Runtime(plan_dir / p["weights"], storage_dir if storage_dir is not None else plan_dir / "pages",
-                   device=device, optimizer=opt, trainable=p.get("trainable"), seed=p["seed"])
+                   device=device, optimizer=opt, trainable=p.get("trainable"), seed=p["seed"],
+                   expected_tensors=outputs["tensors"] if outputs else None)
+
+
+from .device_api import Trainer  # noqa: E402  (it builds on load_plan and runtime_for above)
+
+__all__.append("Trainer")

@@ -12,9 +12,9 @@ import warnings
 from os import PathLike
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor
 
+from .integrity import read_weights
 from . import aten_call
 from .ledger import Ledger
 from .optim import Optimizer
@@ -38,7 +38,8 @@ def _storage_ptr(t: Tensor) -> int:
 class Runtime:
     def __init__(self, weights_file: str | PathLike, storage_dir: str | PathLike, *, device=None,
                  optimizer: dict | None = None, trainable=None, lr: float | None = None,
-                 momentum: float | None = None, weight_decay: float | None = None, seed: int = 0) -> None:
+                 momentum: float | None = None, weight_decay: float | None = None, seed: int = 0,
+                 expected_tensors: dict | None = None) -> None:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -54,7 +55,8 @@ class Runtime:
         self._params: dict[str, Tensor] = {}
         self._buffers: dict[str, Tensor] = {}
         self._momentum: dict[str, Tensor] = {}
-        for key, t in load_file(str(weights_file), device="cpu").items():
+        # Weights are bound to the schedule: names, shapes and dtypes as compiled, or a clear error.
+        for key, t in read_weights(weights_file, expected_tensors).items():
             kind, _, name = key.partition("/")
             if kind not in ("param", "buffer") or not name:
                 raise ValueError(f"{weights_file}: unexpected key '{key}' (want param/<name> or buffer/<name>)")

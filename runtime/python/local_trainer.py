@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .activation_cache import ActivationCache, CacheWriter
+from .integrity import file_sha256
 from .local_layers import build
 from .local_memory import step_bytes
 
@@ -109,6 +110,26 @@ def _load_state(tensors: dict[str, torch.Tensor], layers, heads, opts, device) -
                     opt.state[p]["momentum_buffer"] = buf.to(device).clone()
 
 
+class TrainingStateError(RuntimeError):
+    """A working folder cannot be resumed: another run's, or its checkpoint is missing or corrupt."""
+
+
+def _read_checkpoint(workdir: str, prog: dict) -> dict[str, torch.Tensor]:
+    """The checkpoint progress.json names, refused unless its bytes are the ones written (sha256)."""
+    path = os.path.join(workdir, prog["state"]) if prog.get("state") else None
+    way_out = (f"delete {workdir} (or give another --work) to start this run over; the checkpoint cannot be "
+               "trusted")
+    if path is None:
+        raise TrainingStateError(f"{workdir}/{PROGRESS} names no checkpoint; {way_out}")
+    if not os.path.isfile(path):
+        raise TrainingStateError(f"checkpoint {path} is missing; {way_out}")
+    expected = prog.get("state_sha256")
+    if expected is None or file_sha256(path) != expected:
+        raise TrainingStateError(f"checkpoint {path} is corrupt (its sha256 is not the one recorded when it was "
+                                 f"written); {way_out}")
+    return load_file(path)
+
+
 def _save_state(workdir: str, name: str, tensors: dict) -> None:
     tmp = os.path.join(workdir, name + ".tmp")
     save_file(tensors, tmp)
@@ -154,9 +175,9 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
         with open(prog_path) as f:
             prog = json.load(f)
         if prog["tag"] != tag:
-            raise RuntimeError(f"{workdir} holds a run of another plan or settings ({prog['tag']} vs {tag}); "
-                               "use another working folder or delete this one")
-        _load_state(load_file(os.path.join(workdir, prog["state"])), layers, heads, opts, dev)
+            raise TrainingStateError(f"{workdir} holds a run of another plan or settings ({prog['tag']} vs "
+                                     f"{tag}); use another working folder or delete this one")
+        _load_state(_read_checkpoint(workdir, prog), layers, heads, opts, dev)
     else:
         _load_state(initial if initial is not None else load_file(plan["weights_path"]), layers, heads, opts, dev)
         prog = {"tag": tag, "block": 0, "epoch": 0, "state": None, "wall_s": 0.0, "blocks": [], "timeline": [],
@@ -204,6 +225,7 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
                     progress(f"block {b} epoch {epoch + 1}/{epochs}", min(start + batch, n), n)
             name = f"state_b{b}_e{epoch + 1}.safetensors"
             _save_state(workdir, name, _state(layers, heads, opts))
+            prog["state_sha256"] = file_sha256(os.path.join(workdir, name))  # verified on resume
             prog["wall_s"] += time.perf_counter() - t0  # the checkpoint is part of the method's cost
             old, prog["state"], prog["epoch"] = prog["state"], name, epoch + 1
             val = None

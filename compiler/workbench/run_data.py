@@ -1,0 +1,213 @@
+"""What `edgetrain run --data SOURCE` trains on: a seeded stream of batches shaped as the plan was compiled.
+
+SOURCE is `random`, `fashion-mnist`, `digits`, a `.npz` or `.safetensors` file holding `x` and `y`, or a
+folder of images with one sub-folder per class (sorted names are the class ids). The stream is a pure
+function of (source, seed, global step): batch k of epoch e is taken from a permutation seeded by (seed, e),
+so a run resumed at step k sees exactly the batches an uninterrupted run would have.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from edgetrain.compiler.errors import EdgetrainError
+
+from .data import adapt_images, digits, fashion_mnist_batches, random_batches  # noqa: F401 (random_batches)
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".pgm", ".ppm")
+NAMED = ("random", "fashion-mnist", "digits")
+
+
+def zipfile_error() -> type:
+    import zipfile
+
+    return zipfile.BadZipFile
+
+
+class DataError(EdgetrainError):
+    """The data does not fit the compiled model (shape, dtype, classes) or cannot be read."""
+
+
+@dataclass
+class Dataset:
+    """N examples; `take(idx)` returns the batch of those indices, shaped and typed for the plan."""
+    name: str
+    n: int
+    take: Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _plan_facts(body: dict) -> tuple[list[int], int, str]:
+    shape = body["graph"]["input_shape"]
+    return list(shape), int(body["model"]["num_classes"] or 0), body["graph"].get("input_dtype", "float32")
+
+
+def _check_labels(y: np.ndarray, num_classes: int, source: str) -> np.ndarray:
+    if y.ndim != 1:
+        raise DataError(f"{source}: y must be one class id per example (shape (N,)), got shape {list(y.shape)}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"{source}: y must hold integer class ids, got {y.dtype}")
+    if len(y) and (y.min() < 0 or y.max() >= num_classes):
+        raise DataError(f"{source}: class ids run from {int(y.min())} to {int(y.max())}, but the compiled model "
+                        f"has {num_classes} classes (0..{num_classes - 1}); recompile it for "
+                        f"{int(y.max()) + 1} classes or relabel the data")
+    return y.astype(np.int64)
+
+
+def _arrays(x: np.ndarray, y: np.ndarray, body: dict, source: str) -> Dataset:
+    shape, num_classes, in_dtype = _plan_facts(body)
+    per_example = shape[1:]
+    if in_dtype != "float32":
+        if not np.issubdtype(x.dtype, np.integer):
+            raise DataError(f"{source}: this model takes token ids; x must be integers, got {x.dtype}")
+    elif x.dtype == np.uint8:
+        x = x.astype(np.float32) / 255.0
+    elif not np.issubdtype(x.dtype, np.floating):
+        raise DataError(f"{source}: x must be float (or uint8 images), got {x.dtype}")
+    if in_dtype == "float32" and list(x.shape[1:]) == per_example[1:] and per_example[0] == 1:
+        x = x[:, None]  # (N, H, W) greyscale for a one-channel model
+    if list(x.shape[1:]) != per_example:
+        raise DataError(f"{source}: x has examples of shape {list(x.shape[1:])}, the model was compiled for "
+                        f"{per_example} (x must be (N, {', '.join(map(str, per_example))}))")
+    if len(x) != len(y):
+        raise DataError(f"{source}: x has {len(x)} examples but y has {len(y)} labels")
+    y = _check_labels(y, num_classes, source)
+    if len(x) < shape[0]:
+        raise DataError(f"{source}: {len(x)} examples, fewer than one batch of {shape[0]}")
+    xt = torch.from_numpy(np.ascontiguousarray(x.astype(np.float32 if in_dtype == "float32" else np.int64)))
+    yt = torch.from_numpy(y)
+    return Dataset(source, len(x), lambda idx: (xt[idx].clone(), yt[idx].clone()))
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a .npz (a zip of .npy files), read without unpickling: object arrays are refused."""
+    import zipfile
+
+    out = {}
+    with zipfile.ZipFile(path) as z:
+        for member in z.namelist():
+            if member.endswith(".npy"):
+                with z.open(member) as f:
+                    out[member[:-4]] = np.lib.format.read_array(f)  # its default refuses pickled objects
+    return out
+
+
+def _file(path: Path, body: dict) -> Dataset:
+    try:
+        if path.suffix == ".npz":
+            arrays = _read_npz(path)
+        else:
+            from safetensors.numpy import load_file
+
+            arrays = load_file(str(path))
+    except (OSError, ValueError, zipfile_error()) as e:
+        raise DataError(f"{path}: cannot read it ({e}); write x and y with numpy.savez or safetensors") from None
+    except Exception as e:  # safetensors' own error for a damaged header
+        raise DataError(f"{path}: cannot read it ({e})") from None
+    missing = [k for k in ("x", "y") if k not in arrays]
+    if missing:
+        raise DataError(f"{path} holds {sorted(arrays)}; it needs arrays named x (inputs) and y (class ids)")
+    return _arrays(arrays["x"], arrays["y"], body, str(path))
+
+
+def _image_folder(folder: Path, body: dict) -> Dataset:
+    from PIL import Image, UnidentifiedImageError
+
+    shape, num_classes, in_dtype = _plan_facts(body)
+    if in_dtype != "float32" or len(shape) != 4 or shape[1] not in (1, 3):
+        raise DataError(f"{folder}: an image folder needs a model taking images (C, H, W with C 1 or 3), "
+                        f"not {shape[1:]}")
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    if not classes:
+        raise DataError(f"{folder} has no sub-folders: put each class's images in a sub-folder of its own")
+    if len(classes) > num_classes:
+        raise DataError(f"{folder} has {len(classes)} class folders, the compiled model has {num_classes} "
+                        "classes; recompile it with as many classes")
+    c, h, w = shape[1:]
+    xs, ys = [], []
+    for label, name in enumerate(classes):
+        for f in sorted((folder / name).iterdir()):
+            if f.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            try:
+                with Image.open(f) as im:
+                    im = im.convert("L" if c == 1 else "RGB").resize((w, h), Image.BILINEAR)
+                    a = np.asarray(im, dtype=np.uint8)
+            except (UnidentifiedImageError, OSError) as e:
+                raise DataError(f"{f}: not a readable image ({e})") from None
+            xs.append(a[None] if c == 1 else a.transpose(2, 0, 1))
+            ys.append(label)
+    if not xs:
+        raise DataError(f"{folder}: no images ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
+    return _arrays(np.stack(xs), np.asarray(ys, dtype=np.int64), body, str(folder))
+
+
+def _fashion(body: dict) -> Dataset:
+    from .data import _load_split, FASHION_MNIST_DIR
+
+    shape, _, _ = _plan_facts(body)
+    images, labels = _load_split("train", FASHION_MNIST_DIR)
+    c, h, w = shape[1:]
+
+    def take(idx):
+        x = adapt_images(torch.from_numpy(images[idx]).unsqueeze(1), channels=c, size=(h, w))
+        return x, torch.from_numpy(labels[idx].astype(np.int64))
+
+    return Dataset("fashion-mnist", len(labels), take)
+
+
+def _digits(body: dict) -> Dataset:
+    shape, _, _ = _plan_facts(body)
+    x, y = digits("train", resize_to=tuple(shape[2:]), channels=shape[1])
+    return Dataset("digits", len(y), lambda idx: (x[idx].clone(), y[idx].clone()))
+
+
+def open_source(source: str, body: dict) -> Dataset | None:
+    """The dataset SOURCE names (None for `random`); clear errors for anything that does not fit the plan."""
+    if source == "random":
+        return None
+    _, _, in_dtype = _plan_facts(body)
+    if source in ("fashion-mnist", "digits"):
+        if in_dtype != "float32":
+            raise DataError(f"--data {source} holds images; this model takes token ids: use --data random or "
+                            "a file of your own")
+        if body["model"]["loss"] == "mse":
+            raise DataError(f"--data {source} has class labels; this model was compiled for an MSE loss")
+        return _fashion(body) if source == "fashion-mnist" else _digits(body)
+    path = Path(source)
+    if path.is_dir():
+        return _image_folder(path, body)
+    if path.suffix in (".npz", ".safetensors"):
+        if not path.is_file():
+            raise DataError(f"--data {source}: no such file")
+        return _file(path, body)
+    raise DataError(f"--data {source!r}: use random, fashion-mnist, digits, a .npz or .safetensors file with x "
+                    "and y, or a folder with one sub-folder of images per class")
+
+
+def steps_per_epoch(ds: Dataset, batch: int) -> int:
+    return ds.n // batch  # a batch never straddles two epochs; the last partial batch is dropped
+
+
+def dataset_batches(ds: Dataset, batch: int, start: int, count: int, seed: int) -> list:
+    """Batches for global steps start .. start+count-1 of the seeded stream."""
+    per = steps_per_epoch(ds, batch)
+    out, perm_epoch, perm = [], None, None
+    for k in range(start, start + count):
+        epoch, pos = divmod(k, per)
+        if epoch != perm_epoch:
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            perm, perm_epoch = torch.randperm(ds.n, generator=gen).numpy(), epoch
+        out.append(ds.take(perm[pos * batch:(pos + 1) * batch]))
+    return out
+
+
+def epochs_to_steps(ds: Dataset | None, batch: int, epochs: int) -> int:
+    if ds is None:
+        raise DataError("--epochs needs a dataset (random data has no epochs): use --steps, or --data with "
+                        "fashion-mnist, digits, a file or an image folder")
+    return max(1, math.ceil(epochs * steps_per_epoch(ds, batch)))

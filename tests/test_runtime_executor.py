@@ -1,4 +1,5 @@
-"""The executor running hand-written plans, against torch autograd + torch.optim.SGD on the same weights."""
+"""The executor running a hand-written plan of aten ops, against torch autograd + torch.optim.SGD on the same
+weights."""
 from __future__ import annotations
 
 import warnings
@@ -9,45 +10,77 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from edgetrain.runtime.python import (Ledger, LedgerError, PageStoreError, PlanError, Runtime, dropout_apply, dropout_mask, load_plan, runtime_for)
+from edgetrain.runtime.python import Ledger, LedgerError, PageStoreError, PlanError, Runtime, load_plan, runtime_for
 from edgetrain.runtime.python.storage import FileStore
 
 B, D, H, C = 4, 6, 5, 3
 LR, MOM, WD = 0.1, 0.9, 5e-4
 
 
+ADDMM, MM, RELU, SUM = "aten.addmm.default", "aten.mm.default", "aten.relu.default", "aten.sum.dim_IntList"
+TR = [["aten.t.default", []]]
+
+
+def T(k: int) -> dict:
+    return {"$t": k}
+
+
+def P(name: str, view=None) -> dict:
+    return {"$p": name, **({"view": view} if view else {})}
+
+
+def linear(layer: str) -> dict:
+    return {"args": [P(f"{layer}.bias"), T(0), P(f"{layer}.weight", TR)]}
+
+
+def linear_backward(layer: str, needs_input_grad: bool) -> tuple[list, dict]:
+    """Operands (grad, its transpose, the layer's input) and attrs: the input gradient first (it reads the
+    weight before the update), then the weight and bias gradients, each applied at once."""
+    then = [{"op": MM, "args": [T(1), T(2)], "keep": "none", "updates": [{"item": None, "param": f"{layer}.weight"}]},
+            {"op": SUM, "args": [T(0), [0]], "keep": "none", "updates": [{"item": None, "param": f"{layer}.bias"}]}]
+    if needs_input_grad:
+        return {"args": [T(0), P(f"{layer}.weight")], "then": then}
+    return {**then[0], "then": then[1:]}
+
+
 def mlp_train_step(rt, hook=None):
-    """input, fc1, relu1, fc2, labels, loss, loss_bwd, fc2_bwd, relu1_bwd, fc1_bwd; relu1 is recomputed and
-    the input is paged out after fc1 and back in for fc1's weight gradient."""
-    fc1 = {"bias": True}
+    """input, fc1, relu1, fc2, log-softmax, labels, nll loss, then the backward: relu1 is recomputed and the
+    input is paged out after fc1 and back in for fc1's weight gradient."""
     rt.load_input()
-    rt.compute("fc1", "linear", ["input"], params=["fc1.weight", "fc1.bias"], attrs=fc1)
+    rt.compute("fc1", ADDMM, ["input"], params=["fc1.weight", "fc1.bias"], attrs=linear("fc1"))
     rt.page_out("input")
     rt.free("input")
-    rt.compute("relu1", "relu", ["fc1"])
-    rt.compute("fc2", "linear", ["relu1"], params=["fc2.weight", "fc2.bias"], attrs=fc1)
+    rt.compute("relu1", RELU, ["fc1"], attrs={"args": [T(0)]})
+    rt.compute("fc2", ADDMM, ["relu1"], params=["fc2.weight", "fc2.bias"], attrs=linear("fc2"))
     rt.free("relu1")
+    rt.compute("logp", "aten._log_softmax.default", ["fc2"], attrs={"args": [T(0), 1, False]})
+    rt.free("fc2")
     rt.load_labels()
-    rt.compute("loss", "cross_entropy", ["fc2", "labels"])
-    rt.compute("loss_bwd", "cross_entropy_bwd", ["fc2", "labels"], attrs={"input_shape": [B, C],
-                                                                        "needs_input_grad": True})
-    for t in ("loss", "fc2", "labels"):
+    rt.compute("loss", "aten.nll_loss_forward.default", ["logp", "labels"],
+               attrs={"args": [T(0), T(1), None, 1, -100], "keep": [0, 1], "loss_item": 0})
+    loss, total = ({"t": "loss", "view": [["item", k]]} for k in (0, 1))
+    rt.compute("ones", "aten.ones_like.default", [loss], attrs={"args": [T(0)]})
+    rt.compute("g_logp", "aten.nll_loss_backward.default", ["ones", "logp", "labels", total],
+               attrs={"args": [T(0), T(1), T(2), None, 1, -100, T(3)]})
+    for t in ("ones", "loss", "labels"):
         rt.free(t)
-    rt.recompute("relu1", "relu", ["fc1"])
+    rt.compute("g_fc2", "aten._log_softmax_backward_data.default", ["g_logp", "logp"],
+               attrs={"args": [T(0), T(1), 1, {"$dtype": "float32"}]})
+    for t in ("g_logp", "logp"):
+        rt.free(t)
+    rt.recompute("relu1", RELU, ["fc1"], attrs={"args": [T(0)]})
     rt.free("fc1")
-    rt.compute("fc2_bwd", "linear_bwd", ["loss_bwd", "relu1"], params=["fc2.weight", "fc2.bias"],
-               attrs={"bias": True, "input_shape": [B, H], "needs_input_grad": True})
-    rt.free("loss_bwd")
-    rt.compute("relu1_bwd", "relu_bwd", ["fc2_bwd", "relu1"], attrs={"input_shape": [B, H],
-                                                                   "needs_input_grad": True})
-    rt.free("fc2_bwd")
+    rt.compute("g_relu1", MM, ["g_fc2", {"t": "g_fc2", "view": TR}, "relu1"], params=["fc2.weight"],
+               attrs=linear_backward("fc2", True))
+    rt.free("g_fc2")
+    rt.compute("g_fc1", "aten.threshold_backward.default", ["g_relu1", "relu1"], attrs={"args": [T(0), T(1), 0]})
+    rt.free("g_relu1")
     rt.free("relu1")
     if hook:
         hook(rt)
     rt.page_in("input")
-    rt.compute("fc1_bwd", "linear_bwd", ["relu1_bwd", "input"], params=["fc1.weight", "fc1.bias"],
-               attrs={"bias": True, "input_shape": [B, D], "needs_input_grad": False})
-    rt.free("relu1_bwd")
+    rt.compute("fc1_bwd", MM, ["g_fc1", {"t": "g_fc1", "view": TR}, "input"], attrs=linear_backward("fc1", False))
+    rt.free("g_fc1")
     rt.free("input")
 
 
@@ -112,10 +145,10 @@ def test_mlp_ledger_peak_by_hand(mlp_rt):
         mlp_train_step(rt)
         rt.end_step()
         assert rt.ledger.live_bytes == state
-    # The peak is fc1_bwd: state + paged-in input + relu1_bwd + fc1's weight and bias gradients (transient).
-    # (fc2_bwd reaches state + relu1 + loss_bwd + fc2_bwd + fc2's grads = 424 + 80 + 48 + 80 + 72 = 704.)
-    assert rt.ledger.peak_bytes == state + B * D * f + B * H * f + (H * D + H) * f == 740
-    assert rt.ledger.peak_at == "fc1_bwd (grads+scratch)"
+    # The peak is fc1_bwd: state + paged-in input + g_fc1 + fc1's weight gradient (transient: applied at once,
+    # before the bias gradient is made). (g_relu1 reaches 424 + g_fc2 48 + relu1 80 + g_relu1 80 + 60 = 692.)
+    assert rt.ledger.peak_bytes == state + B * D * f + B * H * f + H * D * f == 720
+    assert rt.ledger.peak_at == "fc1_bwd (dropped outputs)"
     assert rt.paged_bytes == 2 * 2 * B * D * f  # out and in, each step
     assert rt.cuda_max_memory_allocated is None
 
@@ -161,22 +194,25 @@ def test_plan_errors_name_tensor_and_step(mlp_rt):
         rt.load_input()
     rt.begin_step(x, y)
     rt.load_input()
-    rt.compute("fc1", "linear", ["input"], params=["fc1.weight", "fc1.bias"], attrs={"bias": True})
+    rt.compute("fc1", ADDMM, ["input"], params=["fc1.weight", "fc1.bias"], attrs=linear("fc1"))
     rt.free("input")
+    relu = {"args": [T(0)]}
     with pytest.raises(PlanError, match=r"step 0, op #4 compute 'relu0'.*'input' is not resident \(freed at op #3\)"):
-        rt.compute("relu0", "relu", ["input"])
+        rt.compute("relu0", RELU, ["input"], attrs=relu)
     with pytest.raises(PlanError, match="'nope' is not resident.*never computed"):
-        rt.compute("relu1", "relu", ["nope"])
+        rt.compute("relu1", RELU, ["nope"], attrs=relu)
     with pytest.raises(PlanError, match="'fc1' is already resident"):
-        rt.compute("fc1", "linear", ["fc1"], params=["fc1.weight", "fc1.bias"], attrs={"bias": True})
+        rt.compute("fc1", ADDMM, ["fc1"], params=["fc1.weight", "fc1.bias"], attrs=linear("fc1"))
     with pytest.raises(PlanError, match="'input' was not paged out"):
         rt.page_in("input")
-    with pytest.raises(PlanError, match="no kernel named 'silu'"):
+    with pytest.raises(PlanError, match="'silu' is not an aten op"):
         rt.compute("g", "silu", ["fc1"])
-    with pytest.raises(PlanError, match="unknown parameter 'fc9.weight'"):
-        rt.compute("h", "linear", ["fc1"], params=["fc9.weight"], attrs={"bias": False})
+    with pytest.raises(PlanError, match="no aten op named 'aten.nosuchop.default'"):
+        rt.compute("g", "aten.nosuchop.default", ["fc1"], attrs=relu)
+    with pytest.raises(PlanError, match="unknown .*'fc9.bias'"):
+        rt.compute("h", ADDMM, ["fc1"], attrs={"args": [P("fc9.bias"), T(0), P("fc9.weight", TR)]})
     with pytest.raises(PlanError, match="'fc1.aux' is not resident"):
-        rt.compute("h", "relu", ["fc1"], aux_of="fc1")
+        rt.compute("h", RELU, ["fc1"], attrs=relu, aux_of="fc1")
     with pytest.warns(RuntimeWarning, match="left 1 tensors resident: fc1"):
         rt.end_step()
     assert rt.leftovers == ["fc1"] and rt.step == 1
@@ -188,8 +224,8 @@ def test_views_cost_nothing(mlp_rt):
     rt.begin_step(x, y)
     rt.load_input()
     live = rt.ledger.live_bytes
-    rt.compute("r", "relu", [{"t": "input", "view": [["reshape", [2, 2, D]], ["narrow", 1, 1, 1],
-                                                     ["reshape", [2, D]]]}])
+    rt.compute("r", RELU, [{"t": "input", "view": [["aten.view.default", [[2, 2, D]]],
+                                                   ["aten.select.int", [1, 1]]]}], attrs={"args": [T(0)]})
     assert rt.ledger.live_bytes == live + 2 * D * 4
     assert torch.equal(rt.tensor("r"), F.relu(x.view(2, 2, D)[:, 1]))
     for t in ("r", "input"):
@@ -210,104 +246,6 @@ def test_ledger_rules():
     assert led.release("a") == 10 and led.live_bytes == 0
 
 
-class ConvNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(4)
-        self.fc = nn.Linear(4 * 3 * 3, C)
-
-    def forward(self, x, mask, p):
-        z = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2, ceil_mode=True)
-        return self.fc(dropout_apply(z, mask, p).flatten(1))
-
-
-CONV = {"kernel_size": [3, 3], "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1,
-        "bias": False}
-POOL = {"kernel_size": [2, 2], "stride": [2, 2], "padding": [0, 0], "dilation": [1, 1], "ceil_mode": True}
-P = 0.25
-
-
-def convnet_step(rt):
-    """conv, bn, relu, maxpool (argmax + gather), dropout, linear, cross-entropy; bn, relu, gather and
-    dropout are recomputed in backward (bn twice: the running stats must move once)."""
-    xs, bs = [2, 3, 5, 5], [2, 4, 5, 5]
-    bn = dict(params=["bn.weight", "bn.bias"], buffers=["bn.running_mean", "bn.running_var",
-                                                       "bn.num_batches_tracked"], attrs={"eps": 1e-5, "momentum": 0.1})
-    drop = {"p": P, "seed_id": 1}
-    flat = {"t": "drop", "view": [["reshape", [2, 36]]]}
-    rt.load_input()
-    rt.compute("conv", "conv2d", ["input"], params=["conv.weight"], attrs=CONV)
-    rt.compute("bn", "batch_norm", ["conv"], **bn)
-    rt.compute("relu", "relu", ["bn"])
-    rt.free("bn")
-    rt.compute("idx", "maxpool_argmax", ["relu"], attrs=POOL)
-    rt.compute("pool", "maxpool_gather", ["relu", "idx"])
-    rt.free("relu")
-    rt.compute("drop", "dropout", ["pool"], attrs=drop)
-    rt.free("pool")
-    rt.compute("fc", "linear", [flat], params=["fc.weight", "fc.bias"], attrs={"bias": True})
-    rt.free("drop")
-    rt.load_labels()
-    rt.compute("loss", "cross_entropy", ["fc", "labels"])
-    rt.compute("g_fc", "cross_entropy_bwd", ["fc", "labels"], attrs={"input_shape": [2, C]})
-    for t in ("loss", "fc", "labels"):
-        rt.free(t)
-    rt.recompute("bn", "batch_norm", ["conv"], **bn)  # recompute the chain up to drop
-    rt.recompute("relu", "relu", ["bn"])
-    rt.free("bn")
-    rt.recompute("pool", "maxpool_gather", ["relu", "idx"])
-    rt.recompute("drop", "dropout", ["pool"], attrs=drop)
-    rt.free("pool")
-    rt.compute("g_drop", "linear_bwd", ["g_fc", flat], params=["fc.weight", "fc.bias"],
-               attrs={"bias": True, "input_shape": [2, 36], "needs_input_grad": True})
-    for t in ("g_fc", "drop"):
-        rt.free(t)
-    rt.compute("g_pool", "dropout_bwd", [{"t": "g_drop", "view": [["reshape", [2, 4, 3, 3]]]}],
-               attrs={**drop, "input_shape": [2, 4, 3, 3]})
-    rt.free("g_drop")
-    rt.compute("g_relu", "maxpool_bwd", ["g_pool", "idx"], attrs={**POOL, "input_shape": bs})
-    for t in ("g_pool", "idx"):
-        rt.free(t)
-    rt.compute("g_bn", "relu_bwd", ["g_relu", "relu"], attrs={"input_shape": bs})
-    for t in ("g_relu", "relu"):
-        rt.free(t)
-    rt.compute("g_conv", "batch_norm_bwd", ["g_bn", "conv"], params=bn["params"], aux_of="bn",
-               attrs={**bn["attrs"], "input_shape": bs, "needs_input_grad": True})
-    for t in ("g_bn", "conv", "bn.aux"):
-        rt.free(t)
-    rt.compute("g_x", "conv2d_bwd", ["g_conv", "input"], params=["conv.weight"],
-               attrs={**CONV, "input_shape": xs, "needs_input_grad": False})
-    for t in ("g_conv", "input"):
-        rt.free(t)
-
-
-def test_convnet_plan_with_bn_dropout_maxpool_recompute(tmp_path):
-    torch.manual_seed(3)
-    model = ConvNet().train()
-    rt = Runtime(save_weights(model, tmp_path / "w.safetensors"), tmp_path / "pages", device="cpu",
-                 lr=LR, momentum=MOM, weight_decay=WD, seed=9)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOM, weight_decay=WD, foreach=False)
-    g = torch.Generator().manual_seed(2)
-    for step in range(3):
-        x = torch.randn(2, 3, 5, 5, generator=g).round()  # rounded: ties in max-pool windows
-        y = torch.randint(0, C, (2,), generator=g)
-        opt.zero_grad()
-        mask = dropout_mask((2, 4, 3, 3), P, seed=9, step=step, seed_id=1, device="cpu")
-        ref = F.cross_entropy(model(x, mask, P), y)
-        ref.backward()
-        opt.step()
-        rt.begin_step(x, y)
-        convnet_step(rt)
-        assert rt.end_step() == ref.item()
-        assert rt.leftovers == []
-        for k, p in model.named_parameters():
-            assert torch.equal(rt.params[k], p.detach()), (step, k)
-        for k, b in model.named_buffers():
-            assert torch.equal(rt.buffers[k], b), (step, k)
-    assert rt.buffers["bn.num_batches_tracked"].item() == 3
-
-
 def test_load_plan(tmp_path):
     model = make_mlp()
     save_weights(model, tmp_path / "weights.safetensors", MLP_NAMES)
@@ -316,7 +254,8 @@ def test_load_plan(tmp_path):
         "'weight_decay': 0.0005}, 'seed': 0}\n"
         "def train_step(rt):\n"
         "    rt.load_input()\n"
-        "    rt.compute('fc1', 'linear', ['input'], params=['fc1.weight', 'fc1.bias'], attrs={'bias': True})\n"
+        "    rt.compute('fc1', 'aten.addmm.default', ['input'], attrs={'args': [{'$p': 'fc1.bias'}, {'$t': 0}, "
+        "{'$p': 'fc1.weight', 'view': [['aten.t.default', []]]}]})\n"
         "    rt.free('input')\n    rt.free('fc1')\n")
     plan = load_plan(tmp_path)
     rt = runtime_for(plan, storage_dir=tmp_path / "pages", device="cpu")

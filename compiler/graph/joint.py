@@ -315,7 +315,8 @@ def _state_names(op: _Op, key: str) -> list[str]:
 
 def _flops(op: _Op, outs: list) -> int:
     target = op.fx.target
-    if target in flop_registry:
+    formula = flop_registry.get(getattr(target, "overloadpacket", target))
+    if formula is not None:
         def val(a):
             return a.meta.get("val") if isinstance(a, fx.Node) else [val(x) for x in a] if isinstance(a, (list, tuple)) else a
 
@@ -323,7 +324,7 @@ def _flops(op: _Op, outs: list) -> int:
             args = [val(a) for a in op.fx.args]
             kwargs = {k: val(v) for k, v in op.fx.kwargs.items()}
             out = op.fx.meta.get("val")
-            return int(flop_registry[target](*args, out_val=out, **kwargs))
+            return int(formula(*args, out_val=out, **kwargs))
         except Exception:  # a formula that does not take this overload's arguments: the generic rule
             pass
     read = sum(_numel(a.meta.get("val")) for a in op.fx.all_input_nodes)

@@ -434,7 +434,8 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
             total = sum(_spec(o).bytes for o in outs if isinstance(o, torch.Tensor))
             aux_bytes = sum(_spec(outs[k]).bytes for k in part["aux"])
             attrs: dict = {"args": args, **({"kwargs": kwargs} if kwargs else {})}
-            attrs["keep"] = keep
+            if keep is not None:  # None: the op's single result (the runtime's default)
+                attrs["keep"] = keep
             if part["aux"]:
                 attrs["aux"] = part["aux"]
             mine = ups if part_i == 0 else []

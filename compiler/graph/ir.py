@@ -308,8 +308,10 @@ class TrainingGraph:
         }
 
     @staticmethod
-    def from_json(d: dict) -> "TrainingGraph":
-        if d.get("format") != GRAPH_FORMAT:
+    def from_json(d: dict, recorded: bool = False) -> "TrainingGraph":
+        """`recorded`: a graph kept beside results made with it (a sweep's graph.json), read to draw them:
+        any format with these fields will do, since nothing is solved or run on it."""
+        if d.get("format") != GRAPH_FORMAT and not recorded:
             raise ValueError(f"training graph of format {d.get('format', 1)}, this edgetrain reads format "
                              f"{GRAPH_FORMAT}: build it again (rerun the sweep or compile)")
         return TrainingGraph(

@@ -352,7 +352,7 @@ def plot_sweep(d: str, solve: str | None = None, memory_steps: bool = False, rep
         with open(os.path.join(d, chosen["solve_file"])) as f:
             sv = json.load(f)
         with open(os.path.join(d, "graph.json")) as f:
-            graph = TrainingGraph.from_json(json.load(f))
+            graph = TrainingGraph.from_json(json.load(f), recorded=True)
         steps = sv["steps"]
         pct = budget_percent(meta, chosen["budget_bytes"])
         title = (f"{chosen['key']}: {meta['model']} on {meta['target']}, budget {chosen['budget']} "

@@ -288,8 +288,10 @@ def run_sweep(opts: SweepOptions, progress=None) -> dict:
     anchor = anchors(graph, lv, target)
     sa, activation_peak, smallest = anchor.store_all, anchor.activation_peak_bytes, anchor.min_feasible_bytes
 
+    from edgetrain.compiler.graph.ir import GRAPH_FORMAT
+
     meta = {"model": resolved.spec, "target": target.name, "batch_size": opts.batch_size, "seed": opts.seed,
-            "input_shape": list(graph.input_shape[1:]), "solver": opts.solver}
+            "input_shape": list(graph.input_shape[1:]), "solver": opts.solver, "graph_format": GRAPH_FORMAT}
     meta_path = os.path.join(opts.out, "sweep.json")
     if os.path.exists(meta_path):
         try:

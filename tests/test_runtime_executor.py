@@ -131,27 +131,63 @@ def test_corrupted_page_file_raises(mlp_rt):
         path.write_bytes(bytes(raw))
 
     rt.begin_step(x, y)
-    with pytest.raises(PageStoreError, match=r"'input'.*checksum mismatch in .*\.safetensors"):
+    with pytest.raises(PageStoreError, match=r"'input'.*checksum mismatch in .*\.page"):
         mlp_train_step(rt, hook=corrupt)
 
 
 def test_page_store_missing_and_damaged_files(tmp_path):
     store = FileStore(tmp_path)
     t = torch.randn(3, 4)
-    with pytest.raises(PageStoreError, match="'a/b.c'.*missing"):
+    with pytest.raises(PageStoreError, match=r"'a/b.c'.*file .*a_b\.c-\w+\.page is missing"):
         store.page_in("a/b.c")
     path = store.page_out("a/b.c", t)
-    assert path.parent == tmp_path and path.suffix == ".safetensors"
+    assert path.parent == tmp_path and path.suffix == ".page"
     assert torch.equal(store.page_in("a/b.c"), t)
     assert store.bytes_out == store.bytes_in == 48
-    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    good = path.read_bytes()
+    path.write_bytes(good[:-3])  # a torn write
+    with pytest.raises(PageStoreError, match="'a/b.c'.*unreadable.*45 data bytes for 48 expected"):
+        store.page_in("a/b.c")
+    path.write_bytes(good + b"\0")
     with pytest.raises(PageStoreError, match="'a/b.c'.*unreadable"):
         store.page_in("a/b.c")
-    store.page_out("other", torch.zeros(2))
+    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(PageStoreError, match="'a/b.c'.*unreadable.*bad magic"):
+        store.page_in("a/b.c")
+    store.page_out("other", torch.zeros(3, 4))
     path.write_bytes(store.path_of("other").read_bytes())  # a valid file holding another tensor
     with pytest.raises(PageStoreError, match="holds 'other'"):
         store.page_in("a/b.c")
     assert b"pickle" not in path.read_bytes()
+
+
+def test_page_store_catches_every_single_bit_flip(tmp_path):
+    """A flipped bit anywhere in a page file (prefix, header or data) is refused, never read as a tensor."""
+    store = FileStore(tmp_path)
+    t = torch.randn(2, 3, 5)
+    path = store.page_out("x", t)
+    good = path.read_bytes()
+    positions = list(range(len(good) - 2 * t.numel() * 4, len(good), 7))  # spread over the data
+    positions += list(range(0, len(good) - t.numel() * 4, 3))  # and over prefix and header
+    for pos in positions:
+        for bit in (0, 5):
+            raw = bytearray(good)
+            raw[pos] ^= 1 << bit
+            path.write_bytes(bytes(raw))
+            with pytest.raises(PageStoreError, match="'x'"):
+                store.page_in("x")
+    path.write_bytes(good)
+    assert torch.equal(store.page_in("x"), t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
+def test_page_store_round_trips_dtypes_and_shapes(tmp_path, dtype):
+    store = FileStore(tmp_path)
+    for shape in [(), (0,), (7,), (2, 3, 4)]:
+        t = (torch.randn(shape) * 100).to(dtype)
+        store.page_out("t", t)
+        back = store.page_in("t")
+        assert back.dtype == dtype and back.shape == t.shape and torch.equal(back, t)
 
 
 def test_plan_errors_name_tensor_and_step(mlp_rt):

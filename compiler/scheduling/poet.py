@@ -2,10 +2,11 @@
 
 Unlike the reference formulation (5T^2 + T|E| binaries over all stages and nodes), variables exist only
 where a choice exists: a decision tensor i has K_i (held from the forward pass into backward) and PO_i
-(written to storage right after its forward compute), and for each backward stage t of its window
-[B0, E_i]: S[t,i] (held entering t; S[B0,i] is K_i), R[t,i] (recomputed at t, only up to the SGD update
-of its own parameters) and P[t,i] (paged in at t, only where something may read it). Memory rows are exact for the step order of
-`steps.build_steps`: the peak of a stage is reached while its node runs, and frees happen at the end.
+(written to storage right after its forward compute; only if some P[t,i] pages it back in), and for each
+backward stage t of its window [B0, E_i]: S[t,i] (held entering t; S[B0,i] is K_i), R[t,i] (recomputed at t,
+only up to the SGD update of its own parameters) and P[t,i] (paged in at t, only where something may read
+it). Memory rows are exact for the step order of `steps.build_steps`: the peak of a stage is reached while
+its node runs, and frees happen at the end.
 
 Energy = sum R*E_comp + PO*E_out + P*E_in (+ the constant energy of computing every node once).
 Deadline: the same with times, paging included.
@@ -136,6 +137,10 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
             if (t, i) in R:
                 for j in lv.inputs_of[i]:
                     m.add_row([(R[t, i], 1.0)] + [(c, -v) for c, v in held(t, j)], hi=0.0)
+    # A page-out is paid for only if something pages the tensor back in: PO_i <= sum_t P[t,i]. The objective
+    # alone forbids useless page-outs only up to the solver's gap, and at a 1e-4 gap large models kept some.
+    for i, po in PO.items():
+        m.add_row([(po, 1.0)] + [(P[t, i], -1.0) for t in range(B0, lv.window_end[i] + 1) if (t, i) in P], hi=0.0)
     # Held at most once: a recompute or page-in of a tensor already held only adds cost and memory, so no
     # optimum has one; saying so cuts those points from the LP relaxation. "needs": where a node reads the
     # tensor, "held >= 1" becomes "== 1" (no extra row); "all": a row at every stage of its window.
@@ -216,4 +221,8 @@ def without_redundant_holds(pm: PoetModel, lv: Liveness, x: np.ndarray) -> np.nd
                         x[j] = 0.0
             elif r is not None and p is not None and x[r] > 0.5:
                 x[p] = 0.0
+        po = pm.PO.get(i)
+        if po is not None and not any(x[j] > 0.5 for t in range(lv.B0, lv.window_end[i] + 1)
+                                      if (j := pm.P.get((t, i))) is not None):
+            x[po] = 0.0  # nothing pages it in any more: its page-out goes too
     return x

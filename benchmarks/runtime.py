@@ -9,8 +9,9 @@ runtime (edgetrain.runtime, pages on local disk) and plain PyTorch (the model as
 torch.optim.SGD with the plan's hyper-parameters) start from the same weights and train on the same random
 batches. Their steps alternate in one process, so both see the same machine load; after --warmup steps of
 each, --steps steps of each are timed, and the row gives both medians and their ratio (runtime / PyTorch).
-torch runs with --threads intra-op threads. Prints a table and writes JSON rows with at least model, budget
-(as given), threads and ratio.
+torch runs with --threads intra-op threads. Rows also carry the schedule's predicted step time (with
+`--target host`, measured on this machine by the profiler: compare it with the runtime's). Prints a table
+and writes JSON rows with at least model, budget (as given), threads and ratio.
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def bench(model: str, budget: str, threads: int, args, work: str) -> dict:
     body = schedule_format.load(out)
     for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
         row[key] = sum(st["action"] == action for st in body["steps"])
+    row["predicted_s"] = body["predicted"]["time_s"]  # the target's figure: a step's time on that device
     opt_cfg = body["graph"]["optimizer"]
     weights = os.path.join(out, "weights.safetensors")
     plan = load_plan(out)
@@ -90,6 +92,7 @@ def bench(model: str, budget: str, threads: int, args, work: str) -> dict:
     row["runtime_s"] = statistics.median(t_rt)
     row["pytorch_s"] = statistics.median(t_pt)
     row["ratio"] = row["runtime_s"] / row["pytorch_s"]
+    row["predicted_over_measured"] = row["predicted_s"] / row["runtime_s"]  # meaningful for --target host
     row["paged_bytes_per_step"] = rt.paged_bytes // (args.warmup + args.steps)
     row["runtime_steps_s"], row["pytorch_steps_s"] = t_rt, t_pt
     return row
@@ -125,15 +128,16 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(rows, f, indent=1)
     t = Table(title=f"runtime step vs plain PyTorch step ({a.target} plans, batch {a.batch_size}, medians of "
                     f"{a.steps} steps after {a.warmup}; load {load[0]:.2f} -> {load_after[0]:.2f})")
-    for col in ("model", "budget", "threads", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio", "paged MB/step"):
+    for col in ("model", "budget", "threads", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio", "paged MB/step",
+                "predicted ms"):
         t.add_column(col, justify="right")
     for r in rows:
         if "ratio" not in r:
-            t.add_row(r["model"], r["budget"], str(r["threads"]), "-", "-", "-", "error", "-")
+            t.add_row(r["model"], r["budget"], str(r["threads"]), "-", "-", "-", "error", "-", "-")
             continue
         t.add_row(r["model"], r["budget"], str(r["threads"]), f"{r['recomputes']}/{r['page_ins']}/{r['page_outs']}",
                   f"{r['runtime_s'] * 1e3:.1f}", f"{r['pytorch_s'] * 1e3:.1f}", f"{r['ratio']:.2f}x",
-                  f"{r['paged_bytes_per_step'] / 1e6:.1f}")
+                  f"{r['paged_bytes_per_step'] / 1e6:.1f}", f"{r['predicted_s'] * 1e3:.1f}")
     Console(width=160).print(t)
     for r in rows:
         if r.get("error"):

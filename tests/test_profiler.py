@@ -47,7 +47,8 @@ def test_a_conv_takes_longer_than_a_relu(small_cnn):
 
 
 def test_it_times_the_runtime_kernels(small_cnn, monkeypatch):
-    """A kernel made 50 ms slower shows up 50 ms slower, and runs once plus `repeats` times per node."""
+    """A kernel made 50 ms slower shows up 50 ms slower, and runs once plus `warmup` (2) plus `repeats` times
+    per node."""
     import time
 
     from edgetrain.runtime.python.kernels import KERNELS
@@ -61,10 +62,10 @@ def test_it_times_the_runtime_kernels(small_cnn, monkeypatch):
         return fast(ctx, inputs, params, attrs)
 
     monkeypatch.setitem(KERNELS, "relu", slow_relu)
-    times = profile_nodes(small_cnn, repeats=3)
+    times = profile_nodes(small_cnn, repeats=3, overhead_s=0.0)  # (the overhead probe runs a relu too)
     relus = [n for n in small_cnn.nodes if n.op == "relu"]
-    assert len(calls) == 4 * len(relus)
-    assert [tuple(n.shape) for n in relus for _ in range(4)] == calls  # real operands of the right shapes
+    assert len(calls) == 6 * len(relus)
+    assert [tuple(n.shape) for n in relus for _ in range(6)] == calls  # real operands of the right shapes
     assert all(times[n.name] >= 0.05 for n in relus)
     assert all(times[n.name] < 0.05 for n in small_cnn.nodes if n.name in times and n.op != "relu")
 
@@ -103,6 +104,37 @@ def test_mse_graph_with_float_labels():
     times = profile_nodes(g, repeats=1)
     assert set(times) == _computed(g)
     assert sorted(g.node(k).op for k in times) == ["linear", "linear_bwd", "mse", "mse_bwd"]
+
+
+def test_minimum_of_repeats_pinned_threads_and_per_step_overhead(small_cnn, monkeypatch):
+    """A node's time is its fastest timed run (a machine busy during some runs does not inflate it), with torch
+    pinned to `threads` while timing (and restored after), plus the runtime's per-step overhead."""
+    import time
+
+    from edgetrain.runtime.python.kernels import KERNELS
+
+    fast, seen, calls = KERNELS["relu"], [], [0]
+
+    def noisy_relu(ctx, inputs, params, attrs):
+        calls[0] += 1
+        seen.append(torch.get_num_threads())
+        time.sleep(0.05 if calls[0] % 2 else 0.01)  # every other run as if the machine were loaded
+        return fast(ctx, inputs, params, attrs)
+
+    monkeypatch.setitem(KERNELS, "relu", noisy_relu)
+    before = torch.get_num_threads()
+    times = profile_nodes(small_cnn, repeats=4, threads=1, overhead_s=0.02)
+    assert torch.get_num_threads() == before and set(seen) == {1}
+    relus = [n.name for n in small_cnn.nodes if n.op == "relu"]
+    assert all(0.03 <= times[r] < 0.045 for r in relus), {r: times[r] for r in relus}  # 10 ms + 20 ms
+    assert all(times[k] >= 0.02 for k in times)  # every node carries the overhead
+
+
+def test_op_overhead_is_measured_and_small():
+    from edgetrain.compiler.graph.profiler import op_overhead_s
+
+    o = op_overhead_s(samples=50)
+    assert 0.0 < o < 0.005  # microseconds of Python bookkeeping, not milliseconds
 
 
 def test_repeats_must_be_positive(small_cnn):

@@ -6,7 +6,13 @@ over header and bytes) is computed once, while paging out, and checked at page-i
 length and the tensor's name: a flipped bit, a truncated or foreign file is refused, never read as data.
 
 Files are written in place, without a temporary file and rename: a page file lives for one training step,
-and a write torn by a crash fails its checksum at the next read instead of passing for a tensor. A tensor
+and a write torn by a crash fails its checksum at the next read instead of passing for a tensor.
+
+Page-outs run on one background writer thread (checksum and write release the GIL), so a write overlaps the
+computation that follows it. The memory model is unchanged: a paged-out tensor stays resident until the
+plan frees it, and `wait(name)` - which the runtime calls before it frees a tensor, and `page_in` and
+`discard` call themselves - returns only once the writer has finished with it and dropped its reference, so
+the bytes are released exactly when the ledger releases them. A failed write raises there. A tensor
 whose memory is a permutation of a dense layout (attention's output) is stored in memory order with the
 permutation, and comes back with its strides: the plan's views of it must stay views.
 """
@@ -18,6 +24,7 @@ import os
 import re
 import struct
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -60,19 +67,37 @@ def _dtype(name: object) -> torch.dtype:
     return dtype
 
 
+def _write(path: Path, head: bytes, box: list[Tensor]) -> int:
+    """Write one page file; returns its CRC-32. Takes the tensor out of `box`, so no reference to it is left
+    anywhere once this returns (the writer thread's work item keeps its arguments a little longer)."""
+    data = _bytes_of(box.pop())
+    crc = zlib.crc32(data, zlib.crc32(head))
+    # Overwritten in place, not truncated first: the previous step's pages of the file are reused.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    with open(fd, "wb", buffering=0) as f:  # unbuffered: the tensor's bytes go to the kernel uncopied
+        f.write(_PREFIX.pack(MAGIC, len(head), crc) + head)
+        f.write(data)
+        f.truncate()
+    return crc
+
+
 class FileStore:
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, *, background: bool = True) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bytes_out = 0
         self.bytes_in = 0
         self._written: dict[str, int] = {}  # name -> CRC-32 of the last page_out by this store
+        self._pending: dict[str, Future] = {}  # name -> its write on the background thread
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-pages") if background else None
 
     def path_of(self, name: str) -> Path:
         return self.dir / f"{safe_file_name(name)}{SUFFIX}"
 
     def page_out(self, name: str, tensor: Tensor) -> Path:
+        """Start writing `tensor` to its page file (on the background writer, unless the store has none)."""
         path = self.path_of(name)
+        self.wait(name)  # a name paged out again is written after its previous write
         t, perm = _memory_order(tensor.detach())
         if t.device.type != "cpu":
             t = t.cpu()
@@ -80,19 +105,31 @@ class FileStore:
         if perm:
             header["permute"] = perm
         head = json.dumps(header, separators=(",", ":")).encode()
-        data = _bytes_of(t)
-        crc = zlib.crc32(data, zlib.crc32(head))
-        # Overwritten in place, not truncated first: the previous step's pages of the file are reused.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        with open(fd, "wb", buffering=0) as f:  # unbuffered: the tensor's bytes go to the kernel uncopied
-            f.write(_PREFIX.pack(MAGIC, len(head), crc) + head)
-            f.write(data)
-            f.truncate()
-        self._written[name] = crc
-        self.bytes_out += data.nbytes
+        self.bytes_out += t.numel() * t.element_size()
+        if self._writer is None:
+            self._written[name] = self._finish(name, lambda: _write(path, head, [t]))
+        else:
+            self._pending[name] = self._writer.submit(_write, path, head, [t])
         return path
 
+    def _finish(self, name: str, write) -> int:
+        """The CRC-32 of a finished write (`write()` runs it, or collects it from the writer)."""
+        try:
+            return write()
+        except OSError as e:
+            raise PageStoreError(f"page-out of '{name}': writing {self.path_of(name)} failed "
+                                 f"({e.strerror or e})") from None
+
+    def wait(self, name: str | None = None) -> None:
+        """Return once the write of `name` (None: of every tensor) is done and holds no reference to it;
+        raise PageStoreError if it failed."""
+        for n in [name] if name is not None else list(self._pending):
+            fut = self._pending.pop(n, None)
+            if fut is not None:
+                self._written[n] = self._finish(n, fut.result)
+
     def page_in(self, name: str, device: torch.device | str = "cpu") -> Tensor:
+        self.wait(name)
         path = self.path_of(name)
         try:
             f = open(path, "rb", buffering=0)
@@ -139,8 +176,12 @@ class FileStore:
 
     def discard(self, name: str) -> None:
         """Forget a paged tensor and delete its file."""
+        try:
+            self.wait(name)
+        except PageStoreError:
+            pass  # its file goes anyway
         self._written.pop(name, None)
         self.path_of(name).unlink(missing_ok=True)
 
     def names(self) -> list[str]:
-        return list(self._written)
+        return list(dict.fromkeys([*self._written, *self._pending]))

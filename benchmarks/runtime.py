@@ -10,7 +10,7 @@ torch.optim.SGD with the plan's hyper-parameters) start from the same weights an
 batches. Their steps alternate in one process, so both see the same machine load; after --warmup steps of
 each, --steps steps of each are timed, and the row gives both medians and their ratio (runtime / PyTorch).
 torch runs with --threads intra-op threads. Rows also carry the schedule's predicted step time (with
-`--target host`, measured on this machine by the profiler: compare it with the runtime's). Prints a table
+`--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's). Prints a table
 and writes JSON rows with at least model, budget (as given), threads and ratio.
 """
 from __future__ import annotations

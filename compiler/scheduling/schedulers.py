@@ -43,7 +43,7 @@ class Scheduled:
 
 def _finish(g, lv, name, d, target, budget, solver) -> Scheduled:
     steps = build_steps(g, lv, d)
-    report = validate(g, steps, target, budget)
+    report = validate(g, steps, target, budget, strict=True)
     return Scheduled(name=name, decisions=d, steps=steps, report=report, solver=solver)
 
 

@@ -1,32 +1,41 @@
 """Cortex-M benchmark: C training firmware per model and budget, built for the M4F and run under QEMU.
 
     .venv/bin/python benchmarks/cortex_m.py [--models mcu_cnn,mcu_resnet] [--budgets 100%,90%,80%,70%]
-                                            [--target nrf52840] [--steps 3] [--out build/bench/cortex_m.json]
+                                            [--target nrf52840] [--steps 3] [--json build/bench/cortex_m.json]
 
 Per row: the budget, store-all's peak and the smallest feasible budget; the static arena the offset planner
 packed (vs the schedule's activation peak) and state (parameters + momentum); recomputes and page-ins per
 step; bytes paged per step as the firmware counted them; instructions per training step under
 `qemu-system-arm -M mps2-an386 -icount shift=0` (the board timer, 40 instructions a tick); flash
-(text + data) and RAM (.data + .bss) from arm-none-eabi-size. Prints a table and writes JSON.
+(text + data) and RAM (.data + .bss) from arm-none-eabi-size; FLOPs per step (every compute and recompute of
+the schedule, the graph's FLOP counts) and instructions per FLOP; and the same firmware built for the host
+(the generated Makefile's flags), seconds per step against a plain PyTorch step at batch 1 on one thread
+(--host-steps, 0 to skip). Prints a table and writes JSON.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from edgetrain.compiler.frontend import zoo  # noqa: E402
 from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
 from edgetrain.compiler.workbench.run_c import run_firmware  # noqa: E402
 
 
-def bench(model: str, budget: str, target: str, steps: int, work: str) -> dict:
+def bench(model: str, budget: str, target: str, steps: int, work: str, host_steps: int = 0) -> dict:
     out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}")
     row: dict = {"model": model, "budget": budget, "target": target}
     try:
@@ -38,12 +47,55 @@ def bench(model: str, budget: str, target: str, steps: int, work: str) -> dict:
                                   "state_bytes", "activation_peak_bytes", "arena_bytes", "recomputes", "page_ins",
                                   "page_outs", "schedule")})
     row["schedule_activation_bytes"] = c["peak_bytes"] - c["state_bytes"]
+    row["flops_per_step"] = step_flops(out)
     r = run_firmware(out, qemu=True, steps=steps, data="random")
     row.update(ok=r["ok"], error=r.get("error"), paged_bytes_per_step=r.get("paged_bytes_per_step"),
                instructions_per_step=r.get("instructions_per_step"), flash_bytes=r.get("flash_bytes"),
                ram_bytes=r.get("ram_bytes"), text_bytes=r.get("text_bytes"), data_bytes=r.get("data_bytes"),
                bss_bytes=r.get("bss_bytes"), steps=steps)
+    if row["instructions_per_step"] and row["flops_per_step"]:
+        row["instructions_per_flop"] = row["instructions_per_step"] / row["flops_per_step"]
+    if host_steps:
+        row.update(host_vs_pytorch(out, model, host_steps))
     return row
+
+
+def host_vs_pytorch(out: str, model: str, steps: int) -> dict:
+    """The same firmware built for the host (the generated Makefile's flags): seconds per training step of its
+    program over `steps` steps (the best of 3 runs, process start included), against a plain PyTorch step of
+    the model at batch 1 on one thread (median of `steps` after 5)."""
+    r = run_firmware(out, qemu=False, steps=steps, data="random")
+    if not r["ok"]:
+        return {"host_error": r.get("error")}
+    work = os.path.join(out, "run-host")
+    program = os.path.abspath(os.path.join(out, "build", "host", "fw"))
+    c_runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([program], cwd=work, check=True, capture_output=True)
+        c_runs.append((time.perf_counter() - t0) / steps)
+    torch.set_num_threads(1)
+    m = zoo.build(model).train()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(1, *zoo.ZOO[model].input_shape), torch.tensor([1])
+    pt = []
+    for k in range(steps + 5):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(m(x), y).backward()
+        opt.step()
+        if k >= 5:
+            pt.append(time.perf_counter() - t0)
+    c, p = min(c_runs), statistics.median(pt)
+    return {"host_c_step_s": c, "pytorch_step_s": p, "host_c_over_pytorch": c / p}
+
+
+def step_flops(out: str) -> int:
+    """FLOPs of one training step: every compute and recompute the schedule makes, at the graph's counts."""
+    with open(os.path.join(out, "schedule.json")) as f:
+        body = json.load(f)
+    flops = {n["name"]: n["flops"] for n in body["graph"]["nodes"]}
+    return sum(flops[s["tensor"]] for s in body["steps"] if s["action"] in ("compute", "recompute"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,19 +104,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", default="100%,90%,80%,70%")
     ap.add_argument("--target", default="nrf52840")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", default="build/bench/cortex_m.json")
+    ap.add_argument("--host-steps", type=int, default=40,
+                    help="steps of the host build timed against PyTorch at batch 1 (0: skip)")
+    ap.add_argument("--json", default="build/bench/cortex_m.json", metavar="PATH", help="rows written here")
     a = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgetrain-cortex-m-") as work:
         for model in a.models.split(","):
             for budget in a.budgets.split(","):
-                rows.append(bench(model, budget, a.target, a.steps, work))
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
+                rows.append(bench(model, budget, a.target, a.steps, work, a.host_steps))
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    with open(a.json, "w") as f:
         json.dump(rows, f, indent=1)
     t = Table(title=f"C training firmware on a Cortex-M4F (QEMU mps2-an386, {a.target} budgets), batch 1")
     cols = ("model", "budget", "budget B", "store-all B", "min B", "state B", "arena B", "sched. act. B",
-            "rec/pin", "paged B/step", "instr/step", "flash B", "RAM B", "ok")
+            "rec/pin", "paged B/step", "instr/step", "instr/FLOP", "host C/PyTorch", "flash B", "RAM B", "ok")
     for col in cols:
         t.add_column(col, justify="right")
     for r in rows:
@@ -76,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
                   str(r["schedule_activation_bytes"]), f"{r['recomputes']}/{r['page_ins']}",
                   f"{r['paged_bytes_per_step']:.0f}" if r.get("paged_bytes_per_step") is not None else "-",
                   f"{r['instructions_per_step']:.4g}" if r.get("instructions_per_step") else "-",
+                  f"{r['instructions_per_flop']:.2f}" if r.get("instructions_per_flop") else "-",
+                  f"{r['host_c_over_pytorch']:.2f}x" if r.get("host_c_over_pytorch") else "-",
                   str(r.get("flash_bytes", "-")), str(r.get("ram_bytes", "-")), "yes" if r.get("ok") else "NO")
     Console(width=200).print(t)
     for r in rows:
         if r.get("error"):
             print(f"{r['model']} {r['budget']}: {r['error']}", file=sys.stderr)
-    print(f"wrote {a.out}")
+    print(f"wrote {a.json}")
     return 0 if all(r.get("ok") for r in rows) else 1
 
 

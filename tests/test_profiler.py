@@ -60,7 +60,7 @@ def test_a_conv_takes_longer_than_a_relu(small_cnn):
 
 
 def test_it_times_the_runtime_op_call(small_cnn, monkeypatch):
-    """An op made 50 ms slower shows up 50 ms slower, and runs once plus `repeats` times per node."""
+    """An op made 50 ms slower shows up 50 ms slower, and runs once plus `warmup` plus `repeats` times."""
     import time
 
     from edgetrain.runtime.python import aten_call
@@ -75,10 +75,10 @@ def test_it_times_the_runtime_op_call(small_cnn, monkeypatch):
         return fast(op, attrs, ins, *rest)
 
     monkeypatch.setattr(aten_call, "call", slow_relu)
-    times = profile_nodes(small_cnn, repeats=3)
+    times = profile_nodes(small_cnn, repeats=3, warmup=2)
     relus = [n for n in small_cnn.nodes if n.op == RELU]
-    assert len(calls) == 4 * len(relus)
-    assert [tuple(n.shape) for n in relus for _ in range(4)] == calls  # real operands of the right shapes
+    assert len(calls) == 6 * len(relus)
+    assert [tuple(n.shape) for n in relus for _ in range(6)] == calls  # real operands of the right shapes
     assert all(times[n.name] >= 0.05 for n in relus)
     assert all(times[n.name] < 0.05 for n in small_cnn.nodes if n.name in times and n.op != RELU)
 
@@ -119,6 +119,38 @@ def test_mse_graph_with_float_labels():
     assert set(times) == _computed(g)
     assert {g.node(k).op for k in times} >= {"aten.addmm.default", "aten.mse_loss.default",
                                               "aten.mse_loss_backward.default"}
+
+
+def test_minimum_of_repeats_pinned_threads_and_per_step_overhead(small_cnn, monkeypatch):
+    """A node's time is its fastest timed run (a machine busy during some runs does not inflate it), with torch
+    pinned to `threads` while timing (and restored after), plus the runtime's per-step overhead."""
+    import time
+
+    from edgetrain.runtime.python import aten_call
+
+    fast, seen, calls = aten_call.call, [], [0]
+
+    def noisy_relu(op, *rest):
+        if op == RELU:
+            calls[0] += 1
+            seen.append(torch.get_num_threads())
+            time.sleep(0.05 if calls[0] % 2 else 0.01)  # every other run as if the machine were loaded
+        return fast(op, *rest)
+
+    monkeypatch.setattr(aten_call, "call", noisy_relu)
+    before = torch.get_num_threads()
+    times = profile_nodes(small_cnn, repeats=4, threads=1, overhead_s=0.02)
+    assert torch.get_num_threads() == before and set(seen) == {1}
+    relus = [n.name for n in small_cnn.nodes if n.op == RELU]
+    assert all(0.03 <= times[r] < 0.045 for r in relus), {r: times[r] for r in relus}  # 10 ms + 20 ms
+    assert all(times[k] >= 0.02 for k in times)  # every node carries the overhead
+
+
+def test_op_overhead_is_measured_and_small():
+    from edgetrain.compiler.graph.profiler import op_overhead_s
+
+    o = op_overhead_s(samples=50)
+    assert 0.0 < o < 0.005  # microseconds of Python bookkeeping, not milliseconds
 
 
 def test_repeats_must_be_positive(small_cnn):

@@ -18,7 +18,9 @@ the smallest feasible budget (`min_budget`) and store-all's peak. The properties
 4. below `min_budget`, every scheduler raises BudgetError naming `min_budget`;
 5. with a deadline of store-all's time x [1.0, 1.5] (or exactly a fitting heuristic's time), POET's schedule
    meets it, or BudgetError says it cannot (only when no heuristic meets budget and deadline); the MILP's own
-   answer meets it as the validator counts time.
+   answer meets it as the validator counts time;
+6. no schedule pages out a tensor it never pages in (heuristics, every scheduler, the MILP at a loose gap); a
+   MILP solution that does loses those page-outs when it becomes decisions.
 
 Regressions: the smallest examples the properties found (each failed before its fix in compiler/).
 
@@ -53,6 +55,7 @@ from edgetrain.compiler.graph.liveness import Liveness, analyze
 from edgetrain.compiler.graph.lowering import apply_costs, lower
 from edgetrain.compiler.scheduling.milp.registry import solve_with
 from edgetrain.compiler.scheduling.poet import build as build_poet
+from edgetrain.compiler.scheduling.poet import without_redundant_holds
 from edgetrain.compiler.workbench.run import run_plan
 from edgetrain.compiler.scheduling.budget import min_budget
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS, run_scheduler
@@ -302,6 +305,52 @@ def test_poet_meets_deadline(spec, percent, factor, target):
                 rep = replay(c, model.decisions(res.values, c.lv), budget)
                 assert rep.time_s <= deadline * (1 + REL), (
                     f"the MILP's schedule takes {rep.time_s} s, over the deadline {deadline} s")
+
+
+# -- 6. no useless page-outs ----------------------------------------------------------------------------------
+def _paged_out_never_in(steps) -> set[str]:
+    return {s.tensor for s in steps if s.action == "page_out"} - {s.tensor for s in steps if s.action == "page_in"}
+
+
+@PROPS
+@given(spec=specs(), percent=fractions, target=targets)
+def test_no_schedule_pages_out_a_tensor_it_never_pages_in(spec, percent, target):
+    """A page-out costs time and energy; one whose tensor never comes back buys nothing. No scheduler emits one:
+    not the heuristics (every candidate, built without the validator), not run_scheduler's kept schedule, and
+    not the MILP's own answer at a loose gap (an early incumbent, where the objective alone let them through)."""
+    c = case_of(spec, target)
+    budget = c.budget(percent)
+    for name, d in candidates(c.g, c.lv, paging=True).items():
+        assert not _paged_out_never_in(build_steps(c.g, c.lv, d)), name
+        assert d.page_out == {i for pins in d.page_in.values() for i in pins}, name
+    for name in SCHEDULERS:
+        try:
+            s = run_scheduler(c.g, c.lv, c.target, budget, scheduler=name, time_limit=TIME_LIMIT)
+        except BudgetError:
+            continue
+        assert not _paged_out_never_in(s.steps), (name, s.name)
+    model = build_poet(c.g, c.lv, c.target, budget)
+    res = solve_with("auto", model.milp, time_limit=TIME_LIMIT, mip_gap=0.5)
+    if res.values is not None:
+        assert not _paged_out_never_in(build_steps(c.g, c.lv, model.decisions(res.values, c.lv)))
+
+
+@PROPS
+@given(spec=specs(), target=targets)
+def test_a_solution_with_a_useless_page_out_loses_it(spec, target):
+    """A MILP solution may carry a page-out of a tensor it never pages in (the objective charges it, but only
+    up to the solver's gap): it is feasible, and the decisions drawn from it drop it, at lower energy."""
+    c = case_of(spec, target)
+    model = build_poet(c.g, c.lv, c.target, c.store_all.peak_bytes)
+    x = model.vector(store_all(c.g, c.lv))
+    for j in model.PO.values():
+        x[j] = 1.0  # everything paged out, nothing paged in
+    assert model.milp.is_feasible(x)
+    assert model.useless_page_outs(x, c.lv) == set(model.PO)
+    d = model.decisions(x, c.lv)
+    assert not d.page_out and not _paged_out_never_in(build_steps(c.g, c.lv, d))
+    assert replay(c, d, None).energy_j < model.milp.objective(x) or not model.PO
+    assert not model.useless_page_outs(without_redundant_holds(model, c.lv, x), c.lv)
 
 
 # -- regressions: the smallest examples the properties above found ---------------------------------------------

@@ -158,33 +158,150 @@ def test_corrupted_page_file_raises(mlp_rt):
     x, y = batches(1)[0]
 
     def corrupt(rt):
+        rt.store.wait("input")  # the background write done, then a bit flipped on the medium
         path = rt.store.path_of("input")
         raw = bytearray(path.read_bytes())
         raw[-1] ^= 0x40  # flip one bit of the last float's bytes
         path.write_bytes(bytes(raw))
 
     rt.begin_step(x, y)
-    with pytest.raises(PageStoreError, match=r"'input'.*checksum mismatch in .*\.safetensors"):
+    with pytest.raises(PageStoreError, match=r"'input'.*checksum mismatch in .*\.page"):
         mlp_train_step(rt, hook=corrupt)
 
 
 def test_page_store_missing_and_damaged_files(tmp_path):
     store = FileStore(tmp_path)
     t = torch.randn(3, 4)
-    with pytest.raises(PageStoreError, match="'a/b.c'.*missing"):
+    with pytest.raises(PageStoreError, match=r"'a/b.c'.*file .*a_b\.c-\w+\.page is missing"):
         store.page_in("a/b.c")
     path = store.page_out("a/b.c", t)
-    assert path.parent == tmp_path and path.suffix == ".safetensors"
+    store.wait()
+    assert path.parent == tmp_path and path.suffix == ".page"
     assert torch.equal(store.page_in("a/b.c"), t)
     assert store.bytes_out == store.bytes_in == 48
-    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    good = path.read_bytes()
+    path.write_bytes(good[:-3])  # a torn write
+    with pytest.raises(PageStoreError, match="'a/b.c'.*unreadable.*45 data bytes for 48 expected"):
+        store.page_in("a/b.c")
+    path.write_bytes(good + b"\0")
     with pytest.raises(PageStoreError, match="'a/b.c'.*unreadable"):
         store.page_in("a/b.c")
-    store.page_out("other", torch.zeros(2))
+    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(PageStoreError, match="'a/b.c'.*unreadable.*bad magic"):
+        store.page_in("a/b.c")
+    store.page_out("other", torch.zeros(3, 4))
+    store.wait("other")
     path.write_bytes(store.path_of("other").read_bytes())  # a valid file holding another tensor
     with pytest.raises(PageStoreError, match="holds 'other'"):
         store.page_in("a/b.c")
     assert b"pickle" not in path.read_bytes()
+
+
+def test_page_store_catches_every_single_bit_flip(tmp_path):
+    """A flipped bit anywhere in a page file (prefix, header or data) is refused, never read as a tensor."""
+    store = FileStore(tmp_path)
+    t = torch.randn(2, 3, 5)
+    path = store.page_out("x", t)
+    store.wait("x")
+    good = path.read_bytes()
+    positions = list(range(len(good) - 2 * t.numel() * 4, len(good), 7))  # spread over the data
+    positions += list(range(0, len(good) - t.numel() * 4, 3))  # and over prefix and header
+    for pos in positions:
+        for bit in (0, 5):
+            raw = bytearray(good)
+            raw[pos] ^= 1 << bit
+            path.write_bytes(bytes(raw))
+            with pytest.raises(PageStoreError, match="'x'"):
+                store.page_in("x")
+    path.write_bytes(good)
+    assert torch.equal(store.page_in("x"), t)
+
+
+def test_background_page_out_returns_at_once_and_lets_go_on_wait(tmp_path, monkeypatch):
+    """A page-out is written by the background writer while the caller goes on; wait() returns once it is
+    written and the writer holds no reference to the tensor (so freeing it then frees its bytes)."""
+    import time
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from edgetrain.runtime.python import storage
+
+    real = storage._write
+
+    def slow_write(*args):
+        time.sleep(0.3)
+        return real(*args)
+
+    monkeypatch.setattr(storage, "_write", slow_write)
+    store = FileStore(tmp_path)
+    t = torch.randn(1000)
+    want, ref = t.clone(), StorageWeakRef(t.untyped_storage())  # the bytes, not the Python object
+    start = time.perf_counter()
+    path = store.page_out("t", t)
+    assert time.perf_counter() - start < 0.2  # returned before the write
+    del t
+    assert not ref.expired()  # the write in flight still holds the bytes
+    store.wait("t")
+    assert ref.expired()  # written, and no reference left anywhere: the bytes are freed
+    assert torch.equal(store.page_in("t"), want)
+    sync = FileStore(tmp_path / "sync", background=False)
+    sync.page_out("t", want)
+    assert torch.equal(sync.page_in("t"), want)
+
+
+def test_a_failed_background_write_raises_at_wait_naming_the_file(tmp_path, monkeypatch):
+    from edgetrain.runtime.python import storage
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage, "_write", full)
+    store = FileStore(tmp_path)
+    store.page_out("x", torch.zeros(4))
+    with pytest.raises(PageStoreError, match=r"page-out of 'x': writing .*x-\w+\.page failed \(No space left"):
+        store.wait("x")
+
+
+def test_runtime_free_waits_for_the_page_out(mlp_rt, monkeypatch):
+    """The plan frees a paged-out tensor while its write may be in flight: free waits, so the bytes go when
+    the ledger releases them, and the step stays exact."""
+    import time
+
+    from edgetrain.runtime.python import storage
+
+    real, done = storage._write, []
+
+    def slow_write(*args):
+        time.sleep(0.2)
+        crc = real(*args)
+        done.append(time.perf_counter())
+        return crc
+
+    monkeypatch.setattr(storage, "_write", slow_write)
+    _, rt = mlp_rt
+    x, y = batches(1)[0]
+    freed = []
+    real_release = rt.ledger.release
+
+    def release(name):
+        if name == "input":
+            freed.append(time.perf_counter())
+        return real_release(name)
+
+    monkeypatch.setattr(rt.ledger, "release", release)
+    rt.begin_step(x, y)
+    mlp_train_step(rt)
+    assert done and freed and done[0] <= freed[0]  # written before its first free
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
+def test_page_store_round_trips_dtypes_and_shapes(tmp_path, dtype):
+    store = FileStore(tmp_path)
+    for shape in [(), (0,), (7,), (2, 3, 4)]:
+        t = (torch.randn(shape) * 100).to(dtype)
+        store.page_out("t", t)
+        back = store.page_in("t")
+        assert back.dtype == dtype and back.shape == t.shape and torch.equal(back, t)
 
 
 def test_plan_errors_name_tensor_and_step(mlp_rt):

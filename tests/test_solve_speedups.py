@@ -180,7 +180,8 @@ def test_greedy_keep_fits_the_budget(name, frac, request):
 
 
 def test_greedy_keep_beats_paging_everything_on_resnet18():
-    """ResNet-18, nrf52840, batch 8, 40%: the start the MILP had before (page-all, 53.7 J) is far worse."""
+    """ResNet-18, nrf52840, batch 8, 40%: the start the MILP had before (page-all, 51.7 J; 53.7 J while it also
+    paged out what it never paged in) is far worse."""
     from edgetrain.compiler.scheduling.budget import anchors, parse_budget
     from edgetrain.compiler.scheduling.heuristics import page_all
     from edgetrain.compiler.scheduling.warmstart import greedy_keep
@@ -189,7 +190,7 @@ def test_greedy_keep_beats_paging_everything_on_resnet18():
     b = parse_budget("40%").resolve(anchors(G.g, G.lv, TARGET))
     mine = validate(G.g, build_steps(G.g, G.lv, greedy_keep(G.g, G.lv, TARGET, b)), TARGET, b).energy_j
     pages = validate(G.g, build_steps(G.g, G.lv, page_all(G.g, G.lv, retain=True)), TARGET, b).energy_j
-    assert mine < pages - 3.0, (mine, pages)
+    assert mine < pages - 2.0, (mine, pages)
 
 
 def test_lns_only_improves_and_stays_feasible(mcu_resnet):

@@ -43,7 +43,7 @@ class Scheduled:
 
 def _finish(g, lv, name, d, target, budget, solver) -> Scheduled:
     steps = build_steps(g, lv, d)
-    report = validate(g, steps, target, budget)
+    report = validate(g, steps, target, budget, strict=True)
     return Scheduled(name=name, decisions=d, steps=steps, report=report, solver=solver)
 
 
@@ -137,6 +137,14 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     info["warm_start"] = best.name if warm is not None else None
     chosen = None
     if res.values is not None:
+        useless = model.useless_page_outs(res.values, lv)
+        if useless:  # dropped from the schedule (see PoetModel.useless_page_outs): its objective drops too
+            d = model.decisions(res.values, lv)
+            info["objective"] = model.milp.objective(model.vector(d))
+            if info.get("bound") is not None and info["objective"]:
+                info["gap"] = max(0.0, (info["objective"] - info["bound"]) / abs(info["objective"]))
+            info["note"] = (f"dropped {len(useless)} page-outs of tensors the solution never pages in "
+                            "(within the solver's gap)")
         chosen = _finish(g, lv, "milp", model.decisions(res.values, lv), target, budget_bytes, info)
         if deadline_s is not None and chosen.report.time_s > deadline_s * (1 + 1e-9):
             # Within the solver's tolerances but over the deadline as the validator counts it: not kept.

@@ -36,7 +36,7 @@ class Step:
 def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str], *,
               retain: bool = True, prefer_recompute: bool = True, kept_for_recompute: bool = True,
               page_first: frozenset[str] | set[str] = frozenset()) -> Decisions:
-    """A policy: keep `keep`, store `page_out`; at each backward stage bring back what the node needs
+    """A policy: keep `keep`, store what of `page_out` it pages in; at each backward stage bring back what the node needs
     (page in if stored, else recompute, recursively) and, if `retain`, hold it while later stages read it.
     Kept tensors stay while they may feed a recompute (`kept_for_recompute`, checkpoints) or else only
     while a later stage reads them (plain backprop frees a saved tensor after its last reader).
@@ -85,6 +85,8 @@ def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str]
             elif (retain or i in keep) and any(s > t for s in next_need.get(i, [])):
                 nxt.add(i)
         resident = nxt
+    # Store only what comes back: a page-out never paged in costs time and energy for nothing.
+    d.page_out = {i for pins in d.page_in.values() for i in pins}
     return d
 
 

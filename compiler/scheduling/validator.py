@@ -2,8 +2,9 @@
 
 It knows only the graph, the steps and the target: every operand must be resident when read, a recompute
 must come before the SGD update of the node's own parameters (else it would use new weights), a page-in
-needs a stored copy, memory (state + resident tensors + the running node's output and workspace) must
-never exceed the budget, and every tensor must be freed by the end. It returns peak, time and energy.
+needs a stored copy (and, strict, every stored copy is paged in), memory (state + resident tensors + the
+running node's output and workspace) must never exceed the budget, and every tensor must be freed by the
+end. It returns peak, time and energy.
 """
 from __future__ import annotations
 
@@ -33,10 +34,15 @@ class Report:
         return d
 
 
-def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None) -> Report:
+def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
+             strict: bool = False) -> Report:
+    """Replay `steps`; raise ValidationError at the first broken rule. `strict` (what every scheduler asks
+    for) also rejects a page-out never paged in: wasteful rather than wrong, so a schedule file written
+    before the schedulers dropped them still runs."""
     index = {n.name: i for i, n in enumerate(g.nodes)}
     resident: dict[str, int] = {}
     stored: set[str] = set()
+    paged_in: set[str] = set()
     computed: set[str] = set()
     updated: set[str] = set()  # forward nodes whose parameters SGD has changed
     updated_params: set[str] = set()  # parameters the optimizer has changed (a graph captured from torch)
@@ -114,6 +120,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None) ->
             if budget_bytes is not None and live + b > budget_bytes:
                 raise fail(k, st, f"memory {live + b} B exceeds the budget of {budget_bytes} B")
             resident[st.tensor] = b
+            paged_in.add(st.tensor)
             live += b
             peak = max(peak, live)
             stage_peaks[st.stage] = max(stage_peaks[st.stage], live)
@@ -134,6 +141,9 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None) ->
         raise ValidationError(f"nodes never computed: {missing[:5]}")
     if resident:
         raise ValidationError(f"tensors still resident at the end of the step: {sorted(resident)[:5]}")
+    useless = sorted(stored - paged_in)
+    if useless and strict:
+        raise ValidationError(f"paged out but never paged in: {useless[:5]} (time and energy for nothing)")
     return Report(peak_bytes=peak, peak_stage=peak_stage, time_s=time_s, energy_j=energy,
                   compute_time_s=time_s - paging_time, paging_time_s=paging_time, recomputes=recomputes,
                   page_ins=page_ins, page_outs=page_outs, paged_bytes=paged, stage_peaks=stage_peaks)

@@ -250,6 +250,7 @@ class Runtime:
     def free(self, name: str) -> None:
         self._begin_op(f"free '{name}'")
         self._require(name)
+        self.store.wait(name)  # a page-out still writing it lets go first: the bytes go when the ledger's do
         self.ledger.release(name)
         del self._live[name]
         self._freed_at[name] = f"op #{self._op}"
@@ -258,6 +259,7 @@ class Runtime:
         """Free whatever the plan left resident (reported in `leftovers`), return the step's loss."""
         if not self._in_step:
             raise PlanError(f"end_step: step {self.step} was never begun")
+        self.store.wait()  # every page-out of the step written (or its error raised) before the step ends
         self.leftovers = list(self._live)
         for name in self.leftovers:
             self.ledger.release(name)

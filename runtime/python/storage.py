@@ -1,38 +1,42 @@
-"""The page store: tensors paged out to real files (safetensors only), verified when paged in.
+"""The page store: tensors paged out to real files, verified when paged in.
 
-Each tensor goes to `<dir>/<safe name>.safetensors` with, in the file's metadata, its name and a SHA-256
-of its raw bytes; `page_in` recomputes the checksum and refuses a file that does not match. A tensor whose
-memory is a permutation of a dense layout (attention's output) is stored in memory order with the
+Each tensor goes to `<dir>/<safe name>.page`, a raw file: a fixed prefix (magic, header length, CRC-32), a
+JSON header (name, dtype, shape, permutation) and the tensor's bytes in memory order. The CRC-32 (zlib's,
+over header and bytes) is computed once, while paging out, and checked at page-in together with the file's
+length and the tensor's name: a flipped bit, a truncated or foreign file is refused, never read as data.
+
+Files are written in place, without a temporary file and rename: a page file lives for one training step,
+and a write torn by a crash fails its checksum at the next read instead of passing for a tensor.
+
+Page-outs run on one background writer thread (checksum and write release the GIL), so a write overlaps the
+computation that follows it. The memory model is unchanged: a paged-out tensor stays resident until the
+plan frees it, and `wait(name)` - which the runtime calls before it frees a tensor, and `page_in` and
+`discard` call themselves - returns only once the writer has finished with it and dropped its reference, so
+the bytes are released exactly when the ledger releases them. A failed write raises there. A tensor
+whose memory is a permutation of a dense layout (attention's output) is stored in memory order with the
 permutation, and comes back with its strides: the plan's views of it must stay views.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import struct
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
-_KEY = "tensor"
+MAGIC = b"ETPAGE1\n"
+_PREFIX = struct.Struct("<8sII")  # magic, header length, CRC-32 of header + data
+SUFFIX = ".page"
 
 
 class PageStoreError(RuntimeError):
     """A paged tensor is missing, unreadable or corrupted."""
-
-
-def tensor_sha256(t: Tensor) -> str:
-    """SHA-256 of a tensor's raw bytes (C order), with its dtype and shape."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    raw = t.contiguous().reshape(-1).view(torch.uint8).numpy()
-    h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
-    h.update(memoryview(raw))
-    return h.hexdigest()
 
 
 def safe_file_name(name: str) -> str:
@@ -51,58 +55,133 @@ def _memory_order(t: Tensor) -> tuple[Tensor, list[int] | None]:
     return (p, perm) if p.is_contiguous() else (t.contiguous(), None)
 
 
+def _bytes_of(t: Tensor) -> memoryview:
+    """The raw bytes of a contiguous CPU tensor, without a copy."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _dtype(name: object) -> torch.dtype:
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def _write(path: Path, head: bytes, box: list[Tensor]) -> int:
+    """Write one page file; returns its CRC-32. Takes the tensor out of `box`, so no reference to it is left
+    anywhere once this returns (the writer thread's work item keeps its arguments a little longer)."""
+    data = _bytes_of(box.pop())
+    crc = zlib.crc32(data, zlib.crc32(head))
+    # Overwritten in place, not truncated first: the previous step's pages of the file are reused.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    with open(fd, "wb", buffering=0) as f:  # unbuffered: the tensor's bytes go to the kernel uncopied
+        f.write(_PREFIX.pack(MAGIC, len(head), crc) + head)
+        f.write(data)
+        f.truncate()
+    return crc
+
+
 class FileStore:
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, *, background: bool = True) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bytes_out = 0
         self.bytes_in = 0
-        self._written: dict[str, str] = {}  # name -> checksum of the last page_out by this store
+        self._written: dict[str, int] = {}  # name -> CRC-32 of the last page_out by this store
+        self._pending: dict[str, Future] = {}  # name -> its write on the background thread
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-pages") if background else None
 
     def path_of(self, name: str) -> Path:
-        return self.dir / f"{safe_file_name(name)}.safetensors"
+        return self.dir / f"{safe_file_name(name)}{SUFFIX}"
 
     def page_out(self, name: str, tensor: Tensor) -> Path:
+        """Start writing `tensor` to its page file (on the background writer, unless the store has none)."""
         path = self.path_of(name)
+        self.wait(name)  # a name paged out again is written after its previous write
         t, perm = _memory_order(tensor.detach())
-        digest = tensor_sha256(t)
-        tmp = path.with_name(path.name + ".tmp")
-        meta = {"name": name, "sha256": digest, **({"permute": ",".join(map(str, perm))} if perm else {})}
-        save_file({_KEY: t}, str(tmp), metadata=meta)
-        os.replace(tmp, path)  # a reader never sees half a file; old mappings keep the old inode
-        self._written[name] = digest
+        if t.device.type != "cpu":
+            t = t.cpu()
+        header = {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+        if perm:
+            header["permute"] = perm
+        head = json.dumps(header, separators=(",", ":")).encode()
         self.bytes_out += t.numel() * t.element_size()
+        if self._writer is None:
+            self._written[name] = self._finish(name, lambda: _write(path, head, [t]))
+        else:
+            self._pending[name] = self._writer.submit(_write, path, head, [t])
         return path
 
-    def page_in(self, name: str, device: torch.device | str = "cpu") -> Tensor:
-        path = self.path_of(name)
-        if not path.exists():
-            raise PageStoreError(f"page-in of '{name}': file {path} is missing")
+    def _finish(self, name: str, write) -> int:
+        """The CRC-32 of a finished write (`write()` runs it, or collects it from the writer)."""
         try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                meta = f.metadata() or {}
-                t = f.get_tensor(_KEY).clone()  # get_tensor maps the file; own the bytes instead
-        except Exception as e:  # safetensors raises its own error types for a damaged header
-            raise PageStoreError(f"page-in of '{name}': file {path} is unreadable ({e})") from e
-        if meta.get("name") != name:
-            raise PageStoreError(f"page-in of '{name}': file {path} holds '{meta.get('name')}'")
-        digest = tensor_sha256(t)
-        expected = meta.get("sha256")
-        if digest != expected:
+            return write()
+        except OSError as e:
+            raise PageStoreError(f"page-out of '{name}': writing {self.path_of(name)} failed "
+                                 f"({e.strerror or e})") from None
+
+    def wait(self, name: str | None = None) -> None:
+        """Return once the write of `name` (None: of every tensor) is done and holds no reference to it;
+        raise PageStoreError if it failed."""
+        for n in [name] if name is not None else list(self._pending):
+            fut = self._pending.pop(n, None)
+            if fut is not None:
+                self._written[n] = self._finish(n, fut.result)
+
+    def page_in(self, name: str, device: torch.device | str = "cpu") -> Tensor:
+        self.wait(name)
+        path = self.path_of(name)
+        try:
+            f = open(path, "rb", buffering=0)
+        except FileNotFoundError:
+            raise PageStoreError(f"page-in of '{name}': file {path} is missing") from None
+        with f:
+            try:
+                magic, n_head, crc = _PREFIX.unpack(f.read(_PREFIX.size))
+                if magic != MAGIC:
+                    raise ValueError("not a page file (bad magic)")
+                head = f.read(n_head)
+                header = json.loads(head)
+                shape = [int(s) for s in header["shape"]]
+                dtype = _dtype(header["dtype"])
+                want = dtype.itemsize * int(torch.Size(shape).numel())
+                have = os.fstat(f.fileno()).st_size - _PREFIX.size - n_head
+                if want != have:  # checked before allocating: a damaged shape must not ask for gigabytes
+                    raise ValueError(f"{have} data bytes for {want} expected")
+                t = torch.empty(shape, dtype=dtype)
+                data = _bytes_of(t)
+                got = 0
+                while got < data.nbytes:  # a read may return less than asked (large files)
+                    k = f.readinto(data[got:])
+                    if not k:
+                        break
+                    got += k
+                if got != data.nbytes:
+                    raise ValueError(f"{got} data bytes for {data.nbytes} expected")
+            except (ValueError, KeyError, TypeError, struct.error, RuntimeError) as e:  # json's errors are ValueErrors
+                raise PageStoreError(f"page-in of '{name}': file {path} is unreadable ({e})") from None
+        actual = zlib.crc32(data, zlib.crc32(head))
+        if actual != crc:
             raise PageStoreError(f"page-in of '{name}': checksum mismatch in {path} "
-                                 f"(file says {expected}, bytes give {digest})")
-        if name in self._written and self._written[name] != digest:
+                                 f"(file says CRC-32 {crc:08x}, bytes give {actual:08x})")
+        if header.get("name") != name:
+            raise PageStoreError(f"page-in of '{name}': file {path} holds '{header.get('name')}'")
+        if name in self._written and self._written[name] != crc:
             raise PageStoreError(f"page-in of '{name}': {path} is not the version this store paged out")
-        self.bytes_in += t.numel() * t.element_size()
-        if meta.get("permute"):
-            perm = [int(d) for d in meta["permute"].split(",")]
+        self.bytes_in += data.nbytes
+        if header.get("permute"):
+            perm = [int(d) for d in header["permute"]]
             t = t.permute(*sorted(range(len(perm)), key=perm.__getitem__))
         return t.to(device) if torch.device(device) != t.device else t
 
     def discard(self, name: str) -> None:
         """Forget a paged tensor and delete its file."""
+        try:
+            self.wait(name)
+        except PageStoreError:
+            pass  # its file goes anyway
         self._written.pop(name, None)
         self.path_of(name).unlink(missing_ok=True)
 
     def names(self) -> list[str]:
-        return list(self._written)
+        return list(dict.fromkeys([*self._written, *self._pending]))

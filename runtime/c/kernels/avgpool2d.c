@@ -41,19 +41,48 @@ static int avg_window(const et_pool2d_shape *s, int oh, int ow, int *ih0, int *i
     return 1;
 }
 
+/* Outputs [*lo, *hi) along one axis whose window (k taps from o*stride - pad) lies wholly inside [0, in):
+ * there the window needs no clipping and its divisor is the full k_h * k_w (with or without padding). */
+static void interior(int k, int stride, int pad, int in, int out, int *lo, int *hi)
+{
+    const int a = (pad + stride - 1) / stride;
+    int b = in - k + pad < 0 ? 0 : (in - k + pad) / stride + 1;
+
+    b = b < out ? b : out;
+    *lo = a < b ? a : b;
+    *hi = b;
+}
+
+/* The window of output (oh, ow): the interior's directly, the border's through avg_window. */
+static int window(const et_pool2d_shape *s, int oh, int ow, int inside, int *ih0, int *ih1, int *iw0, int *iw1,
+                  int *divisor)
+{
+    if (!inside)
+        return avg_window(s, oh, ow, ih0, ih1, iw0, iw1, divisor);
+    *ih0 = oh * s->stride_h - s->pad_h;
+    *iw0 = ow * s->stride_w - s->pad_w;
+    *ih1 = *ih0 + s->k_h;
+    *iw1 = *iw0 + s->k_w;
+    *divisor = s->k_h * s->k_w;
+    return 1;
+}
+
 void et_avgpool2d_forward(const et_pool2d_shape *s, const float *x, float *y)
 {
     const long plane_in = (long)s->h_in * s->w_in, plane_out = (long)s->h_out * s->w_out;
     long p;
-    int oh, ow, ih, iw, ih0, ih1, iw0, iw1, divisor;
+    int oh, ow, ih, iw, ih0, ih1, iw0, iw1, divisor, oh_lo, oh_hi, ow_lo, ow_hi;
 
+    interior(s->k_h, s->stride_h, s->pad_h, s->h_in, s->h_out, &oh_lo, &oh_hi);
+    interior(s->k_w, s->stride_w, s->pad_w, s->w_in, s->w_out, &ow_lo, &ow_hi);
     for (p = 0; p < (long)s->n * s->c; ++p) {
         const float *xp = x + p * plane_in;
         float *yp = y + p * plane_out;
         for (oh = 0; oh < s->h_out; ++oh) {
             for (ow = 0; ow < s->w_out; ++ow) {
                 float sum = 0.0f;
-                if (!avg_window(s, oh, ow, &ih0, &ih1, &iw0, &iw1, &divisor)) {
+                const int inside = oh >= oh_lo && oh < oh_hi && ow >= ow_lo && ow < ow_hi;
+                if (!window(s, oh, ow, inside, &ih0, &ih1, &iw0, &iw1, &divisor)) {
                     yp[oh * s->w_out + ow] = 0.0f;
                     continue;
                 }
@@ -70,8 +99,10 @@ void et_avgpool2d_backward(const et_pool2d_shape *s, const float *gy, float *gx)
 {
     const long plane_in = (long)s->h_in * s->w_in, plane_out = (long)s->h_out * s->w_out;
     long p, i;
-    int oh, ow, ih, iw, ih0, ih1, iw0, iw1, divisor;
+    int oh, ow, ih, iw, ih0, ih1, iw0, iw1, divisor, oh_lo, oh_hi, ow_lo, ow_hi;
 
+    interior(s->k_h, s->stride_h, s->pad_h, s->h_in, s->h_out, &oh_lo, &oh_hi);
+    interior(s->k_w, s->stride_w, s->pad_w, s->w_in, s->w_out, &ow_lo, &ow_hi);
     for (i = 0; i < (long)s->n * s->c * plane_in; ++i)
         gx[i] = 0.0f;
     for (p = 0; p < (long)s->n * s->c; ++p) {
@@ -80,7 +111,8 @@ void et_avgpool2d_backward(const et_pool2d_shape *s, const float *gy, float *gx)
         for (oh = 0; oh < s->h_out; ++oh) {
             for (ow = 0; ow < s->w_out; ++ow) {
                 float delta;
-                if (!avg_window(s, oh, ow, &ih0, &ih1, &iw0, &iw1, &divisor))
+                const int inside = oh >= oh_lo && oh < oh_hi && ow >= ow_lo && ow < ow_hi;
+                if (!window(s, oh, ow, inside, &ih0, &ih1, &iw0, &iw1, &divisor))
                     continue;
                 delta = gyp[oh * s->w_out + ow] / (float)divisor;
                 for (ih = ih0; ih < ih1; ++ih)

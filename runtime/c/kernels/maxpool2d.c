@@ -17,12 +17,40 @@ int et_maxpool2d_shape_check(const et_pool2d_shape *s)
     return ET_OK;
 }
 
+/* The maximum of one window - rows ih0, ih0 + dil_h, ... < ih1, columns iw0, ... < iw1, all inside the
+ * plane - and its index. torch starts from -inf at the window's first valid element, so an all -inf window
+ * still points at a real element; strictly greater: the first maximum wins ties; v != v: a NaN wins. */
+static float window_max(const et_pool2d_shape *s, const float *xp, int ih0, int ih1, int iw0, int iw1,
+                        int32_t *best)
+{
+    float best_v = -INFINITY;
+    int ih, iw;
+
+    *best = (int32_t)(ih0 * s->w_in + iw0);
+    for (ih = ih0; ih < ih1; ih += s->dil_h) {
+        const float *xr = xp + (long)ih * s->w_in;
+        for (iw = iw0; iw < iw1; iw += s->dil_w) {
+            const float v = xr[iw];
+            if (v > best_v || v != v) {
+                best_v = v;
+                *best = (int32_t)(ih * s->w_in + iw);
+            }
+        }
+    }
+    return best_v;
+}
+
 void et_maxpool2d_forward(const et_pool2d_shape *s, const float *x, float *y, int32_t *idx)
 {
     const long plane_in = (long)s->h_in * s->w_in, plane_out = (long)s->h_out * s->w_out;
+    const int span_w = (s->k_w - 1) * s->dil_w + 1;
+    /* Interior columns: windows wholly inside the row, [ow_lo, ow_hi); the others are clipped (border). */
+    const int ow_lo = (s->pad_w + s->stride_w - 1) / s->stride_w;
+    int ow_hi = s->w_in - span_w + s->pad_w < 0 ? 0 : (s->w_in - span_w + s->pad_w) / s->stride_w + 1;
     long p;
-    int oh, ow, ih, iw;
+    int oh, ow;
 
+    ow_hi = ow_hi < s->w_out ? ow_hi : s->w_out;
     for (p = 0; p < (long)s->n * s->c; ++p) { /* one (sample, channel) plane at a time */
         const float *xp = x + p * plane_in;
         for (oh = 0; oh < s->h_out; ++oh) {
@@ -30,33 +58,20 @@ void et_maxpool2d_forward(const et_pool2d_shape *s, const float *x, float *y, in
             int ih0 = oh * s->stride_h - s->pad_h;
             const int ih1 = ih0 + (s->k_h - 1) * s->dil_h + 1 < s->h_in ? ih0 + (s->k_h - 1) * s->dil_h + 1
                                                                          : s->h_in;
+            const long o = p * plane_out + (long)oh * s->w_out;
             while (ih0 < 0)
                 ih0 += s->dil_h;
             for (ow = 0; ow < s->w_out; ++ow) {
-                int iw0 = ow * s->stride_w - s->pad_w;
-                const int iw1 = iw0 + (s->k_w - 1) * s->dil_w + 1 < s->w_in ? iw0 + (s->k_w - 1) * s->dil_w + 1
-                                                                             : s->w_in;
-                /* torch starts from -inf at the window's first valid element, so an all -inf window
-                 * still points at a real element. */
-                int32_t best = 0;
-                float best_v;
-                while (iw0 < 0)
-                    iw0 += s->dil_w;
-                best = (int32_t)(ih0 * s->w_in + iw0);
-                best_v = -INFINITY;
-                for (ih = ih0; ih < ih1; ih += s->dil_h) {
-                    for (iw = iw0; iw < iw1; iw += s->dil_w) {
-                        const float v = xp[ih * s->w_in + iw];
-                        /* Strictly greater: the first maximum wins ties. v != v: a NaN wins. */
-                        if (v > best_v || v != v) {
-                            best_v = v;
-                            best = (int32_t)(ih * s->w_in + iw);
-                        }
-                    }
+                int iw0 = ow * s->stride_w - s->pad_w, iw1 = iw0 + span_w;
+                float v;
+                if (ow < ow_lo || ow >= ow_hi) { /* border: clip the window's columns */
+                    iw1 = iw1 < s->w_in ? iw1 : s->w_in;
+                    while (iw0 < 0)
+                        iw0 += s->dil_w;
                 }
+                v = window_max(s, xp, ih0, ih1, iw0, iw1, &idx[o + ow]);
                 if (y != NULL)
-                    y[p * plane_out + (long)oh * s->w_out + ow] = best_v;
-                idx[p * plane_out + (long)oh * s->w_out + ow] = best;
+                    y[o + ow] = v;
             }
         }
     }

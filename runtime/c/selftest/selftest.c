@@ -67,6 +67,12 @@ static const et_conv2d_shape kDw = {1, 4, 6, 6, 4, 6, 6, 3, 3, 1, 1, 1, 1, 1, 1,
 static float cx[2 * 4 * 9 * 9], cw[6 * 2 * 3 * 3], cb[6], cy[2 * 6 * 5 * 5], cgy[2 * 6 * 5 * 5];
 static float cgx[2 * 4 * 9 * 9], cgw[6 * 2 * 3 * 3], cgb[6], cwbuf[6 * 2 * 3 * 3], cbbuf[6];
 static float dx[4 * 6 * 6], dw[4 * 9], dy[4 * 6 * 6], dgx[4 * 6 * 6], dgw[4 * 9];
+/* the blocked interiors: n 1, 8 -> 9 channels (two blocks of 4 and one left over), 7x8, 3x3, stride 1, pad 1;
+ * and 4 -> 4 channels, 9x9, 3x3, stride 2, pad 1 -> 5x5 */
+static const et_conv2d_shape kBlk = {1, 8, 7, 8, 9, 7, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+static const et_conv2d_shape kBlk2 = {1, 4, 9, 9, 4, 5, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1};
+static float bx[8 * 7 * 8], bw[9 * 8 * 9], bb[9], by[9 * 7 * 8], bgx[8 * 7 * 8], bgw[9 * 8 * 9], bgb[9];
+static float b2x[4 * 9 * 9], b2w[4 * 4 * 9], b2y[4 * 5 * 5], b2gx[4 * 9 * 9], b2gw[4 * 4 * 9];
 
 /* pools on a 2 x 3 x 7 x 7 input: max 3x3 stride 2 pad 1 -> 4x4, avg 2x2 stride 2 -> 3x3 */
 static const et_pool2d_shape kMax = {2, 3, 7, 7, 4, 4, 3, 3, 2, 2, 1, 1, 1, 1, 0};
@@ -122,6 +128,25 @@ int main(void)
     PUT(dgx);
     et_conv2d_backward_weight(&kDw, dy, dx, dgw, NULL);
     PUT(dgw);
+
+    fill(bx, 8 * 7 * 8, 1.0f);
+    fill(bw, 9 * 8 * 9, 0.3f);
+    fill(bb, 9, 0.3f);
+    et_conv2d_forward(&kBlk, bx, bw, bb, by);
+    PUT(by);
+    et_conv2d_backward_input(&kBlk, by, bw, bgx);
+    PUT(bgx);
+    et_conv2d_backward_weight(&kBlk, by, bx, bgw, bgb);
+    PUT(bgw);
+    PUT(bgb);
+    fill(b2x, 4 * 9 * 9, 1.0f);
+    fill(b2w, 4 * 4 * 9, 0.3f);
+    et_conv2d_forward(&kBlk2, b2x, b2w, NULL, b2y);
+    PUT(b2y);
+    et_conv2d_backward_input(&kBlk2, b2y, b2w, b2gx);
+    PUT(b2gx);
+    et_conv2d_backward_weight(&kBlk2, b2y, b2x, b2gw, NULL);
+    PUT(b2gw);
 
     /* pooling */
     fill(px, 2 * 3 * 7 * 7, 3.0f);

@@ -1,0 +1,150 @@
+"""Runtime benchmark: a compiled plan's training step against a plain PyTorch step of the same model.
+
+    .venv/bin/python benchmarks/runtime.py [--models resnet18,mobilenetv2,gpt_small] [--budgets 100%,50%]
+                                           [--threads 1] [--target rpi4] [--batch-size 8] [--steps 5]
+                                           [--warmup 2] [--time-limit 30] [--json build/bench/runtime.json]
+
+Per (model, budget, threads): the model is compiled for the target at the budget (POET, Python plan); the
+runtime (edgetrain.runtime, pages on local disk) and plain PyTorch (the model as written, loss.backward(),
+torch.optim.SGD with the plan's hyper-parameters) start from the same weights and train on the same random
+batches. Their steps alternate in one process, so both see the same machine load; after --warmup steps of
+each, --steps steps of each are timed, and the row gives both medians and their ratio (runtime / PyTorch).
+torch runs with --threads intra-op threads. Rows also carry the schedule's predicted step time (with
+`--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's). Prints a table
+and writes JSON rows with at least model, budget (as given), threads and ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from edgetrain.compiler.frontend.modelspec import resolve  # noqa: E402
+from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
+from edgetrain.compiler.schedule_file import format as schedule_format  # noqa: E402
+from edgetrain.compiler.workbench.data import random_batches  # noqa: E402
+from edgetrain.compiler.workbench.reference import load_weights  # noqa: E402
+from edgetrain.runtime.python import Runtime, load_plan  # noqa: E402
+
+
+def _batches(body: dict, n: int) -> list:
+    shape = body["graph"]["input_shape"]
+    labels = next(x for x in body["graph"]["nodes"] if x["kind"] == "labels")["shape"]
+    return list(random_batches(tuple(shape[1:]), body["model"]["num_classes"], shape[0], n, seed=1,
+                               input_high=body["graph"].get("input_high"), label_shape=tuple(labels[1:])))
+
+
+def _torch_step(model, opt, x, y) -> None:
+    opt.zero_grad(set_to_none=True)
+    logits = model(x)
+    if logits.dim() > 2:  # a language model: one label per position
+        logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+    F.cross_entropy(logits, y).backward()
+    opt.step()
+
+
+def bench(model: str, budget: str, threads: int, args, work: str) -> dict:
+    row: dict = {"model": model, "budget": budget, "threads": threads, "target": args.target,
+                 "batch_size": args.batch_size}
+    out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}")
+    torch.set_num_threads(threads)
+    if not os.path.exists(os.path.join(out, "plan.py")):  # one compile per (model, budget), whatever the threads
+        compile_model(CompileOptions(model=model, target=args.target, budget=budget, out=out,
+                                     batch_size=args.batch_size, time_limit=args.time_limit))
+    body = schedule_format.load(out)
+    for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
+        row[key] = sum(st["action"] == action for st in body["steps"])
+    row["predicted_s"] = body["predicted"]["time_s"]  # the target's figure: a step's time on that device
+    opt_cfg = body["graph"]["optimizer"]
+    weights = os.path.join(out, "weights.safetensors")
+    plan = load_plan(out)
+    rt = Runtime(weights, os.path.join(work, "pages"), device="cpu", lr=opt_cfg["lr"],
+                 momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"], seed=body["seed"])
+    torch.manual_seed(body["seed"])
+    spec = body["model"]
+    ref = resolve(spec["spec"], **spec["kwargs"]).module
+    load_weights(ref, weights)
+    ref.train()
+    opt = torch.optim.SGD(ref.parameters(), lr=opt_cfg["lr"], momentum=opt_cfg["momentum"],
+                          weight_decay=opt_cfg["weight_decay"])
+    t_rt, t_pt = [], []
+    for k, (x, y) in enumerate(_batches(body, args.warmup + args.steps)):
+        t0 = time.perf_counter()
+        rt.begin_step(x, y)
+        plan.train_step(rt)
+        t1 = time.perf_counter()
+        _torch_step(ref, opt, x, y)
+        t2 = time.perf_counter()
+        if k >= args.warmup:
+            t_rt.append(t1 - t0)
+            t_pt.append(t2 - t1)
+    row["runtime_s"] = statistics.median(t_rt)
+    row["pytorch_s"] = statistics.median(t_pt)
+    row["ratio"] = row["runtime_s"] / row["pytorch_s"]
+    row["predicted_over_measured"] = row["predicted_s"] / row["runtime_s"]  # meaningful for --target host
+    row["paged_bytes_per_step"] = rt.paged_bytes // (args.warmup + args.steps)
+    row["runtime_steps_s"], row["pytorch_steps_s"] = t_rt, t_pt
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet18,mobilenetv2,gpt_small")
+    ap.add_argument("--budgets", default="100%,50%")
+    ap.add_argument("--threads", default="1", help="comma-separated intra-op thread counts")
+    ap.add_argument("--target", default="rpi4")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps of each, after the warm-up")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--time-limit", type=float, default=30.0, help="solver time limit per compile (s)")
+    ap.add_argument("--json", default="build/bench/runtime.json", metavar="PATH", help="rows written here")
+    a = ap.parse_args(argv)
+    rows = []
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="edgetrain-runtime-") as work:
+        for model in a.models.split(","):
+            for budget in a.budgets.split(","):
+                for threads in (int(t) for t in a.threads.split(",")):
+                    try:
+                        rows.append(bench(model, budget, threads, a, work))
+                    except Exception as e:  # noqa: BLE001 - a benchmark row records the failure
+                        rows.append({"model": model, "budget": budget, "threads": threads, "error": str(e)})
+    load_after = os.getloadavg()
+    for r in rows:
+        r["loadavg_1min_before_after"] = [load[0], load_after[0]]
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    with open(a.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    t = Table(title=f"runtime step vs plain PyTorch step ({a.target} plans, batch {a.batch_size}, medians of "
+                    f"{a.steps} steps after {a.warmup}; load {load[0]:.2f} -> {load_after[0]:.2f})")
+    for col in ("model", "budget", "threads", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio", "paged MB/step",
+                "predicted ms"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        if "ratio" not in r:
+            t.add_row(r["model"], r["budget"], str(r["threads"]), "-", "-", "-", "error", "-", "-")
+            continue
+        t.add_row(r["model"], r["budget"], str(r["threads"]), f"{r['recomputes']}/{r['page_ins']}/{r['page_outs']}",
+                  f"{r['runtime_s'] * 1e3:.1f}", f"{r['pytorch_s'] * 1e3:.1f}", f"{r['ratio']:.2f}x",
+                  f"{r['paged_bytes_per_step'] / 1e6:.1f}", f"{r['predicted_s'] * 1e3:.1f}")
+    Console(width=160).print(t)
+    for r in rows:
+        if r.get("error"):
+            print(f"{r['model']} {r['budget']} {r['threads']}: {r['error']}", file=sys.stderr)
+    print(f"wrote {a.json}")
+    return 0 if all("ratio" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

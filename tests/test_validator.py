@@ -93,9 +93,9 @@ def test_page_out_never_paged_in_is_rejected(resnet):
     g, lv = resnet
     steps = _steps(g, lv, store_all(g, lv))
     validate(g, steps, TARGET, None)
-    k = next(k for k, s in enumerate(steps) if s.action == "compute" and s.tensor == "conv1")
-    bad = steps[: k + 1] + [Step(steps[k].stage, "page_out", "conv1")] + steps[k + 1:]  # kept resident anyway
-    with pytest.raises(ValidationError, match=r"paged out but never paged in: \['conv1'\]"):
+    k = next(k for k, s in enumerate(steps) if s.action == "compute" and s.tensor == "convolution")
+    bad = steps[: k + 1] + [Step(steps[k].stage, "page_out", "convolution")] + steps[k + 1:]  # kept resident anyway
+    with pytest.raises(ValidationError, match=r"paged out but never paged in: \['convolution'\]"):
         validate(g, bad, TARGET, None, strict=True)
     validate(g, bad, TARGET, None)  # wasteful, not wrong: a schedule file from before the rule still runs
 

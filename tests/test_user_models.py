@@ -73,3 +73,18 @@ def test_frozen_parameters_get_no_update_and_no_optimizer_state(tmp_path):
     # Adam keeps two state tensors per trainable parameter only (plus a 4-byte step count each).
     trainable_bytes = sum(graph.params[p].bytes for p in graph.trainable)
     assert graph.optimizer_bytes == 2 * trainable_bytes + 4 * len(graph.trainable)
+
+
+def test_a_users_own_loss_function_trains_exactly(tmp_path):
+    opts = _options("squeeze_excite", tmp_path, "100%", "adamw")
+    opts.loss = "tests/user_models.py:smoothed_cross_entropy"
+    compile_model(opts)
+    result = run_plan(str(tmp_path), steps=2, check=True)
+    assert result["ok"] and result["max_abs_err"] <= 1e-6, result.get("error")
+    plain = run_plan(str(_compile_plain(tmp_path / "plain")), steps=1)
+    assert result["losses"][0] != plain["losses"][0]  # the user's loss, not cross-entropy, was trained
+
+
+def _compile_plain(out):
+    compile_model(_options("squeeze_excite", out, "100%", "adamw"))
+    return out

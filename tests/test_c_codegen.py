@@ -67,8 +67,8 @@ def test_backends_count_what_their_runtime_holds():
     py, c = graphs["python"], graphs["c"]
     updating = [n for n in py.nodes if n.updates]
     assert {p for n in updating for p in n.updates} == set(py.params)
-    for n in updating:
-        assert n.workspace_bytes >= sum(py.params[p].bytes for p in n.updates) > 0
+    for n in updating:  # one gradient at a time: each is applied before the next is made
+        assert n.workspace_bytes >= max(py.params[p].bytes for p in n.updates) > 0
     for n in c.nodes:
         if n.op == "maxpool_argmax" or n.kind == "labels":
             assert n.dtype == "int32"

@@ -153,7 +153,7 @@ def test_killed_compile_leaves_the_previous_output_untouched(plan, capsys, when)
 
 def test_two_concurrent_compiles_into_one_folder_do_not_mix(tmp_path):
     out = tmp_path / "o"
-    ps = [subprocess.Popen(_compile_cmd(out, model=m), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ps = [subprocess.Popen(_compile_cmd(out, model=m, budget="100%"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True) for m in ("small_cnn", "mlp")]
     results = [p.communicate(timeout=300) for p in ps]
     assert all(p.returncode == 0 for p in ps), results

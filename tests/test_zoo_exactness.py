@@ -12,7 +12,9 @@ from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.workbench.run import run_plan
 
 BATCH = {"mlp": 128, "small_cnn": 8, "vgg11": 8, "vgg16": 8, "vgg19": 8, "resnet18": 4, "mobilenetv2": 4}
-CASES = [(m, b) for m in BATCH for b in ("100%", "70%", "50%")] + [("resnet18", "40%"), ("vgg16", "40%")]
+# mlp's smallest feasible budget is 51.6% (its layers' weight gradients are large beside its activations).
+CASES = [(m, b) for m in BATCH for b in ("100%", "70%", "55%" if m == "mlp" else "50%")]
+CASES += [("resnet18", "40%"), ("vgg16", "40%")]
 BATCH["resnet10"] = 4  # ResNet-18's blocks at half the depth: one tight budget is enough
 CASES.append(("resnet10", "40%"))
 

@@ -37,6 +37,9 @@ def describe(e: BaseException) -> tuple[str, str]:
         kind, fix = _OS_KINDS.get(e.errno, ("StorageError", "check the disk and the path"))
         where = f" ({e.filename})" if e.filename else ""
         return kind, f"{e.strerror or e}{where}: {fix}"
+    if isinstance(e, PageStoreError) and getattr(e, "errno", None) in _OS_KINDS:
+        kind, fix = _OS_KINDS[e.errno]
+        return kind, f"{e}: {fix}"
     if isinstance(e, SafetensorError):  # safetensors' writer reports the OS error only in its text
         m = re.search(r"os error (\d+)", str(e))
         if m and int(m.group(1)) in _OS_KINDS:

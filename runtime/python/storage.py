@@ -117,8 +117,9 @@ class FileStore:
         try:
             return write()
         except OSError as e:
-            raise PageStoreError(f"page-out of '{name}': writing {self.path_of(name)} failed "
-                                 f"({e.strerror or e})") from None
+            err = PageStoreError(f"page-out of '{name}': writing {self.path_of(name)} failed ({e.strerror or e})")
+            err.errno = e.errno  # a full or read-only disk stays recognisable as such
+            raise err from None
 
     def wait(self, name: str | None = None) -> None:
         """Return once the write of `name` (None: of every tensor) is done and holds no reference to it;

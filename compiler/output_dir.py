@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from edgetrain.runtime.python.integrity import SCHEDULE, file_table
+from edgetrain.runtime.python.run_dirs import alive as _alive  # one test for staging folders and page stores
 
 from .errors import OutputDirError
 
@@ -26,16 +27,6 @@ _RENAME_EXCHANGE = 2  # linux/fs.h
 
 def _tmp_prefix(out: Path) -> str:
     return f".{out.name}{_TMP_TAG}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove_stale(out: Path) -> None:

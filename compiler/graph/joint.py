@@ -27,6 +27,7 @@ from torch.utils.flop_counter import flop_registry
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.frontend.capture import JointCapture
 
+from .fusion import fuse_updates, remap_operands as _remap
 from .ir import DTYPE_BYTES, Node, OptimizerConfig, TensorRef, TensorSpec, TrainingGraph
 
 _ALIASES = {"aten.detach.default", "aten.alias.default"}
@@ -221,12 +222,7 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
         updates.setdefault(r.node, []).append({"item": r.k, "view": r.view, "buffer": buf})
 
     # Dead code (shape asserts, values nothing reads) is dropped: keep what updates, or the loss needs.
-    dag0 = nx.DiGraph()
-    dag0.add_nodes_from(b.order)
-    for name, op in ops.items():
-        for r in op.operands:
-            if r.node in ops:
-                dag0.add_edge(r.node, name)
+    dag0 = _op_dag(b.order, ops)
     roots = set(updates) | {loss_ref.node}
     live = set(roots)
     for root in roots:
@@ -238,12 +234,7 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
         op.readers = {k: [r for r in rs if r in live] for k, rs in op.readers.items()}
 
     # Kinds: what the loss depends on (and what depends on nothing of the backward) is forward.
-    dag = nx.DiGraph()
-    dag.add_nodes_from(b.order)
-    for name, op in ops.items():
-        for r in op.operands:
-            if r.node in ops:
-                dag.add_edge(r.node, name)
+    dag = _op_dag(b.order, ops)
     backward = nx.descendants(dag, loss_ref.node)
     for name in b.order:
         ops[name].kind = "backward" if name in backward else "forward"
@@ -292,6 +283,17 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
                          input_shape=tuple(input_shape), num_classes=num_classes, loss=loss, optimizer=optimizer,
                          input_dtype=input_dtype, input_high=input_high, trainable=trainable,
                          labels_dtype=_dtype(y_val))
+
+
+def _op_dag(order: list[str], ops: dict[str, _Op]) -> nx.DiGraph:
+    """Which op reads which (the tensors between ops; parameters and the batch are not nodes)."""
+    dag = nx.DiGraph()
+    dag.add_nodes_from(order)
+    for name, op in ops.items():
+        for r in op.operands:
+            if r.node in ops:
+                dag.add_edge(r.node, name)
+    return dag
 
 
 def _state_names(op: _Op, key: str) -> list[str]:
@@ -455,61 +457,6 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 workspace_bytes=total - kept_bytes - aux_bytes, flops=flops, updates=opt_updates,
                 source=_source(op, ops)))
     return nodes
-
-
-def _holds_nothing(n: Node) -> bool:
-    a = n.attrs
-    return (a.get("keep") in ("none", []) and not a.get("aux") and n.aux_of is None and "seed_key" not in a
-            and "loss_item" not in a and "then" not in a)
-
-
-def fuse_updates(nodes: list[Node]) -> list[Node]:
-    """A node that holds nothing (a weight gradient applied at once, a running-statistics update) runs right
-    after the node before it, as one schedulable node: the scheduler sees about one backward stage per layer.
-
-    The fused node runs its own op first (so a parameter it reads is read before the fused op updates it),
-    then each fused op; its workspace is the largest transient of the ops, counted beside its held output.
-    """
-    out: list[Node] = []
-    for n in nodes:
-        prev = out[-1] if out else None
-        if (prev is not None and _holds_nothing(n) and n.kind == prev.kind and n.kind in ("forward", "backward")
-                and "seed_key" not in prev.attrs):
-            inputs = list(prev.inputs)
-            remap = {}
-            for i, r in enumerate(n.inputs):
-                if r.name == prev.name:  # the fused node's own output, just made
-                    remap[i] = {"$own": True, **({"view": [list(v) for v in r.view]} if r.view else {})}
-                    continue
-                if r not in inputs:
-                    inputs.append(r)
-                remap[i] = {"$t": inputs.index(r)}
-            sub = {"op": n.op, "args": _remap(n.attrs["args"], remap), "keep": "none"}
-            if n.attrs.get("kwargs"):
-                sub["kwargs"] = _remap(n.attrs["kwargs"], remap)
-            if n.attrs.get("updates"):
-                sub["updates"] = n.attrs["updates"]
-            attrs = dict(prev.attrs)
-            attrs["then"] = list(prev.attrs.get("then", [])) + [sub]
-            out[-1] = Node(
-                name=prev.name, kind=prev.kind, op=prev.op, inputs=tuple(inputs),
-                params=tuple(dict.fromkeys(prev.params + n.params)), buffers=tuple(dict.fromkeys(prev.buffers + n.buffers)),
-                attrs=attrs, shape=prev.shape, dtype=prev.dtype, items=prev.items, aux_bytes=prev.aux_bytes,
-                aux_of=prev.aux_of, workspace_bytes=max(prev.workspace_bytes, n.workspace_bytes),
-                flops=prev.flops + n.flops, updates=tuple(dict.fromkeys(prev.updates + n.updates)), source=prev.source)
-            continue
-        out.append(n)
-    return out
-
-
-def _remap(template, remap: dict[int, dict]):
-    if isinstance(template, dict):
-        if "$t" in template:
-            return remap[template["$t"]]
-        return {k: _remap(v, remap) for k, v in template.items()}
-    if isinstance(template, list):
-        return [_remap(v, remap) for v in template]
-    return template
 
 
 def _source(op: _Op, ops: dict[str, _Op]) -> str:

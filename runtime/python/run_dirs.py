@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Iterator
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs (one that is not ours counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -24,7 +25,7 @@ def remove_stale_pages(plan_dir: str | os.PathLike) -> list[str]:
     gone = []
     for p in Path(plan_dir).glob("pages-*-*"):
         pid = p.name.split("-")[1]
-        if p.is_dir() and pid.isdigit() and not _alive(int(pid)):
+        if p.is_dir() and pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
             gone.append(str(p))
     return gone

@@ -1,8 +1,8 @@
 """Fusion for the scheduler: ops that always travel together become one schedulable node.
 
 A node of the captured graph that holds nothing (a weight or bias gradient applied at once, a running-statistics
-update) runs right after the node before it, so the POET model sees about one backward stage per layer, as
-many as a graph with hand-written backward rules has.
+update) runs with a neighbour, so the POET model sees about one backward stage per layer, as many as a graph
+with hand-written backward rules has.
 """
 from __future__ import annotations
 
@@ -16,42 +16,57 @@ def _holds_nothing(n: Node) -> bool:
 
 
 def fuse_updates(nodes: list[Node]) -> list[Node]:
-    """A node that holds nothing (a weight gradient applied at once, a running-statistics update) runs right
-    after the node before it, as one schedulable node: the scheduler sees about one backward stage per layer.
+    """A backward node that holds nothing (a weight gradient applied at once) runs right after the node before
+    it, as one schedulable node: the scheduler sees about one backward stage per layer. A forward node that
+    holds nothing (a running-statistics update, which reads only buffers) runs after the first backward node:
+    fused into a forward node it would give that node a transient to count on every recompute.
 
     The fused node runs its own op first (so a parameter it reads is read before the fused op updates it),
     then each fused op; its workspace is the largest transient of the ops, counted beside its held output.
     """
     out: list[Node] = []
+    deferred: list[Node] = []
     for n in nodes:
         prev = out[-1] if out else None
-        if (prev is not None and _holds_nothing(n) and n.kind == prev.kind and n.kind in ("forward", "backward")
+        if _holds_nothing(n) and n.kind == "forward" and not any(r.name for r in n.inputs):
+            deferred.append(n)
+            continue
+        if (prev is not None and _holds_nothing(n) and n.kind == prev.kind == "backward"
                 and "seed_key" not in prev.attrs):
-            inputs = list(prev.inputs)
-            remap = {}
-            for i, r in enumerate(n.inputs):
-                if r.name == prev.name:  # the fused node's own output, just made
-                    remap[i] = {"$own": True, **({"view": [list(v) for v in r.view]} if r.view else {})}
-                    continue
-                if r not in inputs:
-                    inputs.append(r)
-                remap[i] = {"$t": inputs.index(r)}
-            sub = {"op": n.op, "args": remap_operands(n.attrs["args"], remap), "keep": "none"}
-            if n.attrs.get("kwargs"):
-                sub["kwargs"] = remap_operands(n.attrs["kwargs"], remap)
-            if n.attrs.get("updates"):
-                sub["updates"] = n.attrs["updates"]
-            attrs = dict(prev.attrs)
-            attrs["then"] = list(prev.attrs.get("then", [])) + [sub]
-            out[-1] = Node(
-                name=prev.name, kind=prev.kind, op=prev.op, inputs=tuple(inputs),
-                params=tuple(dict.fromkeys(prev.params + n.params)), buffers=tuple(dict.fromkeys(prev.buffers + n.buffers)),
-                attrs=attrs, shape=prev.shape, dtype=prev.dtype, items=prev.items, aux_bytes=prev.aux_bytes,
-                aux_of=prev.aux_of, workspace_bytes=max(prev.workspace_bytes, n.workspace_bytes),
-                flops=prev.flops + n.flops, updates=tuple(dict.fromkeys(prev.updates + n.updates)), source=prev.source)
+            out[-1] = _merge(prev, n)
             continue
         out.append(n)
-    return out
+        if deferred and n.kind == "backward":
+            for d in deferred:
+                out[-1] = _merge(out[-1], d)
+            deferred = []
+    return out + deferred
+
+
+def _merge(prev: Node, n: Node) -> Node:
+    """`prev` running `n`'s op after its own."""
+    inputs = list(prev.inputs)
+    remap = {}
+    for i, r in enumerate(n.inputs):
+        if r.name == prev.name:  # the fused node's own output, just made
+            remap[i] = {"$own": True, **({"view": [list(v) for v in r.view]} if r.view else {})}
+            continue
+        if r not in inputs:
+            inputs.append(r)
+        remap[i] = {"$t": inputs.index(r)}
+    sub = {"op": n.op, "args": remap_operands(n.attrs["args"], remap), "keep": "none"}
+    if n.attrs.get("kwargs"):
+        sub["kwargs"] = remap_operands(n.attrs["kwargs"], remap)
+    if n.attrs.get("updates"):
+        sub["updates"] = n.attrs["updates"]
+    attrs = dict(prev.attrs)
+    attrs["then"] = list(prev.attrs.get("then", [])) + [sub]
+    return Node(
+        name=prev.name, kind=prev.kind, op=prev.op, inputs=tuple(inputs),
+        params=tuple(dict.fromkeys(prev.params + n.params)), buffers=tuple(dict.fromkeys(prev.buffers + n.buffers)),
+        attrs=attrs, shape=prev.shape, dtype=prev.dtype, items=prev.items, aux_bytes=prev.aux_bytes,
+        aux_of=prev.aux_of, workspace_bytes=max(prev.workspace_bytes, n.workspace_bytes),
+        flops=prev.flops + n.flops, updates=tuple(dict.fromkeys(prev.updates + n.updates)), source=prev.source)
 
 
 def remap_operands(template, remap: dict[int, dict]):

@@ -24,6 +24,8 @@ import torch
 import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
+from edgetrain.runtime.python.aten_call import dropped_bytes
+
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.frontend.capture import JointCapture
 
@@ -420,20 +422,16 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
             keep = part["keep"]
             if keep == "none":
                 shape, dtype, items = None, "float32", None
-                kept_bytes = 0
             elif keep is None:
                 spec = _spec(outs[0])
                 shape, dtype, items = spec.shape, spec.dtype, None
-                kept_bytes = spec.bytes
             elif isinstance(keep, list):
                 shape, dtype = None, "float32"
                 items = tuple(_spec(outs[k]) for k in keep) if keep else None
-                kept_bytes = sum(s.bytes for s in items) if items else 0
             else:
                 spec = _spec(outs[keep])
                 shape, dtype, items = spec.shape, spec.dtype, None
-                kept_bytes = spec.bytes
-            total = sum(_spec(o).bytes for o in outs if isinstance(o, torch.Tensor))
+            dropped = dropped_bytes(outs, keep, part["aux"])
             aux_bytes = sum(_spec(outs[k]).bytes for k in part["aux"])
             attrs: dict = {"args": args, **({"kwargs": kwargs} if kwargs else {})}
             if keep is not None:  # None: the op's single result (the runtime's default)
@@ -454,7 +452,7 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 name=part["name"], kind=kind, op=opname, inputs=refs, params=params, buffers=buffers,
                 attrs=attrs, shape=shape, dtype=dtype, items=items, aux_bytes=aux_bytes,
                 aux_of=aux_from[0] if aux_from else None,
-                workspace_bytes=total - kept_bytes - aux_bytes, flops=flops, updates=opt_updates,
+                workspace_bytes=dropped, flops=flops, updates=opt_updates,
                 source=_source(op, ops)))
     return nodes
 

@@ -126,3 +126,25 @@ def held(outs: list, keep):
 def update_value(outs: list, update: dict):
     """The tensor an update reads: an output of the op, through the update's view chain."""
     return apply_view(outs[0] if update.get("item") is None else outs[update["item"]], update.get("view"))
+
+
+# An output an op drops that is at most this share of its largest output (a batch-norm's new running
+# statistics beside its activations) counts as the op's internal scratch, which no memory model counts.
+SCRATCH_SHARE = 64
+
+
+def dropped_bytes(outs: list, keep, aux=()) -> int:
+    """Bytes of the outputs an op makes and the node drops at once (its transient), the scratch excepted.
+    `outs` may be real or fake tensors: the compiler and the runtime count with this one rule."""
+    sizes = [o.numel() * o.element_size() if isinstance(o, torch.Tensor) else 0 for o in outs]
+    if keep is None:
+        held_items = {0}
+    elif keep == "none":
+        held_items = set()
+    elif isinstance(keep, list):
+        held_items = set(keep)
+    else:
+        held_items = {keep}
+    largest = max(sizes, default=0)
+    return sum(b for k, b in enumerate(sizes)
+               if k not in held_items and k not in set(aux) and b * SCRATCH_SHARE > largest)

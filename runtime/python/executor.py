@@ -191,7 +191,6 @@ class Runtime:
                                       self.step)
         except KeyError as e:
             raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
-        total = sum(nbytes(o) for o in outs if isinstance(o, Tensor))
         held = aten_call.held(outs, attrs.get("keep"))
         for o in (held if isinstance(held, tuple) else (held,)):
             if isinstance(o, Tensor) and o.numel() and any(
@@ -205,13 +204,13 @@ class Runtime:
             self._hold(name, held, kept)
         if first and aux_items:
             self._hold(f"{name}.aux", aux_out, aux_bytes)
-        with self.ledger.transient(total - kept - aux_bytes, label=f"{name} (dropped outputs)"):
+        dropped = aten_call.dropped_bytes(outs, attrs.get("keep"), aux_items)
+        with self.ledger.transient(dropped, label=f"{name} (dropped outputs)"):
             self._apply_updates(first, outs, attrs.get("updates", ()))
         for sub in attrs.get("then", ()):  # ops fused after this one: each holds nothing
             more = aten_call.call(sub["op"], sub, ins, self._params, self._buffers, aux, self.device, self.seed,
                                   self.step, own=held)
-            with self.ledger.transient(sum(nbytes(o) for o in more if isinstance(o, Tensor)),
-                                       label=f"{name} (then {sub['op']})"):
+            with self.ledger.transient(aten_call.dropped_bytes(more, "none"), label=f"{name} (then {sub['op']})"):
                 self._apply_updates(first, more, sub.get("updates", ()))
         if first and "loss_item" in attrs:
             item = attrs["loss_item"]

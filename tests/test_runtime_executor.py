@@ -385,3 +385,17 @@ def test_load_plan(tmp_path):
     (tmp_path / "bad" / "plan.py").write_text("PLAN = {'weights': 'w'}\ndef train_step(rt): pass\n")
     with pytest.raises(PlanError, match="lacks optimizer, seed"):
         load_plan(tmp_path / "bad")
+
+
+def test_dropped_outputs_count_except_an_ops_scratch():
+    """The runtime's transient and the compiler's workspace are one rule: every output the node drops counts,
+    except outputs at most 1/64 of the op's largest (a batch-norm's new running statistics)."""
+    from edgetrain.runtime.python.aten_call import SCRATCH_SHARE, dropped_bytes
+
+    big, grad, tiny = torch.zeros(64, 64), torch.zeros(32, 64), torch.zeros(64)
+    assert dropped_bytes([big, grad, tiny], None) == grad.numel() * 4  # keep output 0; tiny is scratch
+    assert dropped_bytes([big, grad, tiny], "none") == (big.numel() + grad.numel()) * 4
+    assert dropped_bytes([big, grad, tiny], [0, 1]) == 0
+    assert dropped_bytes([big, grad, tiny], 0, aux=[1]) == 0
+    assert dropped_bytes([tiny], "none") == tiny.numel() * 4  # an op's only output is never its scratch
+    assert tiny.numel() * 4 * SCRATCH_SHARE <= big.numel() * 4

@@ -447,9 +447,8 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
             if name == loss_ref.node:
                 attrs["loss_item"] = loss_ref.k
             opt_updates = tuple(u["param"] for u in mine if "param" in u)
-            kind = op.kind if part_i == 0 else op.kind
             nodes.append(Node(
-                name=part["name"], kind=kind, op=opname, inputs=refs, params=params, buffers=buffers,
+                name=part["name"], kind=op.kind, op=opname, inputs=refs, params=params, buffers=buffers,
                 attrs=attrs, shape=shape, dtype=dtype, items=items, aux_bytes=aux_bytes,
                 aux_of=aux_from[0] if aux_from else None,
                 workspace_bytes=dropped, flops=flops, updates=opt_updates,

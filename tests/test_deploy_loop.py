@@ -171,7 +171,6 @@ def test_device_program_with_the_runtime_alone(compiled, tmp_path):
 def test_a_killed_run_rerun_with_resume_ends_as_an_uninterrupted_one(plan, npz, tmp_path, capsys):
     import signal
     import subprocess
-    import sys
     import time
 
     from tests.test_reliability import CLI, ROOT

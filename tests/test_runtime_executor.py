@@ -237,7 +237,7 @@ def test_background_page_out_returns_at_once_and_lets_go_on_wait(tmp_path, monke
     t = torch.randn(1000)
     want, ref = t.clone(), StorageWeakRef(t.untyped_storage())  # the bytes, not the Python object
     start = time.perf_counter()
-    path = store.page_out("t", t)
+    store.page_out("t", t)
     assert time.perf_counter() - start < 0.2  # returned before the write
     del t
     assert not ref.expired()  # the write in flight still holds the bytes

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from edgetrain.compiler.frontend.capture import load_loss, objective, swap_dropout

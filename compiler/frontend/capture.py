@@ -224,6 +224,7 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
     step = _Step(model, objective(loss, token_ids, user_fn))
     t0 = time.perf_counter()
     try:
+        # preserve_node_meta: each backward node keeps the seq_nr of the forward op it differentiates
         with contextlib.redirect_stderr(io.StringIO()), torch.fx.traceback.preserve_node_meta():
             gm, sig = aot_export_module(step, (x, y), trace_joint=True, output_loss_index=0)
     except UnsupportedModelError:

@@ -87,13 +87,14 @@ def build_graph(opts: CompileOptions, target):
     return resolved, model, graph
 
 
-def example_labels(opts: CompileOptions, resolved, model, example: torch.Tensor) -> torch.Tensor:
-    """Labels shaped as the loss expects them: class ids (B, ...) for cross-entropy, the output's shape for mse."""
-    gen = torch.Generator().manual_seed(opts.seed + 1)
+def example_labels(loss: str, seed: int, resolved, model, example: torch.Tensor) -> torch.Tensor:
+    """Labels shaped as `loss` ("cross_entropy", "mse" or "model") expects them: class ids (B, ...) for
+    cross-entropy, the output's shape for mse, the model's `labels_shape` for a model that computes its loss."""
+    gen = torch.Generator().manual_seed(seed + 1)
     saved = {k: b.clone() for k, b in model.named_buffers()}  # a forward in training mode moves BN statistics
     try:
         with torch.no_grad():
-            out = model(example) if opts.loss != "model" else None
+            out = model(example) if loss != "model" else None
     except Exception as e:
         from .frontend.capture import user_frame
 
@@ -104,7 +105,7 @@ def example_labels(opts: CompileOptions, resolved, model, example: torch.Tensor)
         with torch.no_grad():
             for k, b in model.named_buffers():
                 b.copy_(saved[k])
-    if opts.loss == "model":
+    if loss == "model":
         labels_shape = getattr(resolved.module, "labels_shape", None)
         high = resolved.num_classes or resolved.input_high or 2
         shape = (example.shape[0], *labels_shape) if labels_shape is not None else tuple(example.shape)
@@ -114,7 +115,7 @@ def example_labels(opts: CompileOptions, resolved, model, example: torch.Tensor)
     if not isinstance(out, torch.Tensor):
         raise UnsupportedModelError("the model's output is not a tensor; give --loss model and have "
                                     "forward(x, y) return the loss")
-    if opts.loss == "mse":
+    if loss == "mse":
         return torch.randn(out.shape, generator=gen)
     token = resolved.input_dtype == "int64" and out.dim() == 3
     classes = out.shape[-1] if token else out.shape[1] if out.dim() > 1 else None
@@ -129,18 +130,15 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor):
     from .frontend.capture import capture, load_loss
     from .graph.joint import build_graph as joint_graph
 
-    user_fn = None
-    loss = opts.loss
-    if loss not in ("cross_entropy", "mse", "model"):
-        user_fn = load_loss(loss)
-    y = example_labels(opts, resolved, model, example) if user_fn is None else \
-        example_labels(CompileOptions(**{**opts.__dict__, "loss": "cross_entropy"}), resolved, model, example)
-    cap = capture(model, example, y, loss="cross_entropy" if user_fn else loss,
-                  token_ids=resolved.input_dtype == "int64", user_fn=user_fn)
+    builtin = opts.loss in ("cross_entropy", "mse", "model")
+    user_fn = None if builtin else load_loss(opts.loss)
+    kind = opts.loss if builtin else "cross_entropy"  # a user's loss takes class labels
+    y = example_labels(kind, opts.seed, resolved, model, example)
+    cap = capture(model, example, y, loss=kind, token_ids=resolved.input_dtype == "int64", user_fn=user_fn)
     for name, value in cap.constants.items():  # tensors torch lifted out of the code: buffers of the plan
         model.register_buffer(name, value.detach().clone())
     classes = resolved.num_classes or 0
-    return joint_graph(cap, opts.model, tuple(example.shape), classes, loss, opts.optimizer,
+    return joint_graph(cap, opts.model, tuple(example.shape), classes, opts.loss, opts.optimizer,
                        input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys)
 
 

@@ -28,7 +28,7 @@ from edgetrain.compiler.workbench import cli
 from edgetrain.compiler.graph.backends import C, PYTHON
 from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
 from edgetrain.compiler.errors import BudgetError, UnsupportedModelError
-from edgetrain.compiler.graph.ir import SGDConfig
+from edgetrain.compiler.graph.ir import OptimizerConfig
 from edgetrain.compiler.workbench.run_c import FirmwareError, read_result, run_firmware
 from edgetrain.targets import load_target
 
@@ -350,7 +350,7 @@ def mcu(tmp_path_factory):
     out = {}
     for name, budget in MCU.items():
         d = tmp_path_factory.mktemp(name)
-        c = _compile(d, name, budget, optimizer=SGDConfig(lr=LR, momentum=0.9, weight_decay=5e-4))
+        c = _compile(d, name, budget, optimizer=OptimizerConfig(lr=LR, momentum=0.9, weight_decay=5e-4))
         out[name] = (d, c)
     return out
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -36,9 +35,6 @@ class JointCapture:
     loss: str  # the fx node of the loss value
     grads: dict[str, str]  # fx node -> parameter it is the (complete) gradient of
     buffer_updates: dict[str, str]  # fx node -> buffer it becomes
-    trainable: tuple[str, ...]  # parameters with requires_grad, in the model's order
-    tied: dict[str, str] = field(default_factory=dict)  # alias name -> the parameter it shares storage with
-    seconds: float = 0.0
     seed_keys: dict[str, str] = field(default_factory=dict)  # random op node -> the key its mask is drawn by
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # buffer name -> a constant tensor of the code
 
@@ -208,8 +204,7 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
     """The joint graph of one training step of `model` on a batch like (x, y)."""
     from torch._functorch.aot_autograd import aot_export_module
 
-    trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
-    if not trainable:
+    if not any(p.requires_grad for p in model.parameters()):
         raise UnsupportedModelError("every parameter of the model is frozen (requires_grad=False): "
                                     "there is nothing to train")
     # Tied parameters (an LM head sharing the embedding) are one parameter: named_parameters lists it once.
@@ -222,7 +217,6 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
     calls: list[str] = []
     swap_dropout(model, calls)
     step = _Step(model, objective(loss, token_ids, user_fn))
-    t0 = time.perf_counter()
     try:
         # preserve_node_meta: each backward node keeps the seq_nr of the forward op it differentiates
         with contextlib.redirect_stderr(io.StringIO()), torch.fx.traceback.preserve_node_meta():
@@ -235,7 +229,6 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
             raise UnsupportedModelError(_guard_message(e)) from None
         raise UnsupportedModelError(f"torch could not trace the training step{user_frame(e)}: {name}: "
                                     f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
-    seconds = time.perf_counter() - t0
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     # A tied parameter is named as named_parameters() names it (its first name) everywhere.
     params = {ph: tied.get(_strip(p), _strip(p)) for ph, p in sig.inputs_to_parameters.items()}
@@ -251,4 +244,4 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
     return JointCapture(gm=gm, constants=constants, params=params, buffers=buffers, inputs=(user[0], user[1]),
                         loss=sig.user_outputs[0], grads=grads,
                         buffer_updates={node: _strip(b) for node, b in sig.buffers_to_mutate.items()},
-                        trainable=trainable, tied=tied, seconds=seconds, seed_keys=dropout_keys(gm, calls))
+                        seed_keys=dropout_keys(gm, calls))

@@ -172,17 +172,8 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
 
-    @property
-    def state_per_param(self) -> int:
-        """State tensors of a parameter's size kept per trainable parameter."""
-        if self.name == "sgd":
-            return 1 if self.momentum else 0
-        return 2
-
-    @property
-    def flops_per_element(self) -> int:
-        """Arithmetic per parameter element of one update (SGD: d = g + wd*p; buf = m*buf + d; p -= lr*buf)."""
-        return 6 if self.name == "sgd" else 14
+    def to_json(self) -> dict:
+        return {**asdict(self), "betas": list(self.betas)}
 
     @staticmethod
     def from_json(d: dict) -> "OptimizerConfig":
@@ -191,8 +182,6 @@ class OptimizerConfig:
             d["betas"] = tuple(d["betas"])
         return OptimizerConfig(**d)
 
-
-SGDConfig = OptimizerConfig  # the default optimizer
 
 @dataclass
 class TrainingGraph:
@@ -207,7 +196,6 @@ class TrainingGraph:
     input_dtype: str = "float32"  # "int64": token ids in [0, input_high), which no gradient reaches
     input_high: int | None = None
     trainable: tuple[str, ...] | None = None  # parameters the optimizer updates; None: every parameter
-    labels_dtype: str | None = None  # the labels' dtype when the graph reads them (captured graphs)
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -237,11 +225,13 @@ class TrainingGraph:
 
     @property
     def optimizer_bytes(self) -> int:
-        """Optimizer state: per trainable parameter, its state tensors and (Adam) a 4-byte step count."""
-        o = self.optimizer
-        per = o.state_per_param
-        counters = 4 if o.name in ("adam", "adamw") else 0
-        return sum(per * self.params[p].bytes + counters for p in self.trainable_params)
+        """Optimizer state: per trainable parameter, its state tensors and (Adam) a 4-byte step count, as the
+        runtime's optimizer allocates them."""
+        from edgetrain.runtime.python.optim import state_names, step_counter_bytes
+
+        config = self.optimizer.to_json()
+        per, counter = len(state_names(config)), step_counter_bytes(config)
+        return sum(per * self.params[p].bytes + counter for p in self.trainable_params)
 
     @property
     def buffer_bytes(self) -> int:
@@ -297,9 +287,8 @@ class TrainingGraph:
             "num_classes": self.num_classes,
             "loss": self.loss,
             "format": GRAPH_FORMAT,
-            "optimizer": {**asdict(self.optimizer), "betas": list(self.optimizer.betas)},
+            "optimizer": self.optimizer.to_json(),
             **({"trainable": list(self.trainable)} if self.trainable is not None else {}),
-            **({"labels_dtype": self.labels_dtype} if self.labels_dtype else {}),
             # Token-id inputs only, so image models' schedules (and their content hashes) stay as they were.
             **({"input_dtype": self.input_dtype, "input_high": self.input_high} if self.input_dtype != "float32" else {}),
             "params": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.params.items()},
@@ -324,7 +313,6 @@ class TrainingGraph:
             loss=d["loss"],
             optimizer=OptimizerConfig.from_json(d["optimizer"]),
             trainable=tuple(d["trainable"]) if "trainable" in d else None,
-            labels_dtype=d.get("labels_dtype"),
             input_dtype=d.get("input_dtype", "float32"),
             input_high=d.get("input_high"),
         )

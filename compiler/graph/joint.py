@@ -283,8 +283,7 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
     trainable = tuple(p for p in model_params if p in set(cap.grads.values()))
     return TrainingGraph(model=model, nodes=nodes, params=model_params, buffers=model_buffers,
                          input_shape=tuple(input_shape), num_classes=num_classes, loss=loss, optimizer=optimizer,
-                         input_dtype=input_dtype, input_high=input_high, trainable=trainable,
-                         labels_dtype=_dtype(y_val))
+                         input_dtype=input_dtype, input_high=input_high, trainable=trainable)
 
 
 def _op_dag(order: list[str], ops: dict[str, _Op]) -> nx.DiGraph:

@@ -16,7 +16,7 @@ from math import prod
 
 from .backends import PYTHON, Backend
 from .forward import ForwardGraph
-from .ir import LOSSES, Node, SGDConfig, TensorRef, TrainingGraph, inverse_view, view_shape
+from .ir import LOSSES, Node, OptimizerConfig, TensorRef, TrainingGraph, inverse_view, view_shape
 from .ops import GRAD_SUM, OPS, grad_sum_flops, sgd_flops
 
 
@@ -42,10 +42,10 @@ def _for_backend(n: Node, backend: Backend) -> Node:
 
 
 def lower(fwd: ForwardGraph, model_name: str, loss: str = "cross_entropy",
-          optimizer: SGDConfig | None = None, backend: Backend = PYTHON) -> TrainingGraph:
+          optimizer: OptimizerConfig | None = None, backend: Backend = PYTHON) -> TrainingGraph:
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
-    optimizer = optimizer or SGDConfig()
+    optimizer = optimizer or OptimizerConfig()
     nodes: list[Node] = [_for_backend(n, backend) for n in fwd.nodes]
     fwd = dataclasses.replace(fwd, nodes=list(nodes))
     shapes: dict[str, tuple] = {n.name: n.shape for n in nodes}  # type: ignore[misc]

@@ -86,10 +86,7 @@ def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, ov
 
     gen = torch.Generator().manual_seed(seed)
     params, buffers = _state(graph, gen)
-    optim = Optimizer({"name": graph.optimizer.name, "lr": graph.optimizer.lr,
-                       "momentum": graph.optimizer.momentum, "weight_decay": graph.optimizer.weight_decay,
-                       "nesterov": graph.optimizer.nesterov, "betas": graph.optimizer.betas,
-                       "eps": graph.optimizer.eps}, params, graph.trainable_params)
+    optim = Optimizer(graph.optimizer.to_json(), params, graph.trainable_params)
     last_use: dict[str, int] = {}
     for t, n in enumerate(graph.nodes):
         for r in n.inputs:
@@ -116,8 +113,8 @@ def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, ov
             def once():
                 outs = aten_call.call(n.op, n.attrs, ins, params, buffers, aux, cpu, seed, 0)
                 own = aten_call.held(outs, n.attrs.get("keep"))
-                for sub, res in [(n.attrs, outs)] + [(s, aten_call.call(s["op"], s, ins, params, buffers, aux, cpu,
-                                                                         seed, 0, own)) for s in n.attrs.get("then", ())]:
+                fused = aten_call.fused_calls(n.attrs, ins, params, buffers, aux, cpu, seed, 0, own)
+                for res, sub in [(outs, n.attrs), *fused]:
                     for u in sub.get("updates", ()):
                         if "param" in u:
                             optim.update(u["param"], params[u["param"]], aten_call.update_value(res, u))

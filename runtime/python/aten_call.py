@@ -111,6 +111,13 @@ def call(op: str, attrs: dict, ins: list, params: dict, buffers: dict, aux, devi
     return list(res) if isinstance(res, (tuple, list)) else [res]
 
 
+def fused_calls(attrs: dict, ins: list, params: dict, buffers: dict, aux, device, seed: int, step: int, own):
+    """Run the ops fused after a node's own op (`attrs["then"]`), in order: yields (outputs, the op's attrs).
+    `own`: what the node's own op holds."""
+    for sub in attrs.get("then", ()):
+        yield call(sub["op"], sub, ins, params, buffers, aux, device, seed, step, own), sub
+
+
 def held(outs: list, keep):
     """What the node keeps of its op's outputs: the single result (keep None), one output (an index), a tuple
     of outputs (a list of indices), or nothing ("none" or [])."""

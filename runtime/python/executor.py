@@ -207,9 +207,8 @@ class Runtime:
         dropped = aten_call.dropped_bytes(outs, attrs.get("keep"), aux_items)
         with self.ledger.transient(dropped, label=f"{name} (dropped outputs)"):
             self._apply_updates(first, outs, attrs.get("updates", ()))
-        for sub in attrs.get("then", ()):  # ops fused after this one: each holds nothing
-            more = aten_call.call(sub["op"], sub, ins, self._params, self._buffers, aux, self.device, self.seed,
-                                  self.step, own=held)
+        for more, sub in aten_call.fused_calls(attrs, ins, self._params, self._buffers, aux, self.device, self.seed,
+                                               self.step, own=held):  # each holds nothing
             with self.ledger.transient(aten_call.dropped_bytes(more, "none"), label=f"{name} (then {sub['op']})"):
                 self._apply_updates(first, more, sub.get("updates", ()))
         if first and "loss_item" in attrs:

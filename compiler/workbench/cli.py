@@ -8,8 +8,7 @@ import re
 import sys
 
 from edgetrain.compiler.errors import EdgetrainError
-from edgetrain.compiler.graph.backends import BACKENDS
-from edgetrain.compiler.graph.ir import LOSSES, OptimizerConfig
+from edgetrain.compiler.graph.ir import EMITS, LOSSES, OptimizerConfig
 from edgetrain.runtime.python.optim import OPTIMIZERS
 from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICES
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
@@ -142,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--betas", type=_betas, default=(0.9, 0.999), help="adam/adamw: beta1,beta2")
     c.add_argument("--eps", type=float, default=1e-8, help="adam/adamw")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--emit", default="python", choices=list(BACKENDS),
+    c.add_argument("--emit", default="python", choices=list(EMITS),
                    help="python: a plan for the torch runtime (Jetson, Pi, host); c: C training firmware for "
                         "runtime/c (Cortex-M: plan.c/plan.h, drivers, Makefile)")
     c.add_argument("--out", required=True)

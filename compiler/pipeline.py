@@ -131,7 +131,8 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor):
         model.register_buffer(name, value.detach().clone())
     classes = resolved.num_classes or 0
     return joint_graph(cap, opts.model, tuple(example.shape), classes, opts.loss, opts.optimizer,
-                       input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys)
+                       input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys,
+                       widen_fusion=opts.emit != "c")  # microcontroller graphs are small: every byte counts
 
 
 def compile_model(opts: CompileOptions, progress=None) -> dict:

@@ -194,11 +194,14 @@ def user_frame(e: BaseException) -> str:
 
 
 def _user_line(frames) -> str:
-    """The innermost frame of the user's code: `file.py:line: `code``; "" when there is none."""
-    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-            sys.prefix, sys.exec_prefix)  # torch, edgetrain, and the environment's scripts and packages
+    """The innermost frame of the model's code (the user's, or a zoo model's): `file.py:line: `code``; "" when
+    there is none."""
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    skip = (os.path.dirname(torch.__file__), sys.prefix, sys.exec_prefix)  # torch, the environment's scripts
     for f in reversed(frames):
-        if not f.filename.startswith(skip) and "site-packages" not in f.filename and not f.filename.startswith("<"):
+        mine = f.filename.startswith(ours) and not os.path.basename(f.filename).startswith("zoo")
+        if not mine and not f.filename.startswith(skip) and "site-packages" not in f.filename \
+                and not f.filename.startswith("<"):
             return f"{os.path.basename(f.filename)}:{f.lineno}: `{(f.line or '').strip()}`"
     return ""
 

@@ -325,29 +325,34 @@ def node_cases(node: Node, graph_nodes: dict[str, Node], params: dict,
 def lower_for_c(g: TrainingGraph) -> TrainingGraph:
     """The training graph as the C runtime holds it, or one error naming every op it cannot run."""
     _check_optimizer(g)
-    if g.buffers:
-        raise UnsupportedModelError(
-            f"--emit c: the model has buffers ({', '.join(list(g.buffers)[:3])}: batch-norm running statistics or "
-            "constants); the C runtime keeps none yet. Use --emit python.")
     by_name = {n.name: n for n in g.nodes}
     params = {p: s.shape for p, s in g.params.items()}
-    problems: list[str] = []
+    problems: dict[tuple[str, str], list[str]] = {}  # (op, why) -> where
     for n in g.nodes:
         if n.kind in ("input", "labels"):
             continue
+        where = f"node `{n.name}` ({n.source or ('the loss' if n.kind == 'loss' else 'unknown source')})"
+        if n.buffers:
+            problems.setdefault((n.op, "reads or updates buffers (running statistics or constants), which the C "
+                                       "runtime does not keep"), []).append(where)
+            continue
         if n.aux_bytes or n.aux_of:
-            problems.append(f"op `{n.op}` at node `{n.name}` ({n.source or 'unknown source'}) keeps statistics "
-                            "for its backward, which the C runtime has no kernel for")
+            problems.setdefault((n.op, "keeps statistics for its backward, which the C runtime has no kernel for"),
+                                []).append(where)
             continue
         for case in node_cases(n, by_name, params):
             kernel = C_OPS.get(case.op)
             why = "has no kernel in the C runtime" if kernel is None else kernel.refuse(case)
             if why:
-                problems.append(f"op `{case.op}` at node `{n.name}` ({n.source or 'unknown source'}) {why}")
+                problems.setdefault((case.op, why), []).append(where)
     if problems:
-        listed = "\n  - ".join(dict.fromkeys(problems))
+        lines = []
+        for (op, why), wheres in problems.items():
+            more = f" and {len(wheres) - 3} more" if len(wheres) > 3 else ""
+            lines.append(f"op `{op}` {why}: at {', '.join(wheres[:3])}{more}")
+        listed = "\n  - ".join(lines)
         raise UnsupportedModelError(
-            f"--emit c: {len(problems)} op(s) of the model have no kernel in the C runtime:\n  - {listed}\n"
+            f"--emit c: {len(problems)} op(s) of the model cannot run in the C runtime:\n  - {listed}\n"
             f"The C runtime supports: {supported_text()}. Remove or replace these ops, or use --emit python.")
     nodes = [_as_c(n) for n in g.nodes]
     return replace(g, nodes=nodes)

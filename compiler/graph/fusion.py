@@ -15,7 +15,7 @@ def _holds_nothing(n: Node) -> bool:
             and "loss_item" not in a and "then" not in a)
 
 
-def fuse_updates(nodes: list[Node]) -> list[Node]:
+def fuse_updates(nodes: list[Node], widen: bool = True) -> list[Node]:
     """A backward node that holds nothing (a weight gradient applied at once) runs right after the node before
     it, as one schedulable node: the scheduler sees about one backward stage per layer. A forward node that
     holds nothing (a running-statistics update, which reads only buffers) runs after the first backward node:
@@ -23,6 +23,9 @@ def fuse_updates(nodes: list[Node]) -> list[Node]:
 
     The fused node runs its own op first (so a parameter it reads is read before the fused op updates it),
     then each fused op; its workspace is the largest transient of the ops, counted beside its held output.
+    `widen` False fuses a backward op only when it reads nothing its neighbour does not (a first layer's weight
+    gradient would otherwise keep the input batch alive through the layer above's backward): for small graphs,
+    where every byte counts and the scheduler's model is small anyway.
     """
     out: list[Node] = []
     deferred: list[Node] = []
@@ -32,7 +35,8 @@ def fuse_updates(nodes: list[Node]) -> list[Node]:
             deferred.append(n)
             continue
         if (prev is not None and _holds_nothing(n) and n.kind == prev.kind == "backward"
-                and "seed_key" not in prev.attrs):
+                and "seed_key" not in prev.attrs
+                and (widen or all(r in prev.inputs or r.name == prev.name for r in n.inputs))):
             out[-1] = _merge(prev, n)
             continue
         out.append(n)

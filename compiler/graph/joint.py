@@ -199,8 +199,9 @@ def _outputs(op: _Op) -> list:
 
 def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num_classes: int, loss: str,
                 optimizer: OptimizerConfig, input_dtype: str = "float32", input_high: int | None = None,
-                seed_keys: dict[str, str] | None = None) -> TrainingGraph:
-    """The TrainingGraph of a captured training step (stage t computes node t)."""
+                seed_keys: dict[str, str] | None = None, widen_fusion: bool = True) -> TrainingGraph:
+    """The TrainingGraph of a captured training step (stage t computes node t). `widen_fusion`: see
+    `fusion.fuse_updates`."""
     b = _Builder(cap)
     b.walk()
     ops = b.ops
@@ -261,7 +262,7 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
                                                           key=b.order.index))
     ordered = fwd_names + [loss_ref.node] + bwd_names
 
-    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}))
+    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}), widen=widen_fusion)
     # input first; labels right before the first node that reads them.
     x_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[0]).meta["val"]
     y_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[1]).meta["val"]

@@ -25,5 +25,12 @@
 #include "kernels/concat.h"
 #include "kernels/flatten.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/batch_norm.h"
+#include "kernels/sigmoid.h"
+#include "kernels/hardsigmoid.h"
+#include "kernels/hardswish.h"
+#include "kernels/silu.h"
+#include "kernels/leaky_relu.h"
+#include "kernels/mul.h"
 
 #endif /* ET_RUNTIME_H */

@@ -117,6 +117,25 @@ _SIGNATURES = {
     "et_flatten_copy": (None, [c_int, _F, _F]),
     "et_cross_entropy_forward": (c_float, [c_int, c_int, _F, _I]),
     "et_cross_entropy_backward": (None, [c_int, c_int, _F, _I, _F]),
+    # tests/test_c_kernels_mcu.py: the ops of MCU CNNs beyond the basic set
+    "et_batch_norm_forward": (None, [c_int, c_int, c_int, _F, _F, _F, ctypes.c_double, _F, _F, _F, _F]),
+    "et_batch_norm_update_running_stats": (None, [c_int, ctypes.c_long, c_float, _F, _F, _F, _F]),
+    "et_batch_norm_backward": (None, [c_int, c_int, c_int, _F, _F, _F, _F, _F, _F, _F, _F]),
+    "et_batch_norm_backward_sgd": (None, [c_int, c_int, c_int, _F, _F, _F, _F, POINTER(SgdParams), _F, _F, _F,
+                                          _F, _F]),
+    "et_sigmoid_forward": (None, [c_int, _F, _F]),
+    "et_sigmoid_backward": (None, [c_int, _F, _F, _F]),
+    "et_hardsigmoid_forward": (None, [c_int, _F, _F]),
+    "et_hardsigmoid_backward": (None, [c_int, _F, _F, _F]),
+    "et_hardswish_forward": (None, [c_int, _F, _F]),
+    "et_hardswish_backward": (None, [c_int, _F, _F, _F]),
+    "et_silu_forward": (None, [c_int, _F, _F]),
+    "et_silu_backward": (None, [c_int, _F, _F, _F]),
+    "et_leaky_relu_forward": (None, [c_int, _F, c_float, _F]),
+    "et_leaky_relu_backward": (None, [c_int, _F, _F, c_float, _F]),
+    "et_mul_forward": (None, [c_int, _F, _F, _F]),
+    "et_mul_bcast_forward": (None, [c_int, c_int, _F, _F, _F]),
+    "et_mul_bcast_backward_scale": (None, [c_int, c_int, _F, _F, _F]),
 }
 
 

@@ -55,9 +55,10 @@ void et_batch_norm_update_running_stats(int c, long count, float momentum, const
     int ch;
 
     for (ch = 0; ch < c; ++ch) {
-        /* The unbiased variance is a float division; its blend with the old value is done in double. */
+        /* Mean: float products and sum (not fused). Variance: the unbiased value is a float division, its
+         * product with momentum and the sum are double, the other product float - torch's types. */
         const float unbiased = var_sum[ch] / (float)(count - 1);
-        running_mean[ch] = fmaf(momentum, save_mean[ch], keep * running_mean[ch]);
+        running_mean[ch] = momentum * save_mean[ch] + keep * running_mean[ch];
         running_var[ch] = (float)((double)momentum * (double)unbiased + (double)(keep * running_var[ch]));
     }
 }
@@ -98,10 +99,9 @@ static void bn_grad_input(int n, int c, int hw, int ch, const float *gy, const f
 
     for (p = 0; p < n; ++p) {
         const long off = p * stride + (long)ch * hw;
-        for (i = 0; i < hw; ++i) {
-            const float dx = (x[off + i] - mean) * k;
-            gx[off + i] = (gy[off + i] - grad_mean - dx) * invstd * w;
-        }
+        /* (gy - grad_mean - (x - mean) * k) * invstd * w, the (x - mean) * k fused into the subtraction. */
+        for (i = 0; i < hw; ++i)
+            gx[off + i] = fmaf(-(x[off + i] - mean), k, gy[off + i] - grad_mean) * invstd * w;
     }
 }
 

@@ -33,13 +33,13 @@
  *                          var_sum = (float)(double sum of (float)((x - mean) * (x - mean)))
  *                          invstd = (float)(1 / sqrt((double)(var_sum / (float)count) + eps))
  *                          alpha = invstd * w;  beta = fmaf(-mean, alpha, b);  y = fmaf(x, alpha, beta)
- *   running stats:         rm' = fmaf(m, mean, (1 - m) * rm)
+ *   running stats:         rm' = m * mean + (1 - m) * rm                 (float, no fused multiply-add)
  *                          rv' = (float)((double)m * (double)(var_sum / (float)(count - 1))
  *                                        + (double)((1 - m) * rv))       (count 1: var_sum / 0, as torch)
  *   backward, per channel: sum = sum gy,  dotp = sum (x - mean) * gy  (float per [hw] plane, the planes
  *                          added in double); gw = dotp * invstd, gb = sum;
  *                          k = dotp * invstd * invstd / count, grad_mean = sum / count
- *                          gx = (gy - grad_mean - (x - mean) * k) * invstd * w
+ *                          gx = fmaf(-(x - mean), k, gy - grad_mean) * invstd * w
  * Forward, statistics and running statistics are bit-identical to torch (its double accumulators are
  * reproduced); the backward's sums use torch's plane structure but not its vector-lane order, so they
  * agree to float32 rounding. Doubles are software floating point on a Cortex-M4F: the forward's two

@@ -300,8 +300,9 @@ def test_every_source_compiles_for_cortex_m4f(tmp_path):
         assert defined("storage_stdio") == defined("storage_semihost") == {"et_file_write", "et_file_read"}
         assert defined("storage_file") == {"et_storage_init", "et_storage_counters", "et_page_out", "et_page_in"}
     if objdump:  # fmaf must be the VFMA instruction, not a call into newlib's (double-rounding) fmaf
-        dis = subprocess.run([objdump, "-d", str(tmp_path / "sgd.o")], capture_output=True, text=True).stdout
-        assert "vfma" in dis and "fmaf" not in dis, dis
+        for stem in ("sgd", "batch_norm"):
+            dis = subprocess.run([objdump, "-d", str(tmp_path / f"{stem}.o")], capture_output=True, text=True).stdout
+            assert "vfma" in dis and "fmaf" not in dis, dis
 
 
 # -- exp, log, CRC ------------------------------------------------------------------------------------

@@ -9,12 +9,14 @@ error table.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from test_c_kernels import (  # noqa: F401 - lib_path, lib, _error_table are fixtures
-    SgdParams, _error_table, empty, f32, fp, lib, lib_path, record)
+    ERRORS, SgdParams, _error_table, empty, f32, fp, lib, lib_path, record)
 
 A = torch.ops.aten
 T = torch.from_numpy
@@ -231,6 +233,45 @@ def test_hard_activations_at_their_boundaries(lib):
     lib.et_hardsigmoid_backward(x.size, fp(gy), fp(x), fp(gx))
     record("hardsigmoid_backward", gx, A.hardsigmoid_backward(T(gy), T(x)), exact=True)
     assert gx[0] == 0.0 and gx[1] == 0.0 and gx[2] == gx[3] == np.float32(2.0) * np.float32(1 / 6)
+
+
+def test_tanh_and_erf_are_accurate(lib):
+    """et_tanhf and et_erff (GELU's) against float64 numpy/math, in ulps of the float32 result."""
+    rng = np.random.default_rng(34)
+    xs = np.concatenate([rng.uniform(-10, 10, 4000), rng.uniform(-1, 1, 4000), rng.uniform(-0.3, 0.3, 2000),
+                         [0.0, 0.25, -0.25, 0.5, -0.5, 4.0, -4.0, 9.0, 1e-20, 3.99]]).astype(np.float32)
+    for name, ref_fn in (("et_tanhf", math.tanh), ("et_erff", math.erf)):
+        fn = getattr(lib, name)
+        got = np.array([fn(float(v)) for v in xs], np.float32)
+        ref = np.array([ref_fn(float(v)) for v in xs])
+        ulp = np.spacing(np.abs(ref.astype(np.float32))).astype(np.float64)
+        err = float((np.abs(got - ref) / ulp).max())
+        ERRORS[f"{name} (max abs = ulps vs exact)"] = {"max_abs": err, "max_rel": 0.0, "worst_tol_ratio": 0.0,
+                                                       "exact": False}
+        assert err < (3.0 if name == "et_tanhf" else 8.0), (name, err)
+        assert np.isnan(fn(float("nan")))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_matches_aten(lib, approximate):
+    rng = np.random.default_rng(35)
+    x, gy = _act_input(rng), f32(rng.standard_normal(2003))
+    tanh = int(approximate == "tanh")
+    y, gx = empty(x.size), empty(x.size)
+    lib.et_gelu_forward(x.size, fp(x), tanh, fp(y))
+    record(f"gelu_forward ({approximate})", y, A.gelu(T(x), approximate=approximate))
+    if not tanh:  # torch's vectorized erf is itself ~1e-6 off near x = -3.5; the exact value, in float64:
+        xd = x.astype(np.float64)
+        exact = xd * 0.5 * (1 + np.array([math.erf(v / math.sqrt(2)) for v in xd]))
+        record("gelu_forward (none) vs float64 exact", y, exact)
+    lib.et_gelu_backward(x.size, fp(gy), fp(x), tanh, fp(gx))
+    scale = None
+    if tanh:  # torch's 1 - t*t multiplies an ulp of t ~ 1 by |dgx/dt| (~10 near |x| = 5): as a sum's terms
+        xd = x.astype(np.float64)
+        t = np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd ** 3))
+        scale = np.abs(gy * xd * t * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * xd ** 2))
+    record(f"gelu_backward ({approximate})", gx, A.gelu_backward(T(gy), T(x), approximate=approximate),
+           scale=scale)
 
 
 @pytest.mark.parametrize("slope", [0.01, 0.2, 0.0, 1.5, -0.1])

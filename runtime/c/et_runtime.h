@@ -30,6 +30,7 @@
 #include "kernels/hardsigmoid.h"
 #include "kernels/hardswish.h"
 #include "kernels/silu.h"
+#include "kernels/gelu.h"
 #include "kernels/leaky_relu.h"
 #include "kernels/mul.h"
 

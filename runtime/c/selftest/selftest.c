@@ -240,6 +240,14 @@ int main(void)
     et_hardsigmoid_backward(256, eg, ex, eg2);
     PUT(ey);
     PUT(eg2);
+    et_gelu_forward(256, ex, 0, ey);
+    et_gelu_backward(256, eg, ex, 0, eg2);
+    PUT(ey);
+    PUT(eg2);
+    et_gelu_forward(256, ex, 1, ey);
+    et_gelu_backward(256, eg, ex, 1, eg2);
+    PUT(ey);
+    PUT(eg2);
     et_leaky_relu_forward(256, ex, 0.01f, ey);
     et_leaky_relu_backward(256, eg, ex, 0.01f, eg2);
     PUT(ey);

@@ -137,6 +137,8 @@ _SIGNATURES = {
     "et_gelu_backward": (None, [c_int, _F, _F, c_int, _F]),
     "et_tanhf": (c_float, [c_float]),
     "et_erff": (c_float, [c_float]),
+    "et_layer_norm_forward": (None, [c_int, c_int, _F, _F, _F, ctypes.c_double, _F, _F, _F]),
+    "et_layer_norm_backward": (None, [c_int, c_int, _F, _F, _F, _F, _F, _F, _F, _F]),
     "et_mul_forward": (None, [c_int, _F, _F, _F]),
     "et_mul_bcast_forward": (None, [c_int, c_int, _F, _F, _F]),
     "et_mul_bcast_backward_scale": (None, [c_int, c_int, _F, _F, _F]),

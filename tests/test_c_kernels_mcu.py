@@ -173,6 +173,46 @@ def test_batch_norm_backward_sgd_equals_backward_then_sgd(lib, momentum):
     assert np.array_equal(w2, w_fused) and np.array_equal(b2, b_fused)
 
 
+# -- layer norm ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,normalized", [((4, 64), 1), ((2, 8, 5, 5), 3), ((3, 7, 33), 1), ((1, 16, 4, 4), 3),
+                                              ((5, 768), 1)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_matches_aten(lib, shape, normalized, affine):
+    rng = np.random.default_rng(sum(shape) + normalized)
+    norm_shape = list(shape[-normalized:])
+    cols = int(np.prod(norm_shape))
+    rows = int(np.prod(shape)) // cols
+    x = f32(rng.standard_normal(shape) * 2 + rng.uniform(-3, 3))
+    wt = f32(rng.uniform(0.5, 1.5, norm_shape)) if affine else None
+    b = f32(rng.uniform(-0.5, 0.5, norm_shape)) if affine else None
+    out, mean, rstd = A.native_layer_norm(_t(x), norm_shape, _t(wt), _t(b), 1e-5)
+    y, m, r = empty(*shape), empty(rows), empty(rows)
+    lib.et_layer_norm_forward(rows, cols, fp(x), fp(wt), fp(b), 1e-5, fp(y), fp(m), fp(r))
+    record("layer_norm_forward out", y, out)
+    record("layer_norm_forward mean", m, mean, scale=np.sqrt((x.reshape(rows, cols).astype(np.float64) ** 2).sum(1)) / cols)
+    record("layer_norm_forward rstd", r, rstd)
+    gy = f32(rng.standard_normal(shape))
+    ref_gx, ref_gw, ref_gb = A.native_layer_norm_backward(_t(gy), _t(x), norm_shape, mean, rstd, _t(wt), _t(b),
+                                                          [True, affine, affine])
+    gx = empty(*shape)
+    gw, gb = (empty(*norm_shape), empty(*norm_shape)) if affine else (None, None)
+    lib.et_layer_norm_backward(rows, cols, fp(gy), fp(x), fp(f32(mean)), fp(f32(rstd)), fp(wt), fp(gx), fp(gw),
+                               fp(gb))
+    # gx's per-row sums ds, db: their rounding reaches every element through b_ * x + c_ (sum scale / cols).
+    g2 = gy.reshape(rows, cols).astype(np.float64) * (1.0 if wt is None else wt.reshape(1, cols))
+    xr = x.reshape(rows, cols).astype(np.float64)
+    rs = f32(rstd).reshape(rows, 1).astype(np.float64)
+    sx = (np.sqrt(((g2 * xr) ** 2).sum(1, keepdims=True)) + np.abs(xr.mean(1, keepdims=True)) * np.sqrt((g2 ** 2).sum(
+        1, keepdims=True))) * rs ** 3 * (np.abs(xr) + np.abs(xr.mean(1, keepdims=True))) / cols
+    record("layer_norm_backward grad_input", gx, ref_gx, scale=sx.reshape(shape))
+    if affine:
+        gr = gy.reshape(rows, cols).astype(np.float64)
+        record("layer_norm_backward grad_weight", gw, ref_gw,
+               scale=np.sqrt(((gr * (xr - xr.mean(1, keepdims=True)) * rs) ** 2).sum(0)).reshape(norm_shape))
+        record("layer_norm_backward grad_bias", gb, ref_gb, scale=np.sqrt((gr ** 2).sum(0)).reshape(norm_shape))
+
+
 # -- element-wise activations -------------------------------------------------------------------------
 
 def _act_input(rng, n=2003):

@@ -33,7 +33,7 @@ FIRMWARE_FILES = ("plan.c", "plan.h", "main_host.c", "main_qemu.c", "Makefile", 
 # raw-I/O back end under it (storage_stdio.c on the host, storage_semihost.c under QEMU).
 RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c") + tuple(
     f"kernels/{k}.c" for k in ("add", "avgpool2d", "batch_norm", "concat", "conv2d", "cross_entropy", "flatten",
-                               "gelu", "global_avgpool", "hardsigmoid", "hardswish", "leaky_relu", "linear", "maxpool2d",
+                               "gelu", "global_avgpool", "hardsigmoid", "hardswish", "layer_norm", "leaky_relu", "linear", "maxpool2d",
                                "mul", "relu", "relu6", "sgd", "sigmoid", "silu"))
 INSTRUCTIONS_PER_TICK = 40  # QEMU -icount shift=0: 1 ns per instruction; the CMSDK timer counts at 25 MHz
 

@@ -33,5 +33,6 @@
 #include "kernels/gelu.h"
 #include "kernels/leaky_relu.h"
 #include "kernels/mul.h"
+#include "kernels/layer_norm.h"
 
 #endif /* ET_RUNTIME_H */

@@ -95,6 +95,8 @@ static float mx[64], my[64];
 static float nx[2 * 3 * 25], ny[2 * 3 * 25], ngy[2 * 3 * 25], ngx[2 * 3 * 25], nw[3], nb[3];
 static float nmean[3], ninvstd[3], nvs[3], nrm[3], nrv[3], ngw[3], ngb[3], nwbuf[3], nbbuf[3];
 static float ss[2 * 3], sgs[2 * 3];
+/* layer norm over the last 25 of [6][25] (the batch-norm buffers reused), weight and bias [25] */
+static float lnw[25], lnb[25], lnmean[6], lnrstd[6], lngw[25], lngb[25];
 
 int main(void)
 {
@@ -285,5 +287,15 @@ int main(void)
     PUT(sgs);
     et_mul_forward(2 * 3 * 25, nx, ngy, ny);
     PUT(ny);
+    fill(lnw, 25, 1.0f);
+    fill(lnb, 25, 0.5f);
+    et_layer_norm_forward(6, 25, nx, lnw, lnb, 1e-5, ny, lnmean, lnrstd);
+    PUT(ny);
+    PUT(lnmean);
+    PUT(lnrstd);
+    et_layer_norm_backward(6, 25, ngy, nx, lnmean, lnrstd, lnw, ngx, lngw, lngb);
+    PUT(ngx);
+    PUT(lngw);
+    PUT(lngb);
     return 0;
 }

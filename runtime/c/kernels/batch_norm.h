@@ -41,7 +41,8 @@
  *                          k = dotp * invstd * invstd / count, grad_mean = sum / count
  *                          gx = fmaf(-(x - mean), k, gy - grad_mean) * invstd * w
  * Forward, statistics and running statistics are bit-identical to torch (its double accumulators are
- * reproduced); the backward's sums use torch's plane structure but not its vector-lane order, so they
+ * reproduced) when hw > 1; for hw == 1 torch switches to a float-accumulating channels-last kernel and
+ * they agree to float32 rounding. The backward is bit-identical when its sums are exact; its sums use torch's plane structure but not its vector-lane order, so they
  * agree to float32 rounding. Doubles are software floating point on a Cortex-M4F: the forward's two
  * double additions per element are its cost of being exact.
  *

@@ -119,6 +119,31 @@ _SIGNATURES = {
     "et_log_softmax_backward": (None, [c_int, c_int, _F, _F, _F]),
     "et_nll_loss_forward": (None, [c_int, c_int, _F, _I, c_int, _F, _F]),
     "et_nll_loss_backward": (None, [c_int, c_int, _F, _I, c_int, _F, _F]),
+    # tests/test_c_kernels_mcu.py: the ops of MCU CNNs beyond the basic set
+    "et_batch_norm_forward": (None, [c_int, c_int, c_int, _F, _F, _F, ctypes.c_double, _F, _F, _F, _F]),
+    "et_batch_norm_update_running_stats": (None, [c_int, ctypes.c_long, c_float, _F, _F, _F, _F]),
+    "et_batch_norm_backward": (None, [c_int, c_int, c_int, _F, _F, _F, _F, _F, _F, _F, _F]),
+    "et_batch_norm_backward_sgd": (None, [c_int, c_int, c_int, _F, _F, _F, _F, POINTER(SgdParams), _F, _F, _F,
+                                          _F, _F]),
+    "et_sigmoid_forward": (None, [c_int, _F, _F]),
+    "et_sigmoid_backward": (None, [c_int, _F, _F, _F]),
+    "et_hardsigmoid_forward": (None, [c_int, _F, _F]),
+    "et_hardsigmoid_backward": (None, [c_int, _F, _F, _F]),
+    "et_hardswish_forward": (None, [c_int, _F, _F]),
+    "et_hardswish_backward": (None, [c_int, _F, _F, _F]),
+    "et_silu_forward": (None, [c_int, _F, _F]),
+    "et_silu_backward": (None, [c_int, _F, _F, _F]),
+    "et_leaky_relu_forward": (None, [c_int, _F, c_float, _F]),
+    "et_leaky_relu_backward": (None, [c_int, _F, _F, c_float, _F]),
+    "et_gelu_forward": (None, [c_int, _F, c_int, _F]),
+    "et_gelu_backward": (None, [c_int, _F, _F, c_int, _F]),
+    "et_tanhf": (c_float, [c_float]),
+    "et_erff": (c_float, [c_float]),
+    "et_layer_norm_forward": (None, [c_int, c_int, _F, _F, _F, ctypes.c_double, _F, _F, _F]),
+    "et_layer_norm_backward": (None, [c_int, c_int, _F, _F, _F, _F, _F, _F, _F, _F]),
+    "et_mul_forward": (None, [c_int, _F, _F, _F]),
+    "et_mul_bcast_forward": (None, [c_int, c_int, _F, _F, _F]),
+    "et_mul_bcast_backward_scale": (None, [c_int, c_int, _F, _F, _F]),
 }
 
 
@@ -283,8 +308,9 @@ def test_every_source_compiles_for_cortex_m4f(tmp_path):
         assert defined("storage_stdio") == defined("storage_semihost") == {"et_file_write", "et_file_read"}
         assert defined("storage_file") == {"et_storage_init", "et_storage_counters", "et_page_out", "et_page_in"}
     if objdump:  # fmaf must be the VFMA instruction, not a call into newlib's (double-rounding) fmaf
-        dis = subprocess.run([objdump, "-d", str(tmp_path / "sgd.o")], capture_output=True, text=True).stdout
-        assert "vfma" in dis and "fmaf" not in dis, dis
+        for stem in ("sgd", "batch_norm"):
+            dis = subprocess.run([objdump, "-d", str(tmp_path / f"{stem}.o")], capture_output=True, text=True).stdout
+            assert "vfma" in dis and "fmaf" not in dis, dis
 
 
 # -- exp, log, CRC ------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 /*
- * et_math.c - exp and log in float32 with basic operations only (see et_math.h for why).
+ * et_math.c - exp, log, tanh and erf in float32 with basic operations (and the correctly rounded fmaf)
+ * only (see et_math.h for why).
  *
  * Both follow the classic fdlibm/FreeBSD method (Sun Microsystems' argument reductions and minimax
  * polynomials, the reference float implementations): reduce the argument with a constant split into a
@@ -8,6 +9,7 @@
  */
 #include "et_math.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -119,4 +121,82 @@ float et_logf(float x)
     dk = (float)k;
     /* log(m) = f - hfsq + s*(hfsq + R); add k*ln2 with the small parts first. */
     return dk * LN2_HI - ((hfsq - (s * (hfsq + R) + dk * LN2_LO)) - f);
+}
+
+float et_tanhf(float x)
+{
+    const float a = x < 0.0f ? -x : x;
+    float t, y;
+
+    if (x != x)
+        return x + x; /* NaN */
+    if (a < 0.25f) {
+        /* Odd Taylor series to x^13, x + x^3 * P(x^2): the next term is below 2^-30 of the result here. */
+        const float z = x * x;
+        y = 0x1.d6d3d0p-9f;                    /* 21844/6081075 */
+        y = y * z - 0x1.226e36p-7f;            /* 1382/155925 */
+        y = y * z + 0x1.664f48p-6f;            /* 62/2835 */
+        y = y * z - 0x1.ba1ba2p-5f;            /* 17/315 */
+        y = y * z + 0x1.111112p-3f;            /* 2/15 */
+        y = y * z - 0x1.555556p-2f;            /* 1/3 */
+        return x + x * z * y;
+    }
+    if (a > 9.0f)
+        return x < 0.0f ? -1.0f : 1.0f; /* 1 - tanh(9) < 2^-25: rounds to 1 */
+    /* tanh|x| = (1 - e^-2|x|) / (1 + e^-2|x|); for |x| >= 1/4 the subtraction loses under 2 bits. */
+    t = et_expf(-2.0f * a);
+    y = (1.0f - t) / (1.0f + t);
+    return x < 0.0f ? -y : y;
+}
+
+#define ERF_SERIES_TO 1.0f
+#define ERF_CF_FROM 2.0f
+#define ERF_CF_DEPTH 40
+
+float et_erff(float x)
+{
+    const float TWO_OVER_SQRTPI = 0x1.20dd76p+0f; /* 2/sqrt(pi) */
+    const float a = x < 0.0f ? -x : x;
+    float z, y, term, sum, hi, lo, e;
+    int n;
+
+    if (x != x)
+        return x + x; /* NaN */
+    if (a >= 4.0f)
+        return x < 0.0f ? -1.0f : 1.0f; /* 1 - erf(4) < 2^-25: rounds to 1 */
+    z = x * x;
+    if (a < ERF_SERIES_TO) {
+        /* Maclaurin series 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)), to a term under 2^-30. */
+        sum = 0.0f;
+        term = 1.0f; /* (-z)^n / n! */
+        for (n = 0; n < 48 && (term > 0x1p-30f || term < -0x1p-30f); ++n) {
+            sum += term / (float)(2 * n + 1);
+            term = term * -z / (float)(n + 1);
+        }
+        return TWO_OVER_SQRTPI * (x * sum);
+    }
+    /* e^(-a^2) from a^2 = hi + lo exactly (fmaf): e^-hi * (1 - lo), since |lo| <= 2^-20. */
+    hi = z;
+    lo = fmaf(a, a, -hi);
+    e = et_expf(-hi) * (1.0f - lo);
+    if (a >= ERF_CF_FROM) {
+        /* erf = 1 - erfc, erfc(a) = e^(-a^2) / sqrt(pi) / (a + (1/2) / (a + 1 / (a + (3/2) / (a + ...)))),
+         * Laplace's continued fraction, evaluated from a fixed depth up: erfc < 0.005 here, so its relative
+         * error need only be ~1e-5 for erf to be right to an ulp. */
+        sum = a;
+        for (n = ERF_CF_DEPTH; n >= 1; --n)
+            sum = a + (0.5f * (float)n) / sum;
+        y = 1.0f - (0.5f * TWO_OVER_SQRTPI) * e / sum;
+    } else {
+        /* erf(a) = 2/sqrt(pi) * e^(-a^2) * sum a^(2n+1) 2^n / (2n+1)!!: all terms positive, no cancellation. */
+        term = a;
+        sum = a;
+        for (n = 1; n < 64 && term > sum * 0x1p-26f; ++n) {
+            term = term * (2.0f * z) / (float)(2 * n + 1);
+            sum += term;
+        }
+        y = TWO_OVER_SQRTPI * (e * sum);
+    }
+    y = y > 1.0f ? 1.0f : y;
+    return x < 0.0f ? -y : y;
 }

@@ -26,5 +26,14 @@
 #include "kernels/flatten.h"
 #include "kernels/log_softmax.h"
 #include "kernels/nll_loss.h"
+#include "kernels/batch_norm.h"
+#include "kernels/sigmoid.h"
+#include "kernels/hardsigmoid.h"
+#include "kernels/hardswish.h"
+#include "kernels/silu.h"
+#include "kernels/gelu.h"
+#include "kernels/leaky_relu.h"
+#include "kernels/mul.h"
+#include "kernels/layer_norm.h"
 
 #endif /* ET_RUNTIME_H */

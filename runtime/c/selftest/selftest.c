@@ -91,6 +91,13 @@ static float loss[2], one[1], logp[3 * 10], glogp[3 * 10];
 static float ex[256], ey[256], eg[256], eg2[256], cat[2 * 5 * 4];
 static float mx[64], my[64];
 
+/* batch norm: n 2, c 3, 5x5 (double statistics, fused updates); squeeze-excitation scale on the same shape */
+static float nx[2 * 3 * 25], ny[2 * 3 * 25], ngy[2 * 3 * 25], ngx[2 * 3 * 25], nw[3], nb[3];
+static float nmean[3], ninvstd[3], nvs[3], nrm[3], nrv[3], ngw[3], ngb[3], nwbuf[3], nbbuf[3];
+static float ss[2 * 3], sgs[2 * 3];
+/* layer norm over the last 25 of [6][25] (the batch-norm buffers reused), weight and bias [25] */
+static float lnw[25], lnb[25], lnmean[6], lnrstd[6], lngw[25], lngb[25];
+
 int main(void)
 {
     const et_sgd_params opt = {0.05f, 0.9f, 1e-3f};
@@ -219,5 +226,81 @@ int main(void)
     fill(mx, 64, 1.0f);
     et_flatten_copy(64, mx, my);
     PUT(my);
+
+    /* activations with exp (et_expf) and without, forward and backward, over [-8, 8) */
+    fill(ex, 256, 8.0f);
+    ex[0] = -3.0f; /* the hard activations' boundaries */
+    ex[1] = 3.0f;
+    et_sigmoid_forward(256, ex, ey);
+    PUT(ey);
+    et_sigmoid_backward(256, eg, ey, eg2);
+    PUT(eg2);
+    et_silu_forward(256, ex, ey);
+    PUT(ey);
+    et_silu_backward(256, eg, ex, eg2);
+    PUT(eg2);
+    et_hardswish_forward(256, ex, ey);
+    et_hardswish_backward(256, eg, ex, eg2);
+    PUT(ey);
+    PUT(eg2);
+    et_hardsigmoid_forward(256, ex, ey);
+    et_hardsigmoid_backward(256, eg, ex, eg2);
+    PUT(ey);
+    PUT(eg2);
+    et_gelu_forward(256, ex, 0, ey);
+    et_gelu_backward(256, eg, ex, 0, eg2);
+    PUT(ey);
+    PUT(eg2);
+    et_gelu_forward(256, ex, 1, ey);
+    et_gelu_backward(256, eg, ex, 1, eg2);
+    PUT(ey);
+    PUT(eg2);
+    et_leaky_relu_forward(256, ex, 0.01f, ey);
+    et_leaky_relu_backward(256, eg, ex, 0.01f, eg2);
+    PUT(ey);
+    PUT(eg2);
+
+    /* batch norm: forward, running statistics, backward, fused update; then the channel-scale multiply */
+    fill(nx, 2 * 3 * 25, 2.0f);
+    for (i = 0; i < 2 * 3 * 25; ++i)
+        nx[i] += 0.5f;
+    fill(nw, 3, 1.0f);
+    fill(nb, 3, 0.5f);
+    fill(ngy, 2 * 3 * 25, 1.0f);
+    fill(nrm, 3, 0.1f);
+    for (i = 0; i < 3; ++i)
+        nrv[i] = 1.0f;
+    et_batch_norm_forward(2, 3, 25, nx, nw, nb, 1e-5, ny, nmean, ninvstd, nvs);
+    PUT(ny);
+    PUT(nmean);
+    PUT(ninvstd);
+    et_batch_norm_update_running_stats(3, 50, 0.1f, nmean, nvs, nrm, nrv);
+    PUT(nrm);
+    PUT(nrv);
+    et_batch_norm_backward(2, 3, 25, ngy, nx, nw, nmean, ninvstd, ngx, ngw, ngb);
+    PUT(ngx);
+    PUT(ngw);
+    PUT(ngb);
+    for (i = 0; i < 3; ++i)
+        et_batch_norm_backward_sgd(2, 3, 25, ngy, nx, nmean, ninvstd, &opt, ngx, nw, nwbuf, nb, nbbuf);
+    PUT(nw);
+    PUT(nb);
+    fill(ss, 2 * 3, 1.0f);
+    et_mul_bcast_forward(2 * 3, 25, nx, ss, ny);
+    PUT(ny);
+    et_mul_bcast_backward_scale(2 * 3, 25, ngy, nx, sgs);
+    PUT(sgs);
+    et_mul_forward(2 * 3 * 25, nx, ngy, ny);
+    PUT(ny);
+    fill(lnw, 25, 1.0f);
+    fill(lnb, 25, 0.5f);
+    et_layer_norm_forward(6, 25, nx, lnw, lnb, 1e-5, ny, lnmean, lnrstd);
+    PUT(ny);
+    PUT(lnmean);
+    PUT(lnrstd);
+    et_layer_norm_backward(6, 25, ngy, nx, lnmean, lnrstd, lnw, ngx, lngw, lngb);
+    PUT(ngx);
+    PUT(lngw);
+    PUT(lngb);
     return 0;
 }

@@ -70,7 +70,7 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
     if opts.emit == "c" and device_check:
         from edgetrain.codegen.c.device_fit import check_model_fits
 
-        check_model_fits(model, target, opts.optimizer)  # a model whose weights alone overflow fails before tracing
+        check_model_fits(model, target, opts.optimizer, opts.model)  # a model whose weights alone overflow fails before tracing
     gen = torch.Generator().manual_seed(opts.seed)
     if resolved.input_dtype == "int64":  # token ids
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)

@@ -89,7 +89,7 @@ def optimizer_state_bytes(config: dict, trainable_bytes: int, trainable_count: i
 
 
 def _kb(n: int) -> str:
-    return f"{n / 1024:.1f} KB ({n} B)"
+    return f"{n} B ({n / 1024:.1f} KB)"
 
 
 def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> DeviceFit:
@@ -102,28 +102,28 @@ def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> Devi
                   f"stack, runtime and batch buffers {fig.reserve_bytes} B"]
         room = ram - fig.reserve_bytes - fig.arena_bytes
         per = (fig.trainable_bytes + fig.optimizer_bytes) / fig.trainable_bytes if fig.trainable_bytes else 1.0
-        fixes = [f"freeze more with --train so the trainable weights and their optimizer state take at most "
-                 f"{max(room, 0)} B (about {max(int(room / per), 0)} B of trainable weights)"
-                 if room > 0 else "a smaller model: the stack and runtime alone leave no room"]
-        if fig.arena_bytes:
-            fixes.append("a smaller --batch-size or a lower --budget (the arena of activations shrinks)")
-        fixes.append("stream weights from storage (the C runtime keeps every weight in memory)")
-        over.append(f"{what} needs {_kb(fig.ram_bytes)} of RAM ({' + '.join(parts)}), "
-                    f"but {target.name} has {_kb(ram)}. What would fit: {'; '.join(fixes)}")
+        fixes = ["a smaller --batch-size or a lower --budget (a smaller arena of activations)"] if fig.arena_bytes else []
+        fixes.append(f"freeze more with --train so that the trainable weights and their optimizer state take at most "
+                     f"{room} B (about {int(room / per)} B of trainable weights)" if room > 0 else
+                     "a smaller model (the stack, runtime and arena alone fill the RAM)")
+        fixes.append("weights streamed from storage (the C runtime keeps every weight in memory)")
+        over.append(f"RAM: needs {_kb(fig.ram_bytes)} = {' + '.join(parts)}; the device has {_kb(ram)}; "
+                    f"what would fit: {'; '.join(fixes)}.")
     if flash is not None and fig.flash_bytes > flash:
-        over.append(f"{what} needs {_kb(fig.flash_bytes)} of flash (code about {fig.code_bytes} B + initial "
-                    f"trainable weights {fig.trainable_bytes} B + frozen weights {fig.frozen_bytes} B), but "
-                    f"{target.name} has {_kb(flash)}. What would fit: a smaller model, or frozen weights streamed "
-                    "from storage instead of kept in flash")
+        over.append(f"Flash: needs {_kb(fig.flash_bytes)} = code about {fig.code_bytes} B + initial trainable "
+                    f"weights {fig.trainable_bytes} B + frozen weights {fig.frozen_bytes} B; the device has "
+                    f"{_kb(flash)}; what would fit: a smaller model, or frozen weights streamed from storage "
+                    "instead of kept in flash.")
+    message = f"{what} does not fit {target.name}. {' '.join(over)}" if over else None
     return DeviceFit(device=target.name, ram_need=fig.ram_bytes, flash_need=fig.flash_bytes, ram_bytes=ram,
-                     flash_bytes=flash, message=". ".join(over) if over else None)
+                     flash_bytes=flash, message=message)
 
 
 def check_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> DeviceFit:
     """device_fit, raising DeviceFitError when it does not fit a microcontroller."""
     fit = device_fit(fig, target, what)
     if applies(target) and not fit.fits:
-        raise DeviceFitError(f"{fit.message}. No firmware was written.")
+        raise DeviceFitError(f"{fit.message} No firmware was written.")
     return fit
 
 
@@ -136,10 +136,10 @@ def figures_of_model(model, optimizer) -> FirmwareFigures:
                            optimizer_bytes=optimizer_state_bytes(optimizer.to_json(), tb, len(trainable)))
 
 
-def check_model_fits(model, target, optimizer) -> None:
+def check_model_fits(model, target, optimizer, name: str = "the model") -> None:
     """Refuse, before any tracing, a model whose weights and optimizer state alone overflow the device."""
     if applies(target):
-        check_fit(figures_of_model(model, optimizer), target, "the model's weights alone")
+        check_fit(figures_of_model(model, optimizer), target, f"{name} (its weights and optimizer state alone)")
 
 
 def _numel(shape) -> int:

@@ -55,9 +55,11 @@ def _last_modules(model: nn.Module, n: int, item: str) -> set[str]:
     return {canonical[id(p)] for m in owners[-n:] for p in m.parameters(recurse=False)}
 
 
-def _sample(names: list[str], k: int = 6) -> str:
-    shown = ", ".join(names[:k])
-    return f"{shown}, ... ({len(names)} in all)" if len(names) > k else shown
+def _sample(names: list[str]) -> str:
+    """A few names from each end: heads and classifiers, the usual choices, are last."""
+    if len(names) <= 7:
+        return ", ".join(names)
+    return f"{', '.join(names[:4])}, ..., {', '.join(names[-3:])} ({len(names)} in all)"
 
 
 def select_trainable(model: nn.Module, spec: str) -> set[str]:

@@ -10,11 +10,9 @@ import torch
 from .errors import DeviceFitError, OutputDirError, UnsupportedModelError
 from .output_dir import StagedOutput
 from .frontend.modelspec import resolve
-from .graph.backends import get_backend
-from .graph.forward import trace_forward
-from .graph.ir import OptimizerConfig
+from .graph.costs import apply_costs
+from .graph.ir import EMITS, OptimizerConfig
 from .graph.liveness import analyze
-from .graph.lowering import apply_costs, lower
 from .schedule_file import format as schedule_format
 from .scheduling.budget import anchors, parse_budget, parse_deadline
 from .scheduling.schedulers import run_scheduler
@@ -76,17 +74,11 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
     else:
         example = torch.randn(opts.batch_size, *shape, generator=gen)
-    if opts.emit == "python":
-        graph = capture_graph(opts, resolved, model, example)
-    else:
-        if opts.loss not in ("cross_entropy", "mse") or opts.optimizer.name != "sgd":
-            raise UnsupportedModelError(f"--emit {opts.emit} trains with --loss cross_entropy or mse and "
-                                        "--optimizer sgd; use --emit python for other losses and optimizers")
-        if any(not p.requires_grad for p in model.parameters()):
-            raise UnsupportedModelError(f"--emit {opts.emit} trains every parameter; a model with frozen "
-                                        "parameters (requires_grad=False or --train) needs --emit python")
-        fwd = trace_forward(model, example, resolved.input_high)
-        graph = lower(fwd, opts.model, opts.loss, opts.optimizer, backend=get_backend(opts.emit))
+    graph = capture_graph(opts, resolved, model, example)
+    if opts.emit == "c":
+        from .graph.c_ops import lower_for_c
+
+        graph = lower_for_c(graph)
     measured = None
     if getattr(target, "measured", False):
         from .graph.profiler import profile_nodes
@@ -155,7 +147,8 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     from edgetrain.targets import load_target
 
     budget = parse_budget(opts.budget)
-    get_backend(opts.emit)  # an unknown --emit fails before any work
+    if opts.emit not in EMITS:  # an unknown --emit fails before any work
+        raise UnsupportedModelError(f"unknown --emit {opts.emit!r}; choose one of {', '.join(EMITS)}")
     target = load_target(opts.target)
     with StagedOutput(opts.out) as stage:  # the previous output stays whole until the new one is complete
         rep, result, graph, lv, anchor, sa, budget_bytes, deadline_s, resolved, firmware, extra = _compile_into(

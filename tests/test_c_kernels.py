@@ -115,8 +115,10 @@ _SIGNATURES = {
     "et_concat_forward_part": (None, [c_int, c_int, c_int, c_int, c_int, _F, _F]),
     "et_concat_backward_part": (None, [c_int, c_int, c_int, c_int, c_int, _F, _F]),
     "et_flatten_copy": (None, [c_int, _F, _F]),
-    "et_cross_entropy_forward": (c_float, [c_int, c_int, _F, _I]),
-    "et_cross_entropy_backward": (None, [c_int, c_int, _F, _I, _F]),
+    "et_log_softmax_forward": (None, [c_int, c_int, _F, _F]),
+    "et_log_softmax_backward": (None, [c_int, c_int, _F, _F, _F]),
+    "et_nll_loss_forward": (None, [c_int, c_int, _F, _I, c_int, _F, _F]),
+    "et_nll_loss_backward": (None, [c_int, c_int, _F, _I, c_int, _F, _F]),
 }
 
 
@@ -703,6 +705,9 @@ def test_flatten_is_a_no_op_on_nchw(lib):
 @pytest.mark.parametrize("n,classes,scale,ignore", [(1, 10, 1.0, False), (4, 10, 3.0, False), (37, 7, 10.0, False),
                                                     (8, 100, 1.0, True), (2, 2, 30.0, False), (300, 10, 2.0, True)])
 def test_cross_entropy_matches_torch(lib, n, classes, scale, ignore):
+    """log_softmax then nll_loss, forward and backward, each against its aten op; chained, F.cross_entropy's
+    loss and gradient."""
+    aten = torch.ops.aten
     rng = np.random.default_rng(n + classes)
     logits = f32(rng.standard_normal((n, classes)) * scale)
     labels = rng.integers(0, classes, n).astype(np.int32)
@@ -711,10 +716,25 @@ def test_cross_entropy_matches_torch(lib, n, classes, scale, ignore):
     z = torch.from_numpy(logits.copy()).requires_grad_(True)
     loss_t = F.cross_entropy(z, torch.from_numpy(labels).long())
     (ref_g,) = torch.autograd.grad(loss_t, [z])
-    loss = lib.et_cross_entropy_forward(n, classes, fp(logits), ip(labels))
-    record("cross_entropy_forward", np.array([loss], np.float32), loss_t.detach().reshape(1))
+    logp = empty(n, classes)
+    lib.et_log_softmax_forward(n, classes, fp(logits), fp(logp))
+    record("log_softmax_forward", logp, aten._log_softmax(torch.from_numpy(logits), 1, False))
+    loss, total = np.zeros(1, np.float32), np.zeros(1, np.float32)
+    lib.et_nll_loss_forward(n, classes, fp(logp), ip(labels), -100, fp(loss), fp(total))
+    ref_loss, ref_total = aten.nll_loss_forward(torch.from_numpy(logp), torch.from_numpy(labels).long(), None, 1, -100)
+    record("nll_loss_forward", loss, ref_loss.reshape(1))
+    assert total[0] == ref_total.item()
+    record("cross_entropy_forward", loss, loss_t.detach().reshape(1))
+    one = np.ones(1, np.float32)
+    g_logp = empty(n, classes)
+    lib.et_nll_loss_backward(n, classes, fp(one), ip(labels), -100, fp(total), fp(g_logp))
+    ref_g_logp = aten.nll_loss_backward(torch.ones(()), torch.from_numpy(logp), torch.from_numpy(labels).long(), None,
+                                        1, -100, ref_total)
+    record("nll_loss_backward", g_logp, ref_g_logp, exact=True)
     g = empty(n, classes)
-    lib.et_cross_entropy_backward(n, classes, fp(logits), ip(labels), fp(g))
+    lib.et_log_softmax_backward(n, classes, fp(g_logp), fp(logp), fp(g))
+    record("log_softmax_backward", g, aten._log_softmax_backward_data(
+        torch.from_numpy(g_logp), torch.from_numpy(logp), 1, torch.float32))
     record("cross_entropy_backward", g, ref_g)
 
 

@@ -126,7 +126,7 @@ def test_auto_budget_needs_a_microcontroller(tmp_path):
 @needs_arm
 def test_size_check_reads_a_real_build(tmp_path):
     out = tmp_path / "fw"
-    compile_model(CompileOptions(model="tests.c_models:tiny_cnn", target="nrf52840", budget="90%", out=str(out),
+    compile_model(CompileOptions(model="tests.c_models:tiny_cnn", target="nrf52840", budget="100%", out=str(out),
                                  batch_size=1, emit="c", time_limit=20.0))
     subprocess.run(["make", "-s", "-C", str(out), "qemu"], check=True, capture_output=True, timeout=600)
     sizes = elf_size(str(out / "build" / "m4f" / "fw.elf"))

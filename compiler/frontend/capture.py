@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 import traceback
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils._python_dispatch
 
 from edgetrain.compiler.errors import UnsupportedModelError
 
@@ -37,6 +39,7 @@ class JointCapture:
     buffer_updates: dict[str, str]  # fx node -> buffer it becomes
     seed_keys: dict[str, str] = field(default_factory=dict)  # random op node -> the key its mask is drawn by
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # buffer name -> a constant tensor of the code
+    sources: dict[str, str] = field(default_factory=dict)  # forward fx node -> the user's line that made it
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, token_ids: bool = False) -> torch.Tensor:
@@ -190,6 +193,67 @@ def user_frame(e: BaseException) -> str:
     return ""
 
 
+def _user_line(frames) -> str:
+    """The innermost frame of the user's code: `file.py:line: `code``; "" when there is none."""
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            sys.prefix, sys.exec_prefix)  # torch, edgetrain, and the environment's scripts and packages
+    for f in reversed(frames):
+        if not f.filename.startswith(skip) and "site-packages" not in f.filename and not f.filename.startswith("<"):
+            return f"{os.path.basename(f.filename)}:{f.lineno}: `{(f.line or '').strip()}`"
+    return ""
+
+
+class _Where(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records each aten op an eager forward runs, with the user's line that ran it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((_base_name(func), _user_line(traceback.extract_stack())))
+        return func(*args, **(kwargs or {}))
+
+
+def _base_name(target) -> str:
+    """An op's name without what functionalization adds (`_native_batch_norm_legit_functional` and the eager
+    `native_batch_norm` are one op to a reader)."""
+    name = getattr(target, "_schema", None)
+    name = name.name.split("::")[1] if name is not None else str(target)
+    for part in ("_functional", "_legit", "_no_training"):
+        name = name.replace(part, "")
+    return name.strip("_").removeprefix("native_")
+
+
+def _sources(step: nn.Module, gm: fx.GraphModule, x, y) -> dict[str, str]:
+    """The user's source line of each op of the traced graph's forward: one eager run records which line ran
+    which aten op, and the graph's ops take them in order (an op the eager run does not show, such as a
+    `detach` autograd adds, takes none)."""
+    saved = {k: b.clone() for k, b in step.named_buffers()}
+    where = _Where()
+    try:
+        with torch.random.fork_rng(), torch.no_grad(), where:
+            step(x, y)
+    except Exception:  # the lines only label messages: a model that runs only traced still compiles
+        return {}
+    finally:
+        with torch.no_grad():
+            for k, b in step.named_buffers():
+                b.copy_(saved[k])
+    calls, at, out = where.calls, 0, {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not hasattr(n.target, "_schema"):
+            continue
+        name = _base_name(n.target)
+        for j in range(at, min(at + 8, len(calls))):  # a short look-ahead keeps the two sequences aligned
+            if calls[j][0] == name:
+                if calls[j][1]:
+                    out[n.name] = calls[j][1]
+                at = j + 1
+                break
+    return out
+
+
 def _guard_message(e: Exception) -> str:
     """Where torch gave up on data-dependent control flow: the user's line."""
     text = str(e)
@@ -241,7 +305,8 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
     grads = _sum_tied_gradients(gm, grads)
     constants = {f"{CONSTANT_PREFIX}{n.target}": getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
     buffers.update({n.name: f"{CONSTANT_PREFIX}{n.target}" for n in gm.graph.nodes if n.op == "get_attr"})
+    seed_keys = dropout_keys(gm, calls)  # before the eager run below adds its own calls
     return JointCapture(gm=gm, constants=constants, params=params, buffers=buffers, inputs=(user[0], user[1]),
                         loss=sig.user_outputs[0], grads=grads,
                         buffer_updates={node: _strip(b) for node, b in sig.buffers_to_mutate.items()},
-                        seed_keys=dropout_keys(gm, calls))
+                        seed_keys=seed_keys, sources=_sources(step, gm, x, y))

@@ -451,15 +451,25 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 attrs=attrs, shape=shape, dtype=dtype, items=items, aux_bytes=aux_bytes,
                 aux_of=aux_from[0] if aux_from else None,
                 workspace_bytes=dropped, flops=flops, updates=opt_updates,
-                source=_source(op, ops)))
+                source=_source(op, ops, cap.sources)))
     return nodes
 
 
-def _source(op: _Op, ops: dict[str, _Op]) -> str:
-    """Which forward op a backward node differentiates (torch's sequence number links them)."""
-    seq = op.fx.meta.get("seq_nr")
-    if op.kind == "backward" and seq is not None:
-        for other in ops.values():
-            if other.kind != "backward" and other.fx.meta.get("seq_nr") == seq:
-                return f"backward of {other.fx.name}"
-    return ""
+def _source(op: _Op, ops: dict[str, _Op], sources: dict[str, str]) -> str:
+    """The user's line of a forward op. A backward op is labelled by the forward op it differentiates: the one
+    reading the same parameter, else the forward operand its name continues (`avg_pool2d` for
+    `avg_pool2d_backward`), else its last forward operand."""
+    if op.kind != "backward":
+        return sources.get(op.fx.name, "")
+    params = set(_state_names(op, "$p"))
+    forward = [o for o in ops.values() if o.kind == "forward"]
+    owner = next((o for o in forward if params & set(_state_names(o, "$p"))), None)
+    if owner is None:
+        read = [ops[r.node] for r in op.operands if r.node in ops and ops[r.node].kind == "forward"]
+        name = _opname(op.fx.target).split(".")[1]
+        owner = next((o for o in read if name.startswith(_opname(o.fx.target).split(".")[1])), None) \
+            or (read[-1] if read else None)
+    if owner is None:
+        return ""
+    line = sources.get(owner.fx.name)
+    return f"backward of {owner.fx.name}" + (f", {line}" if line else "")

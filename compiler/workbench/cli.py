@@ -8,8 +8,7 @@ import re
 import sys
 
 from edgetrain.compiler.errors import EdgetrainError
-from edgetrain.compiler.graph.backends import BACKENDS
-from edgetrain.compiler.graph.ir import LOSSES, OptimizerConfig
+from edgetrain.compiler.graph.ir import EMITS, LOSSES, OptimizerConfig
 from edgetrain.runtime.python.optim import OPTIMIZERS
 from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICES
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
@@ -148,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
                         "names ('classifier.*,features.16.*'), biases (names ending in bias), last:N (the last N "
                         "modules with parameters) or all; default: the model's requires_grad flags")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--emit", default="python", choices=list(BACKENDS),
+    c.add_argument("--emit", default="python", choices=list(EMITS),
                    help="python: a plan for the torch runtime (Jetson, Pi, host); c: C training firmware for "
                         "runtime/c (Cortex-M: plan.c/plan.h, drivers, Makefile)")
     c.add_argument("--out", required=True)

@@ -24,6 +24,7 @@
 #include "kernels/add.h"
 #include "kernels/concat.h"
 #include "kernels/flatten.h"
-#include "kernels/cross_entropy.h"
+#include "kernels/log_softmax.h"
+#include "kernels/nll_loss.h"
 
 #endif /* ET_RUNTIME_H */

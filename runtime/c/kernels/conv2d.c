@@ -489,7 +489,8 @@ void et_conv2d_wgrad_sgd(const et_conv2d_shape *s, const float *gy, const float 
 {
     int oc;
 
-    wgrad_all(s, gy, x, sgd_grad, opt, w, w_buf);
+    if (w != NULL)
+        wgrad_all(s, gy, x, sgd_grad, opt, w, w_buf);
     if (b != NULL)
         for (oc = 0; oc < s->c_out; ++oc)
             et_sgd_update(opt, &b[oc], conv2d_bias_grad(s, gy, oc), b_buf != NULL ? &b_buf[oc] : NULL);

@@ -48,7 +48,8 @@ void et_conv2d_backward_weight(const et_conv2d_shape *s, const float *gy, const 
 /*
  * Fused weight gradient + SGD: for each weight element in turn, compute its gradient (the very same sum,
  * in the same order, as et_conv2d_backward_weight) and apply et_sgd_update to it at once; then the same
- * for the bias (b, b_buf may be NULL for no bias; w_buf, b_buf may be NULL when opt->momentum == 0).
+ * for the bias (b, b_buf may be NULL for no bias; w_buf, b_buf may be NULL when opt->momentum == 0; w, w_buf
+ * NULL trains the bias alone, of a frozen weight, and then x is not read).
  * The result equals backward_weight followed by et_sgd_step bit for bit, without a gradient buffer.
  *
  * Ordering rule: this overwrites w, so it must run after every reader of this step's old weights -

@@ -144,7 +144,7 @@ void et_linear_wgrad_sgd(int n, int in, int out, const float *gy, const float *x
     float g[4];
     int o, k, j, nb;
 
-    for (o = 0; o < out; ++o)
+    for (o = 0; w != NULL && o < out; ++o)
         for (k = 0; k < in; k += nb) {
             nb = in - k >= 4 ? 4 : 1;
             linear_weight_grad(n, in, out, gy, x, o, k, nb, g);

@@ -25,7 +25,9 @@ void et_linear_backward_weight(int n, int in, int out, const float *gy, const fl
 /*
  * Fused weight gradient + SGD: each element of W (then of b) gets its gradient - the same sum, in the same
  * order, as et_linear_backward_weight - and et_sgd_update at once; bit-identical to the two separate steps,
- * with no gradient buffer. b, b_buf may be NULL (no bias); w_buf, b_buf may be NULL when momentum == 0.
+ * with no gradient buffer. b, b_buf may be NULL (no bias); w_buf, b_buf may be NULL when momentum == 0;
+ * w, w_buf NULL updates the bias alone (a frozen weight, or torch's separate bias gradient), reading
+ * neither x nor in.
  * Ordering rule: run it after et_linear_backward_input of the same layer (which needs the old W) and after
  * any other reader of W in this step; it reads gy and x only, never W.
  */

@@ -64,12 +64,15 @@ void et_maxpool2d_forward(const et_pool2d_shape *s, const float *x, float *y, in
             for (ow = 0; ow < s->w_out; ++ow) {
                 int iw0 = ow * s->stride_w - s->pad_w, iw1 = iw0 + span_w;
                 float v;
+                int32_t at;
                 if (ow < ow_lo || ow >= ow_hi) { /* border: clip the window's columns */
                     iw1 = iw1 < s->w_in ? iw1 : s->w_in;
                     while (iw0 < 0)
                         iw0 += s->dil_w;
                 }
-                v = window_max(s, xp, ih0, ih1, iw0, iw1, &idx[o + ow]);
+                v = window_max(s, xp, ih0, ih1, iw0, iw1, &at);
+                if (idx != NULL)
+                    idx[o + ow] = at;
                 if (y != NULL)
                     y[o + ow] = v;
             }

@@ -7,7 +7,7 @@
  * kernel; so a recompute gives the same indices as the first forward and as torch.
  *
  * The op registry splits max-pool so that backward keeps only idx:
- *   et_maxpool2d_forward   values and argmax (values may be NULL when only idx is wanted)
+ *   et_maxpool2d_forward   values and argmax (either may be NULL when only the other is wanted)
  *   et_maxpool2d_gather    values from x and a saved idx (a recompute without searching)
  *   et_maxpool2d_backward  gx = scatter-add of gy at idx into a zeroed gx
  */

@@ -85,7 +85,7 @@ static float gap[2 * 3], gapg[2 * 3 * 7 * 7];
 static float lx[3 * 20], lw[10 * 20], lb[10], ly[3 * 10], lgy[3 * 10], lgx[3 * 20], lgw[10 * 20], lgb[10];
 static float lwbuf[10 * 20], lbbuf[10];
 static int32_t labels[3] = {7, 0, 9};
-static float loss[1];
+static float loss[2], one[1], logp[3 * 10], glogp[3 * 10];
 
 /* element-wise */
 static float ex[256], ey[256], eg[256], eg2[256], cat[2 * 5 * 4];
@@ -171,9 +171,14 @@ int main(void)
     fill(lb, 10, 0.2f);
     et_linear_forward(3, 20, 10, lx, lw, lb, ly);
     PUT(ly);
-    loss[0] = et_cross_entropy_forward(3, 10, ly, labels);
+    et_log_softmax_forward(3, 10, ly, logp);
+    PUT(logp);
+    et_nll_loss_forward(3, 10, logp, labels, -100, &loss[0], &loss[1]);
     PUT(loss);
-    et_cross_entropy_backward(3, 10, ly, labels, lgy);
+    one[0] = 1.0f;
+    et_nll_loss_backward(3, 10, one, labels, -100, &loss[1], glogp);
+    PUT(glogp);
+    et_log_softmax_backward(3, 10, glogp, logp, lgy);
     PUT(lgy);
     et_linear_backward_input(3, 20, 10, lgy, lw, lgx);
     PUT(lgx);

@@ -1,0 +1,289 @@
+"""One C kernel call per aten op of the training graph: the emitters, keyed by the ops of the C op table.
+
+Each emitter gets the op bound to its schema's argument names (`OpCase`): tensors as meta tensors whose
+storage offset is their place in the arena (in 4-byte words), parameters as {"param", "t"}. It returns the
+C statements. The table (`compiler/graph/c_ops.py`) already refused every case these do not cover.
+"""
+from __future__ import annotations
+
+from math import prod
+from typing import Callable
+
+import torch
+
+from edgetrain.compiler.graph.c_ops import OpCase, mean_backward_planes, mm_kind
+
+from .names import c_comment
+
+EMITTERS: dict[str, Callable] = {}
+
+
+def emits(op: str):
+    def register(fn):
+        EMITTERS[op] = fn
+        return fn
+    return register
+
+
+class EmitError(Exception):
+    """A case the emitters cannot write (the table should have refused it first)."""
+
+
+def _numel(t) -> int:
+    return prod(t.shape) if t.dim() else 1
+
+
+class Context:
+    """What an emitter needs besides its op: parameter identifiers, kernel shape structs, the step's loss."""
+
+    def __init__(self, pident: dict[str, str], mident: dict[str, str], struct: Callable[[str, str, dict], str]):
+        self.pident, self.mident, self.struct = pident, mident, struct
+
+    def ptr(self, t) -> str:
+        """A C pointer to a tensor operand (contiguous, or a kernel that knows its layout)."""
+        if isinstance(t, dict):
+            return self.pident[t["param"]]
+        macro = "ET_I" if t.dtype == torch.int32 else "ET_F"
+        return f"{macro}({t.storage_offset()})"
+
+    def contiguous(self, t, what: str) -> str:
+        if not isinstance(t, dict) and not t.is_contiguous():
+            raise EmitError(f"{what} is not contiguous in the arena")
+        return self.ptr(t)
+
+    def param(self, a) -> str:
+        return "NULL" if a is None else self.pident[a["param"]]
+
+    def mom(self, name: str | None) -> str:
+        return self.mident.get(name, "NULL") if name else "NULL"
+
+
+def _updated(c: OpCase, item) -> str | None:
+    return next((u["param"] for u in c.updates if u.get("item") == item), None)
+
+
+def _pair(v, default) -> list[int]:
+    v = list(v) if v else list(default)
+    return v * 2 if len(v) == 1 else v
+
+
+# -- convolution ---------------------------------------------------------------------------------------------
+
+def conv_shape(x_shape, w_shape, y_shape, a: dict) -> dict:
+    k = list(w_shape[2:])
+    stride, pad, dil = _pair(a["stride"], [1]), _pair(a["padding"], [0]), _pair(a["dilation"], [1])
+    return dict(n=x_shape[0], c_in=x_shape[1], h_in=x_shape[2], w_in=x_shape[3], c_out=y_shape[1], h_out=y_shape[2],
+                w_out=y_shape[3], k_h=k[0], k_w=k[1], stride_h=stride[0], stride_w=stride[1], pad_h=pad[0],
+                pad_w=pad[1], dil_h=dil[0], dil_w=dil[1], groups=a["groups"])
+
+
+@emits("aten.convolution.default")
+def _conv(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    x, w = a["input"], a["weight"]
+    k = ctx.struct("et_conv2d_shape", w["param"], conv_shape(x.shape, w["t"].shape, out.shape, a))
+    return [f"et_conv2d_forward({k}, {ctx.contiguous(x, 'the input')}, {ctx.param(w)}, {ctx.param(a['bias'])}, "
+            f"{ctx.ptr(out)});"]
+
+
+@emits("aten.convolution_backward.default")
+def _conv_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    gy, w = a["grad_output"], a["weight"]
+    k = ctx.struct("et_conv2d_shape", w["param"], None)  # the forward's, by the weight they share
+    lines = []
+    if a["output_mask"][0] and out is not None:  # first: it reads the weights before the update
+        lines.append(f"et_conv2d_backward_input({k}, {ctx.contiguous(gy, 'the output gradient')}, {ctx.param(w)}, "
+                     f"{ctx.ptr(out)});")
+    wname, bname = _updated(c, 1), _updated(c, 2)
+    if wname or bname:
+        x = a["input"] if wname else None
+        lines.append(f"et_conv2d_wgrad_sgd({k}, {ctx.contiguous(gy, 'the output gradient')}, "
+                     f"{ctx.contiguous(x, 'the input') if x is not None else 'NULL'}, &et_sgd, "
+                     f"{ctx.pident[wname] if wname else 'NULL'}, {ctx.mom(wname)}, "
+                     f"{ctx.pident[bname] if bname else 'NULL'}, {ctx.mom(bname)});")
+    return lines
+
+
+# -- linear layers -------------------------------------------------------------------------------------------
+
+@emits("aten.addmm.default")
+def _addmm(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    x, w = a["mat1"], a["mat2"]
+    n, fin = x.shape
+    return [f"et_linear_forward({n}, {fin}, {out.shape[1]}, {ctx.contiguous(x, 'the input')}, {ctx.param(w)}, "
+            f"{ctx.param(a['self'])}, {ctx.ptr(out)});"]
+
+
+@emits("aten.mm.default")
+def _mm(c: OpCase, ctx: Context, out) -> list[str]:
+    a, b = c.args["self"], c.args["mat2"]
+    kind = mm_kind(c)
+    if kind == "forward":
+        n, fin = a.shape
+        return [f"et_linear_forward({n}, {fin}, {out.shape[1]}, {ctx.ptr(a)}, {ctx.param(b)}, NULL, {ctx.ptr(out)});"]
+    if kind == "input_grad":  # gx = gy @ W
+        n, fout = a.shape
+        return [f"et_linear_backward_input({n}, {b['t'].shape[1]}, {fout}, {ctx.ptr(a)}, {ctx.param(b)}, "
+                f"{ctx.ptr(out)});"]
+    if kind == "weight_grad":  # W -= lr * (gy.t() @ x), fused
+        fout, n = a.shape
+        w = c.updates[0]["param"]
+        return [f"et_linear_wgrad_sgd({n}, {b.shape[1]}, {fout}, {ctx.ptr(a)}, {ctx.ptr(b)}, &et_sgd, "
+                f"{ctx.pident[w]}, {ctx.mom(w)}, NULL, NULL);"]
+    raise EmitError("a matrix product that is not part of a linear layer")
+
+
+@emits("aten.sum.dim_IntList")
+def _bias_grad(c: OpCase, ctx: Context, out) -> list[str]:
+    gy = c.args["self"]
+    n, fout = gy.shape
+    b = c.updates[0]["param"]
+    return [f"et_linear_wgrad_sgd({n}, 0, {fout}, {ctx.contiguous(gy, 'the output gradient')}, NULL, &et_sgd, "
+            f"NULL, NULL, {ctx.pident[b]}, {ctx.mom(b)});"]
+
+
+# -- elementwise ---------------------------------------------------------------------------------------------
+
+def _unary(kernel: str):
+    def emit(c: OpCase, ctx: Context, out) -> list[str]:
+        x = c.args["self"]
+        return [f"{kernel}({_numel(out)}, {ctx.contiguous(x, 'the input')}, {ctx.ptr(out)});"]
+    return emit
+
+
+def _unary_bwd(kernel: str):
+    def emit(c: OpCase, ctx: Context, out) -> list[str]:
+        gy, x = c.args["grad_output"], c.args["self"]
+        return [f"{kernel}({_numel(out)}, {ctx.contiguous(gy, 'the output gradient')}, "
+                f"{ctx.contiguous(x, 'the saved tensor')}, {ctx.ptr(out)});"]
+    return emit
+
+
+emits("aten.relu.default")(_unary("et_relu_forward"))
+emits("aten.threshold_backward.default")(_unary_bwd("et_relu_backward"))
+emits("aten.hardtanh.default")(_unary("et_relu6_forward"))
+emits("aten.hardtanh_backward.default")(_unary_bwd("et_relu6_backward"))
+
+
+@emits("aten.add.Tensor")
+def _add(c: OpCase, ctx: Context, out) -> list[str]:
+    a, b = c.args["self"], c.args["other"]
+    return [f"et_add_forward({_numel(out)}, {ctx.contiguous(a, 'an addend')}, {ctx.contiguous(b, 'an addend')}, "
+            f"{ctx.ptr(out)});"]
+
+
+@emits("aten.cat.default")
+def _cat(c: OpCase, ctx: Context, out) -> list[str]:
+    shape = out.shape
+    hw = prod(shape[2:]) if len(shape) > 2 else 1
+    lines, at = [], 0
+    for x in c.args["tensors"]:
+        lines.append(f"et_concat_forward_part({shape[0]}, {hw}, {shape[1]}, {at}, {x.shape[1]}, "
+                     f"{ctx.contiguous(x, 'a part')}, {ctx.ptr(out)});")
+        at += x.shape[1]
+    return lines
+
+
+# -- pooling -------------------------------------------------------------------------------------------------
+
+def pool_shape(x_shape, y_shape, a: dict, dilation: bool) -> dict:
+    k = _pair(a["kernel_size"], [1])
+    stride, pad = _pair(a["stride"], k), _pair(a["padding"], [0])
+    dil = _pair(a.get("dilation"), [1]) if dilation else [1, 1]
+    return dict(n=x_shape[0], c=x_shape[1], h_in=x_shape[2], w_in=x_shape[3], h_out=y_shape[2], w_out=y_shape[3],
+                k_h=k[0], k_w=k[1], stride_h=stride[0], stride_w=stride[1], pad_h=pad[0], pad_w=pad[1],
+                dil_h=dil[0], dil_w=dil[1], count_include_pad=int(bool(a.get("count_include_pad", False))))
+
+
+@emits("aten.max_pool2d_with_indices.default")
+def _maxpool(c: OpCase, ctx: Context, out) -> list[str]:
+    x = c.args["self"]
+    k = ctx.struct("et_pool2d_shape", None, pool_shape(x.shape, out.shape, c.args, True))
+    y, idx = (ctx.ptr(out), "NULL") if out.dtype != torch.int32 else ("NULL", ctx.ptr(out))
+    return [f"et_maxpool2d_forward({k}, {ctx.contiguous(x, 'the input')}, {y}, {idx});"]
+
+
+@emits("aten.max_pool2d_with_indices_backward.default")
+def _maxpool_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    gy, idx = c.args["grad_output"], c.args["indices"]
+    k = ctx.struct("et_pool2d_shape", None, pool_shape(out.shape, gy.shape, c.args, True))
+    return [f"et_maxpool2d_backward({k}, {ctx.contiguous(gy, 'the output gradient')}, "
+            f"{ctx.contiguous(idx, 'the indices')}, {ctx.ptr(out)});"]
+
+
+@emits("aten.avg_pool2d.default")
+def _avgpool(c: OpCase, ctx: Context, out) -> list[str]:
+    x = c.args["self"]
+    k = ctx.struct("et_pool2d_shape", None, pool_shape(x.shape, out.shape, c.args, False))
+    return [f"et_avgpool2d_forward({k}, {ctx.contiguous(x, 'the input')}, {ctx.ptr(out)});"]
+
+
+@emits("aten.avg_pool2d_backward.default")
+def _avgpool_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    gy = c.args["grad_output"]
+    k = ctx.struct("et_pool2d_shape", None, pool_shape(out.shape, gy.shape, c.args, False))
+    return [f"et_avgpool2d_backward({k}, {ctx.contiguous(gy, 'the output gradient')}, {ctx.ptr(out)});"]
+
+
+@emits("aten.mean.dim")
+def _mean_hw(c: OpCase, ctx: Context, out) -> list[str]:
+    x = c.args["self"]
+    n, ch, h, w = x.shape
+    return [f"et_global_avgpool_forward({n}, {ch}, {h * w}, {ctx.contiguous(x, 'the input')}, {ctx.ptr(out)});"]
+
+
+@emits("aten.div.Scalar")
+def _mean_hw_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    gy = c.args["self"]  # the output gradient expanded over each plane: its pointer is the unexpanded one
+    n, ch = gy.shape[:2]
+    if mean_backward_planes(c) is None:
+        raise EmitError("a division that is not a mean's backward")
+    return [f"et_global_avgpool_backward({n}, {ch}, {gy.shape[2] * gy.shape[3]}, {ctx.ptr(gy)}, {ctx.ptr(out)});"]
+
+
+# -- the loss ------------------------------------------------------------------------------------------------
+
+@emits("aten._log_softmax.default")
+def _log_softmax(c: OpCase, ctx: Context, out) -> list[str]:
+    x = c.args["self"]
+    return [f"et_log_softmax_forward({x.shape[0]}, {x.shape[1]}, {ctx.contiguous(x, 'the scores')}, {ctx.ptr(out)});"]
+
+
+@emits("aten._log_softmax_backward_data.default")
+def _log_softmax_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    gy, y = c.args["grad_output"], c.args["output"]
+    return [f"et_log_softmax_backward({y.shape[0]}, {y.shape[1]}, {ctx.contiguous(gy, 'the gradient')}, "
+            f"{ctx.contiguous(y, 'the log-probabilities')}, {ctx.ptr(out)});"]
+
+
+@emits("aten.nll_loss_forward.default")
+def _nll(c: OpCase, ctx: Context, out) -> list[str]:
+    logp, target = c.args["self"], c.args["target"]
+    at = out.storage_offset()  # (loss, total_weight): two words
+    return [f"et_nll_loss_forward({logp.shape[0]}, {logp.shape[1]}, {ctx.contiguous(logp, 'the log-probabilities')}, "
+            f"{ctx.contiguous(target, 'the labels')}, {c.args['ignore_index']}, ET_F({at}), ET_F({at + 1}));"]
+
+
+@emits("aten.nll_loss_backward.default")
+def _nll_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    return [f"et_nll_loss_backward({out.shape[0]}, {out.shape[1]}, {ctx.ptr(a['grad_output'])}, "
+            f"{ctx.contiguous(a['target'], 'the labels')}, {a['ignore_index']}, {ctx.ptr(a['total_weight'])}, "
+            f"{ctx.ptr(out)});"]
+
+
+@emits("aten.ones_like.default")
+def _ones(c: OpCase, ctx: Context, out) -> list[str]:
+    n = _numel(out)
+    if n == 1:
+        return [f"*{ctx.ptr(out)} = 1.0f; /* the loss's gradient with respect to itself */"]
+    return [f"for (int i = 0; i < {n}; ++i) {ctx.ptr(out)}[i] = 1.0f;"]
+
+
+def emit(c: OpCase, ctx: Context, out, where: str) -> list[str]:
+    fn = EMITTERS.get(c.op)
+    if fn is None:
+        raise EmitError(f"op `{c.op}` of {c_comment(where)} has no C kernel")
+    return fn(c, ctx, out)

@@ -1,0 +1,409 @@
+"""The C runtime's op table, and the pass that fits a training graph to what the C runtime holds.
+
+torch knows every op's semantics, shapes and FLOPs; what it does not know is which aten ops the C runtime
+(runtime/c) has a kernel for, which operands that kernel reads, and how it holds memory. That is this table,
+the one place for it: codegen/c emits a call for each op listed here and for nothing else.
+
+The C runtime differs from torch in what it holds, and the schedule must count what it holds:
+- a parameter's gradient is never a tensor: `et_*_wgrad_sgd` computes it and applies SGD in one pass, so a
+  node that makes gradients has no workspace;
+- max-pool indices and class labels are int32;
+- a kernel reads only what it needs: max-pool's and avg-pool's backward do not read the forward input, a
+  convolution's backward reads its input only for the weight gradient, the loss's backward does not read the
+  log-probabilities. Operands the kernel does not read are dropped from the node, so the schedule does not
+  keep them alive for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from edgetrain.runtime.python.aten_call import apply_view, resolve
+
+from edgetrain.compiler.errors import UnsupportedModelError
+
+from .ir import Node, TensorRef, TrainingGraph
+
+
+@dataclass(frozen=True)
+class CKernel:
+    """One aten op the C runtime runs: its kernel (runtime/c/kernels/<kernel>.c), what it covers in words,
+    the arguments whose tensors it reads (None: all), and a check for the cases it leaves out."""
+
+    kernel: str
+    note: str = ""
+    reads: Callable[[dict], set[str]] | None = None  # bound arguments -> names of the arguments read
+    refuse: Callable[["OpCase"], str | None] = lambda case: None
+
+
+@dataclass
+class OpCase:
+    """An op of a node as the table's checks see it: arguments bound to their schema names, with each tensor
+    operand as a meta tensor (its shape, and its strides through the operand's views), and what it updates."""
+
+    op: str
+    args: dict  # schema name -> literal, or a meta tensor, or {"param": name, "t": meta} for a parameter
+    updates: list  # the node's {"item", "param"} updates made by this op
+    out: object  # the op's first output's meta tensor (None when it holds nothing)
+
+
+def _is_param(a) -> bool:
+    return isinstance(a, dict) and "param" in a
+
+
+def _conv_refuse(c: OpCase) -> str | None:
+    if c.args["transposed"]:
+        return "transposed convolution has no kernel"
+    x = c.args["input"] if "input" in c.args else c.args["grad_output"]
+    if getattr(x, "dim", lambda: 0)() != 4:
+        return "only 2-D convolution (NCHW) has a kernel"
+    return None
+
+
+def _conv_bwd_reads(a: dict) -> set[str]:
+    mask = a["output_mask"]
+    return {"grad_output"} | ({"input"} if mask[1] else set())
+
+
+def _linear_fwd_refuse(c: OpCase) -> str | None:
+    a = c.args
+    w = a["mat2"]
+    if not (_is_param(w) and _transposed_param(w)) or (a.get("beta", 1) != 1 or a.get("alpha", 1) != 1):
+        return "is not a linear layer's (x @ W.t() + b)"
+    if "self" in a and not (_is_param(a["self"]) and a["self"]["t"].dim() == 1):
+        return "is not a linear layer's (x @ W.t() + b)"
+    return None
+
+
+def _transposed_param(p: dict) -> bool:
+    view = [v[0] for v in p.get("view", ())]
+    return view.count("aten.t.default") % 2 == 1 and set(view) <= {"aten.t.default"}
+
+
+def _plain_param(p: dict) -> bool:
+    view = [v[0] for v in p.get("view", ())]
+    return view.count("aten.t.default") % 2 == 0 and set(view) <= {"aten.t.default"}
+
+
+def mm_kind(c: OpCase) -> str | None:
+    """Which part of a linear layer a matrix product is: "forward" (x @ W.t()), "input_grad" (gy @ W) or
+    "weight_grad" (gy.t() @ x, applied to W at once); None for any other product."""
+    a, b = c.args["self"], c.args["mat2"]
+    if _is_param(b) and _transposed_param(b) and not _is_param(a) and a.is_contiguous():
+        return "forward"
+    if _is_param(b) and _plain_param(b) and not _is_param(a) and a.is_contiguous():
+        return "input_grad"
+    if not _is_param(a) and not _is_param(b) and len(c.updates) == 1 and b.is_contiguous() \
+            and a.t().is_contiguous() and c.out is None:
+        return "weight_grad"
+    return None
+
+
+def _mm_refuse(c: OpCase) -> str | None:
+    return None if mm_kind(c) else "is not part of a linear layer (x @ W.t(), its input or its weight gradient)"
+
+
+def _bias_grad_refuse(c: OpCase) -> str | None:
+    a = c.args
+    if list(a["dim"] or []) != [0] or len(c.updates) != 1 or c.out is not None or a["self"].dim() != 2:
+        return "is not a linear layer's bias gradient (a sum over the batch applied to a bias)"
+    return None
+
+
+def _hw_dims(x, dims) -> bool:
+    return x.dim() == 4 and sorted(d % 4 for d in dims) == [2, 3]
+
+
+def _mean_refuse(c: OpCase) -> str | None:
+    return None if _hw_dims(c.args["self"], c.args["dim"] or []) and c.args.get("dtype") is None else \
+        "over anything but H and W of an NCHW tensor has no kernel"
+
+
+def mean_backward_planes(c: OpCase) -> int | None:
+    """H*W when a division is a mean-over-H,W's backward (the gradient expanded over each plane, divided by
+    the plane's size), else None."""
+    x = c.args["self"]
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.stride()[2:] != (0, 0):
+        return None
+    hw = x.shape[2] * x.shape[3]
+    return hw if c.args["other"] == hw else None
+
+
+def _div_refuse(c: OpCase) -> str | None:
+    return None if mean_backward_planes(c) else "has no kernel (only as the backward of a mean over H and W)"
+
+
+def _same_shape_refuse(c: OpCase) -> str | None:
+    a, b = c.args["self"], c.args["other"]
+    if not isinstance(b, torch.Tensor) or a.shape != b.shape or c.args.get("alpha", 1) != 1:
+        return "with broadcasting, a scalar or alpha has no kernel (same-shape tensors only)"
+    return None
+
+
+def _cat_refuse(c: OpCase) -> str | None:
+    parts = c.args["tensors"]
+    return None if parts[0].dim() in (2, 4) and c.args["dim"] % parts[0].dim() == 1 else \
+        "along any dim but channels (dim 1) has no kernel"
+
+
+def _hardtanh_refuse(c: OpCase) -> str | None:
+    return None if (c.args["min_val"], c.args["max_val"]) == (0.0, 6.0) else "other than ReLU6 (0, 6) has no kernel"
+
+
+def _threshold_refuse(c: OpCase) -> str | None:
+    return None if c.args["threshold"] == 0 else "other than ReLU's has no kernel"
+
+
+def _avg_refuse(c: OpCase) -> str | None:
+    return None if c.args.get("divisor_override") is None else "with divisor_override has no kernel"
+
+
+def _log_softmax_refuse(c: OpCase) -> str | None:
+    x = c.args["self"] if "self" in c.args else c.args["output"]
+    return None if x.dim() == 2 and c.args["dim"] % 2 == 1 else "over anything but the classes of (N, C) has no kernel"
+
+
+def _nll_refuse(c: OpCase) -> str | None:
+    a = c.args
+    if a.get("weight") is not None or a["reduction"] != 1 or a["self"].dim() != 2:
+        return "has a kernel for the mean over a batch of (N, C) scores without class weights only"
+    return None
+
+
+def _no_update(c: OpCase) -> str | None:
+    return "cannot update a parameter in the C runtime" if c.updates else None
+
+
+def _both(*checks):
+    def check(c: OpCase) -> str | None:
+        return next((why for why in (f(c) for f in checks) if why), None)
+    return check
+
+
+# The table: every aten op of a training graph the C runtime runs.
+C_OPS: dict[str, CKernel] = {
+    "aten.convolution.default": CKernel("conv2d", "2-D convolution: stride, padding, dilation, groups, bias",
+                                        refuse=_both(_conv_refuse, _no_update)),
+    "aten.convolution_backward.default": CKernel("conv2d", reads=_conv_bwd_reads, refuse=_conv_refuse),
+    "aten.addmm.default": CKernel("linear", "linear layers", refuse=_both(_linear_fwd_refuse, _no_update)),
+    "aten.mm.default": CKernel("linear", refuse=_mm_refuse),
+    "aten.sum.dim_IntList": CKernel("linear", refuse=_bias_grad_refuse),
+    "aten.relu.default": CKernel("relu", "ReLU", refuse=_no_update),
+    "aten.threshold_backward.default": CKernel("relu", refuse=_both(_threshold_refuse, _no_update)),
+    "aten.hardtanh.default": CKernel("relu6", "ReLU6", refuse=_both(_hardtanh_refuse, _no_update)),
+    "aten.hardtanh_backward.default": CKernel("relu6", refuse=_both(_hardtanh_refuse, _no_update)),
+    "aten.max_pool2d_with_indices.default": CKernel("maxpool2d", "max-pool", refuse=_no_update),
+    "aten.max_pool2d_with_indices_backward.default": CKernel(
+        "maxpool2d", reads=lambda a: {"grad_output", "indices"}, refuse=_no_update),
+    "aten.avg_pool2d.default": CKernel("avgpool2d", "avg-pool (no divisor_override)",
+                                       refuse=_both(_avg_refuse, _no_update)),
+    "aten.avg_pool2d_backward.default": CKernel("avgpool2d", reads=lambda a: {"grad_output"},
+                                                refuse=_both(_avg_refuse, _no_update)),
+    "aten.mean.dim": CKernel("global_avgpool", "mean over H and W (global average pooling)",
+                             refuse=_both(_mean_refuse, _no_update)),
+    "aten.div.Scalar": CKernel("global_avgpool", refuse=_both(_div_refuse, _no_update)),
+    "aten.add.Tensor": CKernel("add", "add of same-shape tensors (residuals)",
+                               refuse=_both(_same_shape_refuse, _no_update)),
+    "aten.cat.default": CKernel("concat", "cat along channels (dim 1)", refuse=_both(_cat_refuse, _no_update)),
+    "aten._log_softmax.default": CKernel("log_softmax", "log_softmax over classes",
+                                         refuse=_both(_log_softmax_refuse, _no_update)),
+    "aten._log_softmax_backward_data.default": CKernel("log_softmax",
+                                                       refuse=_both(_log_softmax_refuse, _no_update)),
+    "aten.nll_loss_forward.default": CKernel("nll_loss", "cross-entropy (log_softmax + nll_loss, mean)",
+                                             refuse=_both(_nll_refuse, _no_update)),
+    "aten.nll_loss_backward.default": CKernel("nll_loss", reads=lambda a: {"grad_output", "target", "total_weight"},
+                                              refuse=_both(_nll_refuse, _no_update)),
+    "aten.ones_like.default": CKernel("", reads=lambda a: set(), refuse=_no_update),  # the loss's seed gradient
+}
+ALSO = "views (flatten, reshape, channel slices at batch 1); SGD with momentum and weight decay"
+
+
+def supported_text() -> str:
+    """The ops the C runtime runs, in words (what an error offers instead)."""
+    return ", ".join(dict.fromkeys(k.note for k in C_OPS.values() if k.note)) + "; " + ALSO
+
+
+# -- operands as meta tensors ------------------------------------------------------------------------------
+
+def holder_meta(node: Node, offset: int = 0):
+    """What a node holds as meta tensors laid out as the C runtime lays them out, at word `offset` of the
+    arena: one block of 4-byte words (float32, or int32 for indices and labels), a tuple's items one after
+    the other. Any view of it then has its arena offset, in words, as its storage offset."""
+    specs = node.items if node.items else ((node.shape or ()),)
+    shapes = [s.shape if hasattr(s, "shape") else tuple(s) for s in specs]
+    sizes = [_numel(s) for s in shapes]
+    arena = torch.empty(offset + sum(sizes), device="meta")
+    if node.dtype == "int32":
+        arena = arena.view(torch.int32)
+    out, at = [], offset
+    for shape, n in zip(shapes, sizes):
+        out.append(arena[at:at + n].view(shape))
+        at += n
+    return tuple(out) if node.items else out[0]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def operand_meta(graph_nodes: dict[str, Node], ref: TensorRef, offsets: dict[str, int] | None = None):
+    """An operand as a meta tensor: its shape, strides and offset (in words) in the arena (`offsets`: where
+    each holder starts; 0 without)."""
+    node = graph_nodes[ref.name]
+    return apply_view(holder_meta(node, (offsets or {}).get(ref.name, 0)), ref.view)
+
+
+def param_meta(shape, view) -> torch.Tensor:
+    return apply_view(torch.empty(tuple(shape), device="meta"), [tuple(v) for v in view or ()])
+
+
+def bind(op: str, args: list, kwargs: dict) -> dict:
+    """Arguments by schema name, defaults filled in."""
+    schema = resolve(op)._schema
+    bound = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(args):
+            bound[a.name] = args[i]
+        elif a.name in kwargs:
+            bound[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            bound[a.name] = a.default_value
+        else:
+            bound[a.name] = None
+    return bound
+
+
+def op_case(op: str, args: list, kwargs: dict, operands: list, params: dict, updates: list, out,
+            own=None) -> OpCase:
+    """Bind an op's argument template, with `operands` the meta tensors of its `$t` markers, `params` the
+    parameters' shapes, `out` what the op holds and `own` what the node's first op holds (for a fused op)."""
+    def fill(a):
+        if isinstance(a, dict):
+            if "$t" in a:
+                return operands[a["$t"]]
+            if "$own" in a:
+                return apply_view(own, a.get("view"))
+            if "$p" in a:
+                return {"param": a["$p"], "view": a.get("view", ()), "t": param_meta(params[a["$p"]], a.get("view"))}
+            if "$b" in a or "$aux" in a or "$empty" in a:
+                return a
+            return {k: fill(v) for k, v in a.items()}
+        if isinstance(a, list):
+            return [fill(v) for v in a]
+        return a
+
+    return OpCase(op=op, args=bind(op, fill(args), fill(kwargs)), updates=updates, out=out)
+
+
+def node_ops(node: Node) -> list[dict]:
+    """The node's own op, then each op fused after it, as {"op", "args", "kwargs", "updates", "own"}."""
+    a = node.attrs
+    first = {"op": node.op, "args": a.get("args", []), "kwargs": a.get("kwargs", {}),
+             "updates": [u for u in a.get("updates", ()) if "param" in u], "own": True}
+    return [first] + [{"op": s["op"], "args": s.get("args", []), "kwargs": s.get("kwargs", {}),
+                       "updates": [u for u in s.get("updates", ()) if "param" in u], "own": False}
+                      for s in a.get("then", ())]
+
+
+def node_cases(node: Node, graph_nodes: dict[str, Node], params: dict,
+               offsets: dict[str, int] | None = None) -> list[OpCase]:
+    """Each op the node runs, bound (its own op first); tensors at their arena `offsets` when given."""
+    operands = [operand_meta(graph_nodes, r, offsets) for r in node.inputs]
+    held = holder_meta(node, (offsets or {}).get(node.name, 0)) if node.shape is not None or node.items else None
+    first = held[0] if isinstance(held, tuple) else held
+    return [op_case(o["op"], o["args"], o["kwargs"], operands, params, o["updates"], first if o["own"] else None,
+                    own=first) for o in node_ops(node)]
+
+
+# -- the pass ----------------------------------------------------------------------------------------------
+
+def lower_for_c(g: TrainingGraph) -> TrainingGraph:
+    """The training graph as the C runtime holds it, or one error naming every op it cannot run."""
+    _check_optimizer(g)
+    if g.buffers:
+        raise UnsupportedModelError(
+            f"--emit c: the model has buffers ({', '.join(list(g.buffers)[:3])}: batch-norm running statistics or "
+            "constants); the C runtime keeps none yet. Use --emit python.")
+    by_name = {n.name: n for n in g.nodes}
+    params = {p: s.shape for p, s in g.params.items()}
+    problems: list[str] = []
+    for n in g.nodes:
+        if n.kind in ("input", "labels"):
+            continue
+        if n.aux_bytes or n.aux_of:
+            problems.append(f"op `{n.op}` at node `{n.name}` ({n.source or 'unknown source'}) keeps statistics "
+                            "for its backward, which the C runtime has no kernel for")
+            continue
+        for case in node_cases(n, by_name, params):
+            kernel = C_OPS.get(case.op)
+            why = "has no kernel in the C runtime" if kernel is None else kernel.refuse(case)
+            if why:
+                problems.append(f"op `{case.op}` at node `{n.name}` ({n.source or 'unknown source'}) {why}")
+    if problems:
+        listed = "\n  - ".join(dict.fromkeys(problems))
+        raise UnsupportedModelError(
+            f"--emit c: {len(problems)} op(s) of the model have no kernel in the C runtime:\n  - {listed}\n"
+            f"The C runtime supports: {supported_text()}. Remove or replace these ops, or use --emit python.")
+    nodes = [_as_c(n) for n in g.nodes]
+    return replace(g, nodes=nodes)
+
+
+def _check_optimizer(g: TrainingGraph) -> None:
+    o = g.optimizer
+    if o.name != "sgd" or o.nesterov:
+        raise UnsupportedModelError(
+            f"--emit c: the C runtime trains with SGD (momentum, weight decay), not {o.name}"
+            f"{' with Nesterov momentum' if o.nesterov else ''}; use --optimizer sgd or --emit python")
+
+
+def _as_c(n: Node) -> Node:
+    """A node with the C runtime's memory: int32 indices and labels, no gradient workspace, only the operands
+    its kernels read."""
+    dtype = n.dtype
+    if n.kind == "labels" or (n.op == "aten.max_pool2d_with_indices.default" and n.attrs.get("keep") == 1):
+        dtype = "int32"
+    if n.kind in ("input", "labels"):
+        return replace(n, dtype=dtype)
+    read: set[int] = set()
+    for o in node_ops(n):
+        read |= _read_operands(o)
+    keep = sorted(read)
+    remap = {k: {"$t": j} for j, k in enumerate(keep)}
+
+    def sub(a):
+        if isinstance(a, dict) and "$t" in a:
+            return remap.get(a["$t"])
+        if isinstance(a, list):
+            return [sub(v) for v in a]
+        if isinstance(a, dict):
+            return {k: sub(v) for k, v in a.items()}
+        return a
+
+    attrs = {k: sub(v) if k in ("args", "kwargs", "then") else v for k, v in n.attrs.items()}
+    return replace(n, dtype=dtype, workspace_bytes=0, inputs=tuple(n.inputs[k] for k in keep), attrs=attrs)
+
+
+def _read_operands(o: dict) -> set[int]:
+    """The `$t` operands an op's kernel reads."""
+    found: dict[str, set[int]] = {}
+
+    def visit(name, a):
+        if isinstance(a, dict) and "$t" in a:
+            found.setdefault(name, set()).add(a["$t"])
+        elif isinstance(a, list):
+            for v in a:
+                visit(name, v)
+
+    schema = resolve(o["op"])._schema
+    for i, a in enumerate(o["args"]):
+        visit(schema.arguments[i].name, a)
+    for name, a in o["kwargs"].items():
+        visit(name, a)
+    kernel = C_OPS[o["op"]]
+    wanted = set(found) if kernel.reads is None else kernel.reads(bind(o["op"], o["args"], o["kwargs"]))
+    return set().union(*(found[k] for k in wanted if k in found))

@@ -27,3 +27,11 @@ class ValidationError(EdgetrainError):
 
 class OutputDirError(EdgetrainError):
     """The output directory cannot be written."""
+
+
+class TrainSelectionError(EdgetrainError):
+    """A `--train` selection is malformed or selects nothing."""
+
+
+class DeviceFitError(EdgetrainError):
+    """The firmware would need more RAM or flash than the target device has; the message gives the figures."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import OutputDirError, UnsupportedModelError
+from .errors import DeviceFitError, OutputDirError, UnsupportedModelError
 from .output_dir import StagedOutput
 from .frontend.modelspec import resolve
 from .graph.costs import apply_costs
@@ -37,6 +37,7 @@ class CompileOptions:
     emit: str = "python"  # the runtime the plan is generated for: "python" (torch) or "c" (runtime/c firmware)
     lns: float = 0.0  # share of time_limit for neighbourhood search when its first 20% does not prove the gap
     cuts: float = 0.0  # most share of time_limit for window and memory cuts before the last solve (with lns)
+    train: str | None = None  # `--train`: which parameters train (compiler/frontend/train_select.py); None: the model's flags
 
 
 def prepare_out_dir(path: str) -> None:
@@ -52,7 +53,7 @@ def prepare_out_dir(path: str) -> None:
                              "Choose another --out or fix its permissions.") from None
 
 
-def build_graph(opts: CompileOptions, target):
+def build_graph(opts: CompileOptions, target, device_check: bool = True):
     """Resolve, trace and lower the model; annotate costs for the target. Returns (resolved, model, graph)."""
     torch.manual_seed(opts.seed)  # zoo models initialize deterministically from the seed
     resolved = resolve(opts.model, **opts.model_kwargs)
@@ -60,6 +61,14 @@ def build_graph(opts: CompileOptions, target):
     if not shape:
         raise UnsupportedModelError(f"the input shape of {opts.model!r} is unknown; pass --input-shape C,H,W")
     model = resolved.module.train()
+    if opts.train is not None:
+        from .frontend.train_select import select_and_apply
+
+        select_and_apply(model, opts.train)
+    if opts.emit == "c" and device_check:
+        from edgetrain.codegen.c.device_fit import check_model_fits
+
+        check_model_fits(model, target, opts.optimizer, opts.model)  # a model whose weights alone overflow fails before tracing
     gen = torch.Generator().manual_seed(opts.seed)
     if resolved.input_dtype == "int64":  # token ids
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
@@ -143,7 +152,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         raise UnsupportedModelError(f"unknown --emit {opts.emit!r}; choose one of {', '.join(EMITS)}")
     target = load_target(opts.target)
     with StagedOutput(opts.out) as stage:  # the previous output stays whole until the new one is complete
-        rep, result, graph, lv, anchor, sa, budget_bytes, deadline_s, resolved, firmware = _compile_into(
+        rep, result, graph, lv, anchor, sa, budget_bytes, deadline_s, resolved, firmware, extra = _compile_into(
             opts, target, budget, str(stage.path), progress, stage)
         stage.commit()
     out = {
@@ -162,7 +171,58 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         out["arena_bytes"] = firmware["arena_bytes"]
         out["paged_bytes_per_step"] = firmware["paged_bytes_per_step"]
         out["pages"] = len(firmware["pages"])
+    out.update(extra)
     return out
+
+
+def _numel(spec) -> int:
+    n = 1
+    for d in spec.shape:
+        n *= d
+    return n
+
+
+def selection_summary(graph) -> dict:
+    """What trains: parameter counts and bytes of the trainable and the frozen parameters."""
+    trainable = set(graph.trainable_params)
+    return {"trainable_tensors": len(trainable), "param_tensors": len(graph.params),
+            "trainable_params": sum(_numel(s) for k, s in graph.params.items() if k in trainable),
+            "total_params": sum(_numel(s) for s in graph.params.values()),
+            "trainable_bytes": sum(s.bytes for k, s in graph.params.items() if k in trainable),
+            "frozen_bytes": sum(s.bytes for k, s in graph.params.items() if k not in trainable)}
+
+
+def all_trainable_anchors(opts: CompileOptions, target):
+    """The anchors of the same model with every parameter trained: what a `--train` selection is held against.
+    A second capture and the store-all replay; no solve."""
+    import dataclasses
+
+    _, _, full = build_graph(dataclasses.replace(opts, train="all"), target, device_check=False)
+    return anchors(full, analyze(full), target)
+
+
+def io_bytes(graph) -> int:
+    """The batch buffers a firmware's driver keeps besides the arena: the input, the labels and the logits."""
+    loss = graph.nodes[graph.loss_stage]
+    first = loss.inputs[0].name if loss.inputs else None
+    return sum(n.bytes for n in graph.nodes if n.kind in ("input", "labels") or n.name == first)
+
+
+def _device_budget(opts: CompileOptions, budget, graph, target, anchor) -> int:
+    """`--budget auto`: the target's RAM less the firmware's own needs; refused when training cannot fit it."""
+    from edgetrain.codegen.c.device_fit import device_budget, runtime_reserve_bytes
+
+    io = io_bytes(graph)
+    room = device_budget(target, io)
+    budget_bytes = budget.resolve(anchor, room)
+    if anchor.min_feasible_bytes > budget_bytes:
+        raise DeviceFitError(
+            f"{opts.model} needs at least {anchor.min_feasible_bytes} B to train (its smallest feasible budget: "
+            f"{anchor.fixed_bytes} B of weights, optimizer state and buffers, then what the largest backward step "
+            f"reads), but {target.name}'s {target.ram_bytes} B of RAM leave {budget_bytes} B after the stack, the "
+            f"runtime and the batch buffers ({runtime_reserve_bytes(io)} B). Freeze more with --train, use a "
+            "smaller --batch-size or a smaller model")
+    return budget_bytes
 
 
 def _compile_into(opts: CompileOptions, target, budget, work: str, progress, stage):
@@ -174,7 +234,14 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
     lv = analyze(graph)
     anchor = anchors(graph, lv, target)
     sa = anchor.store_all
-    budget_bytes = budget.resolve(anchor)
+    budget_bytes = _device_budget(opts, budget, graph, target, anchor) if budget.device else budget.resolve(anchor)
+    extra: dict = {"train": opts.train, **selection_summary(graph), "all_trainable": None}
+    if opts.train is not None and extra["trainable_tensors"] < extra["param_tensors"]:
+        if progress:
+            progress("capturing the all-trainable graph for comparison")
+        full = all_trainable_anchors(opts, target)
+        extra["all_trainable"] = {"min_feasible_bytes": full.min_feasible_bytes,
+                                  "store_all_peak_bytes": full.store_all.peak_bytes, "fixed_bytes": full.fixed_bytes}
     deadline_s = parse_deadline(opts.deadline, sa.time_s)
     if progress:
         progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors")
@@ -185,6 +252,8 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
         spec=resolved.spec, kwargs=resolved.kwargs, graph=graph, target=target, budget_text=budget.text,
         budget_bytes=budget_bytes, anchor=anchor, decision_tensors=len(lv.decision),
         deadline_s=deadline_s, scheduled=result, scheduler=opts.scheduler, seed=opts.seed, backend=opts.emit)
+    if opts.train is not None:  # the selection as given; graph.trainable holds what it chose
+        body["model"]["train"] = opts.train
     firmware = None
     if opts.emit == "c":
         from edgetrain.codegen.c import render_c_firmware
@@ -193,10 +262,14 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
         write_weights(dict(model.named_parameters()), dict(model.named_buffers()), work)
         checked = json.loads(schedule_format.dumps(body))  # exactly what schedule.json will hold
         firmware = render_c_firmware(checked, work)
+        from edgetrain.codegen.c.device_fit import applies, check_fit, figures_of_firmware
+
+        if applies(target):  # arena, weights and buffers against the device's RAM and flash
+            extra["device_fit"] = check_fit(figures_of_firmware(checked, firmware), target).to_json()
     else:
         render_python_plan(json.loads(schedule_format.dumps(body)), work)
         write_weights(dict(model.named_parameters()), dict(model.named_buffers()), work)
     # The schedule last: it records the sha256 of every file above and the weights' table.
     body["outputs"] = stage.outputs(weights_table(os.path.join(work, "weights.safetensors")))
     schedule_format.save(body, work)
-    return rep, result, graph, lv, anchor, sa, budget_bytes, deadline_s, resolved, firmware
+    return rep, result, graph, lv, anchor, sa, budget_bytes, deadline_s, resolved, firmware, extra

@@ -52,7 +52,10 @@ _ZERO_ALLOWED = frozenset({"page_in_latency_s", "page_out_latency_s"})
 FIGURE_FIELDS = _INT_FIELDS + _FLOAT_FIELDS
 _TEXT_FIELDS = ("name", "description", "family")
 REQUIRED_FIELDS = _TEXT_FIELDS + FIGURE_FIELDS + ("sources",)
-_OPTIONAL_FIELDS = frozenset({"measured"})
+# Program memory: required of microcontrollers (the firmware's code and constant weights must fit it).
+_FLASH = "flash_bytes"
+_OPTIONAL_FIELDS = frozenset({"measured", _FLASH})
+_WHOLE_FIELDS = _INT_FIELDS + (_FLASH,)
 
 
 class TargetError(ValueError):
@@ -86,6 +89,7 @@ class Target:
     # Excluded from hashing because a mapping is unhashable; still compared for equality.
     sources: Mapping[str, str] = field(default_factory=dict, hash=False)
     measured: bool = False
+    flash_bytes: int | None = None  # on-chip program flash (family "mcu"); None for devices with a disk
     # Where the profile came from; informative only, so two equal profiles compare equal.
     path: str | None = field(default=None, compare=False)
 
@@ -128,6 +132,8 @@ class Target:
         # Built field by field: dataclasses.asdict would try to deep-copy the mapping proxy.
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["sources"] = dict(self.sources)
+        if d["flash_bytes"] is None:  # devices without a flash figure serialise as they always have
+            del d["flash_bytes"]
         return d
 
 
@@ -212,7 +218,8 @@ def _validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     unknown = sorted(set(raw) - set(REQUIRED_FIELDS) - _OPTIONAL_FIELDS)
     if unknown:
         # Typos such as "page_in_latency" would otherwise be silently ignored.
-        raise fail(unknown[0], f"is not a known field; known fields: {', '.join(REQUIRED_FIELDS)}, measured")
+        raise fail(unknown[0], f"is not a known field; known fields: {', '.join(REQUIRED_FIELDS)}, measured, "
+                               f"{_FLASH}")
 
     measured = raw.get("measured", False)
     if not isinstance(measured, bool):
@@ -231,7 +238,11 @@ def _validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     for fld in FIGURE_FIELDS:
         out[fld] = _validate_figure(raw[fld], fld, measured, fail)
 
-    out["sources"] = _validate_sources(raw["sources"], fail)
+    if _FLASH in raw:
+        out[_FLASH] = _validate_figure(raw[_FLASH], _FLASH, False, fail)
+    elif out["family"] == "mcu":
+        raise fail(_FLASH, "is missing (required of a microcontroller: its program flash, in bytes)")
+    out["sources"] = _validate_sources(raw["sources"], fail, flash=_FLASH in raw)
     return out
 
 
@@ -244,24 +255,25 @@ def _validate_figure(value: Any, fld: str, measured: bool, fail) -> Any:
     # bool is an int subclass in Python; `ram_bytes = true` is a mistake, not 1 byte.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise fail(fld, f"must be a number, got {value!r}")
-    if fld in _INT_FIELDS and not isinstance(value, int):
+    if fld in _WHOLE_FIELDS and not isinstance(value, int):
         raise fail(fld, f"must be a whole number of bytes, got {value!r}")
     if not math.isfinite(value):
         raise fail(fld, f"must be finite, got {value!r}")
     if value < 0 or (value == 0 and fld not in _ZERO_ALLOWED):
         bound = ">= 0" if fld in _ZERO_ALLOWED else "> 0"
         raise fail(fld, f"must be {bound}, got {value!r}")
-    return value if fld in _INT_FIELDS else float(value)
+    return value if fld in _WHOLE_FIELDS else float(value)
 
 
-def _validate_sources(sources: Any, fail) -> dict[str, str]:
+def _validate_sources(sources: Any, fail, flash: bool = False) -> dict[str, str]:
     if not isinstance(sources, dict):
         raise fail("sources", "must be a table of strings, one per figure")
-    for fld in FIGURE_FIELDS:
+    cited = FIGURE_FIELDS + ((_FLASH,) if flash else ())
+    for fld in cited:
         cite = sources.get(fld)
         if not isinstance(cite, str) or not cite.strip():
             raise fail(f"sources.{fld}", "is missing: every figure must cite where it comes from")
-    unknown = sorted(set(sources) - set(FIGURE_FIELDS))
+    unknown = sorted(set(sources) - set(cited))
     if unknown:
         raise fail(f"sources.{unknown[0]}", "cites no known figure")
     return dict(sources)

@@ -2,7 +2,8 @@
 
 Budget: an absolute size for the whole RAM the step may use (`2MB`, `512KiB`, `1.5GB`, `300000` bytes),
 `B%`: the fixed state plus B% of store-all's (plain backprop's) activation peak, or `min`: the smallest
-feasible budget. The fixed state is what no schedule can avoid: parameters, optimizer state, buffers, and
+feasible budget, or `auto`: a microcontroller's RAM less what its firmware needs besides the training state
+(stack, runtime statics), given by the compile driver for the target. The fixed state is what no schedule can avoid: parameters, optimizer state, buffers, and
 the gradients of the largest layer, which fused SGD holds while it applies them (the other layers' gradients
 never exist at the same time). The activation peak is the most store-all holds at once besides the state and
 the running node's workspace. So 100% always fits store-all, and 0% is below any feasible budget.
@@ -61,8 +62,16 @@ class Budget:
     percent: float | None = None
     nbytes: int | None = None
     smallest: bool = False  # `min`
+    device: bool = False  # `auto`: what the target's RAM leaves for training
 
-    def resolve(self, a: Anchors) -> int:
+    def resolve(self, a: Anchors, device_bytes: int | None = None) -> int:
+        """Bytes for this budget; `device_bytes` is what `auto` means on the target (None: it has no such figure)."""
+        if self.device:
+            if device_bytes is None:
+                raise BudgetError("--budget auto (the default) takes a microcontroller target's RAM; for this "
+                                  "target give --budget: a size (2MB), a percentage of store-all's activations "
+                                  "(40%) or min")
+            return device_bytes
         if self.smallest:
             return a.min_feasible_bytes
         if self.nbytes is not None:
@@ -75,6 +84,8 @@ def parse_budget(text: str) -> Budget:
     s = str(text).strip()
     if s.lower() == "min":
         return Budget(text="min", smallest=True)
+    if s.lower() == "auto":
+        return Budget(text="auto", device=True)
     if s.endswith("%"):
         try:
             p = float(s[:-1])
@@ -86,7 +97,7 @@ def parse_budget(text: str) -> Budget:
     m = _SIZE.match(s)
     if not m or m.group(2).lower() not in _UNITS:
         raise BudgetError(f"budget {text!r} is not understood; write a size like 2MB, 512KiB, 1.5GB or 300000, "
-                          "a percentage like 40%, or min (the smallest feasible budget)")
+                          "a percentage like 40%, min (the smallest feasible budget) or auto (a microcontroller's RAM)")
     n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if n <= 0:
         raise BudgetError(f"budget {text!r} must be positive")

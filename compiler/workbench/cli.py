@@ -115,8 +115,10 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="model -> validated schedule -> generated plan")
     c.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
     c.add_argument("--target", required=True)
-    c.add_argument("--budget", required=True,
-                   help="2MB, 512KiB, 1.5GB, B%% of store-all's activations, or min (the smallest feasible budget)")
+    c.add_argument("--budget", default="auto",
+                   help="2MB, 512KiB, 1.5GB, B%% of store-all's activations, min (the smallest feasible budget) or "
+                        "auto (the default; microcontroller targets only: the RAM less the firmware's stack, runtime "
+                        "and batch buffers)")
     c.add_argument("--deadline", help="multiple of the store-all time (1.2) or seconds (0.5s)")
     c.add_argument("--scheduler", default="poet",
                    choices=list(SCHEDULERS), help="; ".join(f"{k}: {v}" for k, v in SCHEDULERS.items()))
@@ -140,6 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--weight-decay", type=float, default=None, help="sgd/adam 5e-4 and 0, adamw 0.01")
     c.add_argument("--betas", type=_betas, default=(0.9, 0.999), help="adam/adamw: beta1,beta2")
     c.add_argument("--eps", type=float, default=1e-8, help="adam/adamw")
+    c.add_argument("--train", metavar="PATTERNS",
+                   help="which parameters train, the rest frozen: comma-separated fnmatch patterns over parameter "
+                        "names ('classifier.*,features.16.*'), biases (names ending in bias), last:N (the last N "
+                        "modules with parameters) or all; default: the model's requires_grad flags")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--emit", default="python", choices=list(EMITS),
                    help="python: a plan for the torch runtime (Jetson, Pi, host); c: C training firmware for "
@@ -218,6 +224,9 @@ def _cmd_compile(a) -> dict:
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
 
     if a.mode == "local":
+        if a.train is not None:
+            raise EdgetrainError("--train selects what backprop trains; --mode local trains every layer block by "
+                                 "block: drop --train or use --mode poet")
         if a.json or not sys.stderr.isatty():
             return compile_local_cmd(a)
         with console(stderr=True).status("compiling (local learning)") as status:
@@ -232,7 +241,7 @@ def _cmd_compile(a) -> dict:
     opts = CompileOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, scheduler=a.scheduler,
                           deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
                           time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
-                          lns=a.lns, cuts=a.cuts,
+                          lns=a.lns, cuts=a.cuts, train=a.train,
                           optimizer=_optimizer(a))
     if a.json or not sys.stderr.isatty():
         return compile_model(opts)

@@ -1,7 +1,8 @@
 """The exactness reference: the user's model trained by plain PyTorch autograd from the same weights and data.
 
-Dropout modules are swapped for ones that draw the runtime's mask (same seed, step and module), the only
-change to the model; everything else is the model as the user wrote it, with its loss and the torch.optim
+Dropout modules are swapped for ones that draw the runtime's mask (same seed, step and module), and the
+parameters the schedule lists as trainable are the ones with requires_grad (so a `--train` selection holds),
+the only changes to the model; everything else is the model as the user wrote it, with its loss and the torch.optim
 optimizer the plan's updates match.
 """
 from __future__ import annotations
@@ -46,6 +47,10 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     clock = [schedule["seed"], first_step, {}]
     swap_dropout(model, clock=clock)
     graph = schedule["graph"]
+    if "trainable" in graph:  # the schedule's choice (the model's flags or --train) decides what trains
+        trainable = set(graph["trainable"])
+        for name, p in model.named_parameters():
+            p.requires_grad_(name in trainable)
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], graph["optimizer"])
     loss = spec["loss"]
     user_fn = load_loss(loss) if loss not in ("cross_entropy", "mse", "model") else None

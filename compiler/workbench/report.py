@@ -43,6 +43,17 @@ def error_message(r: dict) -> str:
     return str(e.get("message")) if isinstance(e, dict) else str(e)
 
 
+def selection_line(r: dict) -> str:
+    """What trains, and (for a --train selection that freezes something) what freezing saves."""
+    line = (f"trains {r['trainable_params']:,} of {r['total_params']:,} parameters ({r['trainable_tensors']} of "
+            f"{r['param_tensors']} tensors, {mb(r['trainable_bytes'])}; frozen {mb(r['frozen_bytes'])})")
+    full = r.get("all_trainable")
+    if full:
+        line += (f"; smallest feasible {mb(r['min_feasible_bytes'])} vs {mb(full['min_feasible_bytes'])} training "
+                 f"all, store-all peak {mb(r['store_all_peak_bytes'])} vs {mb(full['store_all_peak_bytes'])}")
+    return line
+
+
 def print_human(cmd: str, r: dict) -> None:
     con = console()
     if r.get("mode") == "local" or cmd == "train":
@@ -59,6 +70,12 @@ def print_human(cmd: str, r: dict) -> None:
         con.print(f"energy {r['energy_j']:.6g} J vs store-all {r['store_all_energy_j']:.6g} J "
                   f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s; "
                   f"{r['recomputes']} recomputes, {r['page_ins']} page-ins, {r['page_outs']} page-outs")
+        if r.get("train") is not None or r.get("trainable_tensors", 0) < r.get("param_tensors", 0):
+            con.print(escape(selection_line(r)))
+        if r.get("device_fit"):
+            f = r["device_fit"]
+            con.print(f"fits {f['device']}: RAM {f['ram_need_bytes']} of {f['ram_bytes']} B, flash about "
+                      f"{f['flash_need_bytes']} of {f['flash_bytes']} B")
         if r.get("emit") == "c":
             con.print(f"static arena {r['arena_bytes']} B (schedule's activation peak "
                       f"{r['peak_bytes'] - r['state_bytes']} B) + parameters and momentum {r['state_bytes']} B, "

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from edgetrain.compiler.schedule_file import format as schedule_format
-from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.compiler.errors import DeviceFitError, EdgetrainError
 from edgetrain.runtime.python.integrity import verify_folder
 from .reference import train_reference
 
@@ -138,6 +138,17 @@ def elf_size(elf: str) -> dict:
     return {"text_bytes": text, "data_bytes": data, "bss_bytes": bss, "ram_bytes": data + bss, "flash_bytes": text + data}
 
 
+def check_size(sizes: dict, target: dict) -> None:
+    """The built image's text+data against the device's flash and data+bss (and the stack) against its RAM."""
+    from edgetrain.codegen.c.device_fit import applies, check_elf
+    from edgetrain.targets import Target
+
+    device = Target(**target)
+    message = check_elf(sizes, device) if applies(device) else None
+    if message:
+        raise DeviceFitError(message)
+
+
 def write_data(path: str, manifest: dict, batches: list, corrupt_step: int | None,
                corrupt_page: int | None) -> None:
     """The driver's input: a header, then each step's x (float32) and labels (int32), little-endian."""
@@ -197,6 +208,9 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
         batches = _batches(body, data, steps, seed)
     with _exclusive(out_dir) as waited_for:  # one build and run of a folder at a time
         program = build(out_dir, qemu)
+        sizes = elf_size(program) if qemu else {}
+        if qemu:
+            check_size(sizes, body["target"])  # before running: an image that does not fit is refused
         where = "qemu" if qemu else "host"
         work = os.path.join(out_dir, f"run-{where}")
         shutil.rmtree(work, ignore_errors=True)
@@ -222,8 +236,7 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
         "predicted_paged_bytes_per_step": manifest["paged_bytes_per_step"], "max_abs_err": None,
         "max_rel_err": None, "instructions_per_step": None, "waited_for_pid": waited_for,
     }
-    if qemu:
-        result.update(elf_size(program))
+    result.update(sizes)
     if p.returncode not in (0, 3):
         meaning = {1: "the MCU faulted (HardFault/BusFault/...)", 2: "the driver could not read data.bin or "
                    "write its results"}.get(p.returncode, "unexpected exit code")

@@ -88,7 +88,9 @@ def _check_specs(opts: SweepOptions) -> None:
     if not opts.budgets or not opts.deadlines or not opts.schedulers:
         raise BudgetError("--budgets, --deadlines and --schedulers each need at least one value")
     for b in opts.budgets:
-        parse_budget(b)  # raises BudgetError naming the bad value
+        if parse_budget(b).device:  # raises BudgetError naming a bad value
+            raise BudgetError(f"--budgets {b}: a sweep takes sizes (2MB), percentages (60%) or min; auto is "
+                              "compile's default for one microcontroller")
     for d in opts.deadlines:
         if _norm_deadline(d) != "none":
             parse_deadline(d, 1.0)

@@ -1,0 +1,180 @@
+"""Does the firmware fit the microcontroller? RAM and flash needs from the firmware's figures, and the refusal.
+
+RAM holds the arena (activations, gradients, labels), the trainable weights, their optimizer state, the
+driver's batch buffers (input, labels, logits), the runtime's statics and the stack. Flash holds the code,
+the trainable weights' initial values (copied to RAM at reset) and frozen weights, which stay const there.
+The code and statics are estimates measured on the Cortex-M4F build (runtime/c/port/mps2_an386/link.ld);
+after a build, `check_elf` holds arm-none-eabi-size's exact figures against the device.
+
+Pure functions of figures: nothing here solves, builds or reads files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgetrain.compiler.errors import DeviceFitError  # the user's error, not a solver
+from edgetrain.runtime.python.optim import state_names, step_counter_bytes  # the optimizer's state per parameter
+
+STACK_BYTES = 16 * 1024  # the link script's _min_stack: the build fails with less
+RUNTIME_STATIC_BYTES = 1024  # runtime and driver statics besides the batch buffers (~0.7 KB measured, mcu_cnn)
+CODE_BASE_BYTES = 20 * 1024  # runtime, kernels, newlib-nano and driver .text (~18.7 KB measured, mcu_cnn)
+CODE_PER_STEP_BYTES = 48  # the straight-line plan: ~30 B of Thumb-2 per schedule step measured
+
+
+@dataclass(frozen=True)
+class FirmwareFigures:
+    """What a firmware image holds, in bytes (`steps`: schedule steps, which set the plan's code size)."""
+
+    arena_bytes: int = 0
+    trainable_bytes: int = 0
+    optimizer_bytes: int = 0
+    frozen_bytes: int = 0
+    io_bytes: int = 0
+    steps: int = 0
+
+    @property
+    def reserve_bytes(self) -> int:
+        """RAM the firmware needs besides the training state and the arena."""
+        return runtime_reserve_bytes(self.io_bytes)
+
+    @property
+    def ram_bytes(self) -> int:
+        return self.arena_bytes + self.trainable_bytes + self.optimizer_bytes + self.reserve_bytes
+
+    @property
+    def code_bytes(self) -> int:
+        return CODE_BASE_BYTES + CODE_PER_STEP_BYTES * self.steps
+
+    @property
+    def flash_bytes(self) -> int:
+        return self.code_bytes + self.trainable_bytes + self.frozen_bytes
+
+
+@dataclass(frozen=True)
+class DeviceFit:
+    device: str
+    ram_need: int
+    flash_need: int
+    ram_bytes: int
+    flash_bytes: int | None
+    message: str | None  # None: it fits
+
+    @property
+    def fits(self) -> bool:
+        return self.message is None
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "ram_need_bytes": self.ram_need, "ram_bytes": self.ram_bytes,
+                "flash_need_bytes": self.flash_need, "flash_bytes": self.flash_bytes, "fits": self.fits}
+
+
+def runtime_reserve_bytes(io_bytes: int = 0) -> int:
+    return STACK_BYTES + RUNTIME_STATIC_BYTES + io_bytes
+
+
+def applies(target) -> bool:
+    """Device limits hold for microcontrollers: the firmware is all that runs there."""
+    return getattr(target, "family", None) == "mcu"
+
+
+def device_budget(target, io_bytes: int = 0) -> int | None:
+    """`--budget auto`: the RAM a microcontroller leaves for the training state and the arena; None elsewhere."""
+    if not applies(target):
+        return None
+    return target.ram_bytes - runtime_reserve_bytes(io_bytes)
+
+
+def optimizer_state_bytes(config: dict, trainable_bytes: int, trainable_count: int) -> int:
+    return len(state_names(config)) * trainable_bytes + step_counter_bytes(config) * trainable_count
+
+
+def _kb(n: int) -> str:
+    return f"{n} B ({n / 1024:.1f} KB)"
+
+
+def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> DeviceFit:
+    """RAM and flash needs of `fig` against `target`; the message says what is over and what would fit."""
+    ram, flash = target.ram_bytes, getattr(target, "flash_bytes", None)
+    over = []
+    if fig.ram_bytes > ram:
+        parts = [f"arena {fig.arena_bytes} B"] if fig.arena_bytes else []
+        parts += [f"trainable weights {fig.trainable_bytes} B", f"optimizer state {fig.optimizer_bytes} B",
+                  f"stack, runtime and batch buffers {fig.reserve_bytes} B"]
+        room = ram - fig.reserve_bytes - fig.arena_bytes
+        per = (fig.trainable_bytes + fig.optimizer_bytes) / fig.trainable_bytes if fig.trainable_bytes else 1.0
+        fixes = ["a smaller --batch-size or a lower --budget (a smaller arena of activations)"] if fig.arena_bytes else []
+        fixes.append(f"freeze more with --train so that the trainable weights and their optimizer state take at most "
+                     f"{room} B (about {int(room / per)} B of trainable weights)" if room > 0 else
+                     "a smaller model (the stack, runtime and arena alone fill the RAM)")
+        fixes.append("weights streamed from storage (the C runtime keeps every weight in memory)")
+        over.append(f"RAM: needs {_kb(fig.ram_bytes)} = {' + '.join(parts)}; the device has {_kb(ram)}; "
+                    f"what would fit: {'; '.join(fixes)}.")
+    if flash is not None and fig.flash_bytes > flash:
+        over.append(f"Flash: needs {_kb(fig.flash_bytes)} = code about {fig.code_bytes} B + initial trainable "
+                    f"weights {fig.trainable_bytes} B + frozen weights {fig.frozen_bytes} B; the device has "
+                    f"{_kb(flash)}; what would fit: a smaller model, or frozen weights streamed from storage "
+                    "instead of kept in flash.")
+    message = f"{what} does not fit {target.name}. {' '.join(over)}" if over else None
+    return DeviceFit(device=target.name, ram_need=fig.ram_bytes, flash_need=fig.flash_bytes, ram_bytes=ram,
+                     flash_bytes=flash, message=message)
+
+
+def check_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> DeviceFit:
+    """device_fit, raising DeviceFitError when it does not fit a microcontroller."""
+    fit = device_fit(fig, target, what)
+    if applies(target) and not fit.fits:
+        raise DeviceFitError(f"{fit.message} No firmware was written.")
+    return fit
+
+
+def figures_of_model(model, optimizer) -> FirmwareFigures:
+    """The weights of a torch model as the firmware would hold them (requires_grad: trainable); no arena yet."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    tb = sum(p.numel() * p.element_size() for p in trainable)
+    frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
+    return FirmwareFigures(trainable_bytes=tb, frozen_bytes=frozen,
+                           optimizer_bytes=optimizer_state_bytes(optimizer.to_json(), tb, len(trainable)))
+
+
+def check_model_fits(model, target, optimizer, name: str = "the model") -> None:
+    """Refuse, before any tracing, a model whose weights and optimizer state alone overflow the device."""
+    if applies(target):
+        check_fit(figures_of_model(model, optimizer), target, f"{name} (its weights and optimizer state alone)")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
+    """The figures of a rendered firmware: its arena and batch buffers (firmware.json), its weights (schedule)."""
+    g = schedule["graph"]
+    trainable = set(g.get("trainable", g["params"]))
+    sizes = {k: 4 * _numel(v["shape"]) for k, v in g["params"].items()}  # the C runtime holds float32
+    tb = sum(b for k, b in sizes.items() if k in trainable)
+    io = 4 * (manifest["input_floats"] + manifest["batch"] + manifest["logits_floats"])  # x, int32 labels, logits
+    return FirmwareFigures(arena_bytes=manifest["arena_bytes"], trainable_bytes=tb,
+                           optimizer_bytes=optimizer_state_bytes(g["optimizer"], tb, len(trainable)),
+                           frozen_bytes=sum(b for k, b in sizes.items() if k not in trainable), io_bytes=io,
+                           steps=len(schedule["steps"]))
+
+
+def check_elf(sizes: dict, target) -> str | None:
+    """arm-none-eabi-size's text/data/bss of a build against the device: a message when it does not fit."""
+    flash_need = sizes["text_bytes"] + sizes["data_bytes"]
+    ram_need = sizes["data_bytes"] + sizes["bss_bytes"] + STACK_BYTES
+    flash = getattr(target, "flash_bytes", None)
+    over = []
+    if ram_need > target.ram_bytes:
+        over.append(f"RAM: .data {sizes['data_bytes']} B + .bss {sizes['bss_bytes']} B + stack {STACK_BYTES} B = "
+                    f"{ram_need} B, over the {target.ram_bytes} B of {target.name}")
+    if flash is not None and flash_need > flash:
+        over.append(f"flash: .text {sizes['text_bytes']} B + .data {sizes['data_bytes']} B = {flash_need} B, over "
+                    f"the {flash} B of {target.name}")
+    if not over:
+        return None
+    return (f"the built firmware does not fit {target.name}: {'; '.join(over)}. Recompile with a lower --budget, "
+            "a smaller --batch-size or fewer trainable parameters (--train)")

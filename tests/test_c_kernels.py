@@ -111,7 +111,10 @@ _SIGNATURES = {
     "et_global_avgpool_forward": (None, [c_int, c_int, c_int, _F, _F]),
     "et_global_avgpool_backward": (None, [c_int, c_int, c_int, _F, _F]),
     "et_add_forward": (None, [c_int, _F, _F, _F]),
-    "et_add_into": (None, [c_int, _F, _F]),
+    "et_add_scalar": (None, [c_int, _F, c_float, _F]),
+    "et_sub_forward": (None, [c_int, _F, _F, _F]),
+    "et_fill": (None, [c_int, c_float, _F]),
+    "et_sum_planes": (None, [c_int, c_int, _F, _F]),
     "et_concat_forward_part": (None, [c_int, c_int, c_int, c_int, c_int, _F, _F]),
     "et_concat_backward_part": (None, [c_int, c_int, c_int, c_int, c_int, _F, _F]),
     "et_flatten_copy": (None, [c_int, _F, _F]),
@@ -681,16 +684,24 @@ def test_global_avgpool_matches_torch(lib, n, c, h, w):
 
 # -- structure: add, concat, flatten ------------------------------------------------------------------
 
-def test_add_and_add_into_are_bitwise(lib):
+def test_elementwise_add_sub_fill_are_bitwise_and_sum_planes_matches(lib):
+    aten = torch.ops.aten
     rng = np.random.default_rng(10)
-    a, b, c = (f32(rng.standard_normal(999)) for _ in range(3))
+    a, b = (f32(rng.standard_normal(999)) for _ in range(2))
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     y = empty(999)
     lib.et_add_forward(999, fp(a), fp(b), fp(y))
-    record("add_forward", y, torch.from_numpy(a) + torch.from_numpy(b), exact=True)
-    acc = a.copy()  # grad_sum: a + b + c, left to right
-    lib.et_add_into(999, fp(acc), fp(b))
-    lib.et_add_into(999, fp(acc), fp(c))
-    record("add_into", acc, (torch.from_numpy(a) + torch.from_numpy(b)) + torch.from_numpy(c), exact=True)
+    record("add_forward", y, aten.add.Tensor(ta, tb), exact=True)
+    lib.et_add_scalar(999, fp(a), 0.1, fp(y))
+    record("add_scalar", y, aten.add.Scalar(ta, 0.1), exact=True)
+    lib.et_sub_forward(999, fp(a), fp(b), fp(y))
+    record("sub_forward", y, aten.sub.Tensor(ta, tb), exact=True)
+    lib.et_fill(999, 1.0, fp(y))
+    record("fill", y, aten.fill.Scalar(torch.empty(999), 1), exact=True)
+    x = f32(rng.standard_normal((3, 5, 7, 6)))
+    s = empty(3, 5)
+    lib.et_sum_planes(15, 42, fp(x), fp(s))
+    record("sum_planes", s, aten.sum.dim_IntList(torch.from_numpy(x), [2, 3], False))
 
 
 @pytest.mark.parametrize("n", [1, 3])

@@ -11,9 +11,9 @@ from typing import Callable
 
 import torch
 
-from edgetrain.compiler.graph.c_ops import OpCase, mean_backward_planes, mm_kind
+from edgetrain.compiler.graph.c_ops import OpCase, mean_backward_planes, mm_kind, mul_kind, sum_kind
 
-from .names import c_comment
+from .names import c_comment, c_float
 
 EMITTERS: dict[str, Callable] = {}
 
@@ -136,8 +136,12 @@ def _mm(c: OpCase, ctx: Context, out) -> list[str]:
 
 
 @emits("aten.sum.dim_IntList")
-def _bias_grad(c: OpCase, ctx: Context, out) -> list[str]:
-    gy = c.args["self"]
+def _sum(c: OpCase, ctx: Context, out) -> list[str]:
+    x = c.args["self"]
+    if sum_kind(c) == "planes":
+        n, ch, h, w = x.shape
+        return [f"et_sum_planes({n * ch}, {h * w}, {ctx.ptr(x)}, {ctx.ptr(out)});"]
+    gy = x  # a linear layer's bias gradient, applied at once
     n, fout = gy.shape
     b = c.updates[0]["param"]
     return [f"et_linear_wgrad_sgd({n}, 0, {fout}, {ctx.contiguous(gy, 'the output gradient')}, NULL, &et_sgd, "
@@ -162,6 +166,58 @@ def _unary_bwd(kernel: str):
 
 
 emits("aten.relu.default")(_unary("et_relu_forward"))
+emits("aten.sigmoid.default")(_unary("et_sigmoid_forward"))
+emits("aten.hardsigmoid.default")(_unary("et_hardsigmoid_forward"))
+emits("aten.hardswish.default")(_unary("et_hardswish_forward"))
+emits("aten.silu.default")(_unary("et_silu_forward"))
+emits("aten.silu_backward.default")(_unary_bwd("et_silu_backward"))
+emits("aten.hardsigmoid_backward.default")(_unary_bwd("et_hardsigmoid_backward"))
+emits("aten.hardswish_backward.default")(_unary_bwd("et_hardswish_backward"))
+
+
+@emits("aten.sigmoid_backward.default")
+def _sigmoid_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    gy, y = c.args["grad_output"], c.args["output"]
+    return [f"et_sigmoid_backward({_numel(out)}, {ctx.contiguous(gy, 'the output gradient')}, "
+            f"{ctx.contiguous(y, 'the output')}, {ctx.ptr(out)});"]
+
+
+@emits("aten.leaky_relu.default")
+def _leaky(c: OpCase, ctx: Context, out) -> list[str]:
+    return [f"et_leaky_relu_forward({_numel(out)}, {ctx.contiguous(c.args['self'], 'the input')}, "
+            f"{c_float(c.args['negative_slope'])}, {ctx.ptr(out)});"]
+
+
+@emits("aten.leaky_relu_backward.default")
+def _leaky_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    gy, x = c.args["grad_output"], c.args["self"]
+    return [f"et_leaky_relu_backward({_numel(out)}, {ctx.contiguous(gy, 'the output gradient')}, "
+            f"{ctx.contiguous(x, 'the input')}, {c_float(c.args['negative_slope'])}, {ctx.ptr(out)});"]
+
+
+@emits("aten.gelu.default")
+def _gelu(c: OpCase, ctx: Context, out) -> list[str]:
+    return [f"et_gelu_forward({_numel(out)}, {ctx.contiguous(c.args['self'], 'the input')}, "
+            f"{int(c.args['approximate'] == 'tanh')}, {ctx.ptr(out)});"]
+
+
+@emits("aten.gelu_backward.default")
+def _gelu_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    gy, x = c.args["grad_output"], c.args["self"]
+    return [f"et_gelu_backward({_numel(out)}, {ctx.contiguous(gy, 'the output gradient')}, "
+            f"{ctx.contiguous(x, 'the input')}, {int(c.args['approximate'] == 'tanh')}, {ctx.ptr(out)});"]
+
+
+@emits("aten.mul.Tensor")
+def _mul(c: OpCase, ctx: Context, out) -> list[str]:
+    a, b = c.args["self"], c.args["other"]
+    if mul_kind(c) == "same":
+        return [f"et_mul_forward({_numel(out)}, {ctx.contiguous(a, 'a factor')}, {ctx.contiguous(b, 'a factor')}, "
+                f"{ctx.ptr(out)});"]
+    x, s = (a, b) if a.numel() >= b.numel() else (b, a)
+    n, ch, h, w = x.shape
+    return [f"et_mul_bcast_forward({n * ch}, {h * w}, {ctx.contiguous(x, 'a factor')}, "
+            f"{ctx.contiguous(s, 'the scale')}, {ctx.ptr(out)});"]
 emits("aten.threshold_backward.default")(_unary_bwd("et_relu_backward"))
 emits("aten.hardtanh.default")(_unary("et_relu6_forward"))
 emits("aten.hardtanh_backward.default")(_unary_bwd("et_relu6_backward"))
@@ -172,6 +228,29 @@ def _add(c: OpCase, ctx: Context, out) -> list[str]:
     a, b = c.args["self"], c.args["other"]
     return [f"et_add_forward({_numel(out)}, {ctx.contiguous(a, 'an addend')}, {ctx.contiguous(b, 'an addend')}, "
             f"{ctx.ptr(out)});"]
+
+
+@emits("aten.sub.Tensor")
+def _sub(c: OpCase, ctx: Context, out) -> list[str]:
+    a, b = c.args["self"], c.args["other"]
+    return [f"et_sub_forward({_numel(out)}, {ctx.contiguous(a, 'the minuend')}, {ctx.contiguous(b, 'the subtrahend')}, "
+            f"{ctx.ptr(out)});"]
+
+
+@emits("aten.add.Scalar")
+def _add_scalar(c: OpCase, ctx: Context, out) -> list[str]:
+    return [f"et_add_scalar({_numel(out)}, {ctx.contiguous(c.args['self'], 'the input')}, "
+            f"{c_float(c.args['other'])}, {ctx.ptr(out)});"]
+
+
+@emits("aten.empty_like.default")
+def _empty_like(c: OpCase, ctx: Context, out) -> list[str]:
+    return ["/* empty_like: its place in the arena is all it makes */"]
+
+
+@emits("aten.fill.Scalar")
+def _fill(c: OpCase, ctx: Context, out) -> list[str]:
+    return [f"et_fill({_numel(out)}, {c_float(c.args['value'])}, {ctx.ptr(out)});"]
 
 
 @emits("aten.cat.default")

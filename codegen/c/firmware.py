@@ -26,7 +26,7 @@ from edgetrain.compiler.schedule_file.format import content_hash  # the schedule
 from edgetrain.codegen.templating import environment
 from .arena import Lifetime, Packing, pack
 from .emitters import Context, EmitError, emit
-from .names import Namer, c_comment
+from .names import Namer, c_comment, c_float
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
 VENDORED = "et_runtime"  # the runtime's copy inside the firmware folder
@@ -38,17 +38,6 @@ RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "st
 INSTRUCTIONS_PER_TICK = 40  # QEMU -icount shift=0: 1 ns per instruction; the CMSDK timer counts at 25 MHz
 
 _ENV = environment("templates/c")
-
-
-def c_float(v: float) -> str:
-    """An exact float32 literal: 9 significant digits round-trip every float32, parsed with the f suffix."""
-    v = float(np.float32(v))
-    if not np.isfinite(v):
-        raise UnsupportedModelError(f"a non-finite value ({v}) cannot be written as a C initializer")
-    s = "%.9g" % v
-    if not any(ch in s for ch in ".e"):
-        s += ".0"
-    return s + "f"
 
 
 _ENV.filters.update(comment=c_comment, cfloat=c_float)

@@ -1,4 +1,5 @@
-"""Names from the model never reach C source as written: every one becomes a safe identifier or comment.
+"""Names and values from the model never reach C source as written: every name becomes a safe identifier or
+comment, every float an exact literal.
 
 A module may be called anything Python accepts (`add_module('x; system("rm -rf /")', ...)`), and its
 name flows into parameter and node names. In identifiers only `[A-Za-z0-9_]` survive, every other run of
@@ -10,6 +11,10 @@ comment (`*/`) or form a trigraph (`??/` would splice lines under -std=c99) are 
 from __future__ import annotations
 
 import re
+
+import numpy as np
+
+from edgetrain.compiler.errors import UnsupportedModelError
 
 _NOT_IDENT = re.compile(r"[^A-Za-z0-9]+")
 MAX_IDENT = 48  # C99 guarantees 63 significant initial characters for internal identifiers
@@ -53,3 +58,14 @@ def c_comment(text: str, limit: int = 160) -> str:
     if len(out) > limit:
         out = out[: limit - 3] + "..."
     return out
+
+
+def c_float(v: float) -> str:
+    """An exact float32 literal: 9 significant digits round-trip every float32, parsed with the f suffix."""
+    v = float(np.float32(v))
+    if not np.isfinite(v):
+        raise UnsupportedModelError(f"a non-finite value ({v}) cannot be written as a C initializer")
+    s = "%.9g" % v
+    if not any(ch in s for ch in ".e"):
+        s += ".0"
+    return s + "f"

@@ -105,10 +105,46 @@ def _mm_refuse(c: OpCase) -> str | None:
     return None if mm_kind(c) else "is not part of a linear layer (x @ W.t(), its input or its weight gradient)"
 
 
-def _bias_grad_refuse(c: OpCase) -> str | None:
+def sum_kind(c: OpCase) -> str | None:
+    """"bias_grad" (a linear layer's bias gradient: a sum over the batch applied to the bias at once),
+    "planes" (a sum over H and W of an NCHW tensor), or None."""
     a = c.args
-    if list(a["dim"] or []) != [0] or len(c.updates) != 1 or c.out is not None or a["self"].dim() != 2:
-        return "is not a linear layer's bias gradient (a sum over the batch applied to a bias)"
+    dims = list(a["dim"] or [])
+    if dims == [0] and len(c.updates) == 1 and c.out is None and a["self"].dim() == 2:
+        return "bias_grad"
+    if not c.updates and _hw_dims(a["self"], dims) and a["self"].is_contiguous() and a.get("dtype") is None:
+        return "planes"
+    return None
+
+
+def _sum_refuse(c: OpCase) -> str | None:
+    return None if sum_kind(c) else "has a kernel for a linear layer's bias gradient and for sums over H and W only"
+
+
+def mul_kind(c: OpCase) -> str | None:
+    """"same" (same-shape tensors), "planes" (an NCHW tensor times one value per plane, [N,C,1,1]), or None."""
+    a, b = c.args["self"], c.args["other"]
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return None
+    if a.shape == b.shape:
+        return "same"
+    x, s = (a, b) if a.dim() == 4 and a.numel() >= b.numel() else (b, a)
+    if x.dim() == 4 and s.dim() == 4 and tuple(s.shape) == (x.shape[0], x.shape[1], 1, 1):
+        return "planes"
+    return None
+
+
+def _mul_refuse(c: OpCase) -> str | None:
+    return None if mul_kind(c) else "has a kernel for same-shape tensors and per-plane scales ([N,C,1,1]) only"
+
+
+def _gelu_refuse(c: OpCase) -> str | None:
+    return None if c.args["approximate"] in ("none", "tanh") else f"with approximate={c.args['approximate']!r}"
+
+
+def _leaky_refuse(c: OpCase) -> str | None:
+    if c.args.get("self_is_result") and c.args["negative_slope"] < 0:
+        return "in place with a negative slope has no kernel"
     return None
 
 
@@ -140,6 +176,11 @@ def _same_shape_refuse(c: OpCase) -> str | None:
     if not isinstance(b, torch.Tensor) or a.shape != b.shape or c.args.get("alpha", 1) != 1:
         return "with broadcasting, a scalar or alpha has no kernel (same-shape tensors only)"
     return None
+
+
+def _scalar_refuse(c: OpCase) -> str | None:
+    return None if isinstance(c.args["other"], (int, float)) and c.args.get("alpha", 1) == 1 else \
+        "with alpha has no kernel"
 
 
 def _cat_refuse(c: OpCase) -> str | None:
@@ -189,11 +230,23 @@ C_OPS: dict[str, CKernel] = {
     "aten.convolution_backward.default": CKernel("conv2d", reads=_conv_bwd_reads, refuse=_conv_refuse),
     "aten.addmm.default": CKernel("linear", "linear layers", refuse=_both(_linear_fwd_refuse, _no_update)),
     "aten.mm.default": CKernel("linear", refuse=_mm_refuse),
-    "aten.sum.dim_IntList": CKernel("linear", refuse=_bias_grad_refuse),
+    "aten.sum.dim_IntList": CKernel("sum", "sums over H and W", refuse=_sum_refuse),
     "aten.relu.default": CKernel("relu", "ReLU", refuse=_no_update),
     "aten.threshold_backward.default": CKernel("relu", refuse=_both(_threshold_refuse, _no_update)),
     "aten.hardtanh.default": CKernel("relu6", "ReLU6", refuse=_both(_hardtanh_refuse, _no_update)),
     "aten.hardtanh_backward.default": CKernel("relu6", refuse=_both(_hardtanh_refuse, _no_update)),
+    "aten.sigmoid.default": CKernel("sigmoid", "sigmoid", refuse=_no_update),
+    "aten.sigmoid_backward.default": CKernel("sigmoid", refuse=_no_update),
+    "aten.hardsigmoid.default": CKernel("hardsigmoid", "hardsigmoid", refuse=_no_update),
+    "aten.hardsigmoid_backward.default": CKernel("hardsigmoid", refuse=_no_update),
+    "aten.hardswish.default": CKernel("hardswish", "hardswish", refuse=_no_update),
+    "aten.hardswish_backward.default": CKernel("hardswish", refuse=_no_update),
+    "aten.leaky_relu.default": CKernel("leaky_relu", "LeakyReLU", refuse=_no_update),
+    "aten.leaky_relu_backward.default": CKernel("leaky_relu", refuse=_both(_leaky_refuse, _no_update)),
+    "aten.gelu.default": CKernel("gelu", "GELU", refuse=_both(_gelu_refuse, _no_update)),
+    "aten.gelu_backward.default": CKernel("gelu", refuse=_both(_gelu_refuse, _no_update)),
+    "aten.mul.Tensor": CKernel("mul", "mul of same-shape tensors or by a per-channel scale (squeeze-excitation)",
+                               refuse=_both(_mul_refuse, _no_update)),
     "aten.max_pool2d_with_indices.default": CKernel("maxpool2d", "max-pool", refuse=_no_update),
     "aten.max_pool2d_with_indices_backward.default": CKernel(
         "maxpool2d", reads=lambda a: {"grad_output", "indices"}, refuse=_no_update),
@@ -216,6 +269,13 @@ C_OPS: dict[str, CKernel] = {
     "aten.nll_loss_backward.default": CKernel("nll_loss", reads=lambda a: {"grad_output", "target", "total_weight"},
                                               refuse=_both(_nll_refuse, _no_update)),
     "aten.ones_like.default": CKernel("", reads=lambda a: set(), refuse=_no_update),  # the loss's seed gradient
+    # SiLU's backward, as torch's joint graph spells it: sigmoid(x) * (1 + x * (1 - sigmoid(x))).
+    "aten.silu.default": CKernel("silu", "SiLU", refuse=_no_update),
+    "aten.silu_backward.default": CKernel("silu", refuse=_no_update),
+    "aten.empty_like.default": CKernel("", reads=lambda a: set(), refuse=_no_update),
+    "aten.fill.Scalar": CKernel("fill", reads=lambda a: set(), refuse=_no_update),
+    "aten.sub.Tensor": CKernel("sub", refuse=_both(_same_shape_refuse, _no_update)),
+    "aten.add.Scalar": CKernel("add", refuse=_both(_scalar_refuse, _no_update)),
 }
 ALSO = "views (flatten, reshape, channel slices at batch 1); SGD with momentum and weight decay"
 

@@ -34,6 +34,9 @@
 #include "kernels/gelu.h"
 #include "kernels/leaky_relu.h"
 #include "kernels/mul.h"
+#include "kernels/sum.h"
+#include "kernels/sub.h"
+#include "kernels/fill.h"
 #include "kernels/layer_norm.h"
 
 #endif /* ET_RUNTIME_H */

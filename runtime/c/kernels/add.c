@@ -9,10 +9,10 @@ void et_add_forward(int count, const float *a, const float *b, float *y)
         y[i] = a[i] + b[i];
 }
 
-void et_add_into(int count, float *acc, const float *g)
+void et_add_scalar(int count, const float *x, float v, float *y)
 {
     int i;
 
     for (i = 0; i < count; ++i)
-        acc[i] += g[i];
+        y[i] = x[i] + v;
 }

@@ -209,7 +209,11 @@ int main(void)
     et_relu6_backward(256, eg, ey, eg2);
     PUT(eg2);
     et_add_forward(256, ex, eg, ey);
-    et_add_into(256, ey, eg);
+    et_add_scalar(256, ey, 0.375f, ey);
+    et_sub_forward(256, ey, ex, eg2);
+    PUT(eg2);
+    et_sum_planes(16, 16, eg2, ey);
+    et_fill(16, 1.5f, ey + 16);
     PUT(ey);
     et_sgd_step(&opt, 256, ex, eg, eg2);
     PUT(ex);

@@ -89,3 +89,29 @@ tiny_cnn = _zoo_like(TinyCNN, (1, 6, 6))
 tiny_branchy = _zoo_like(TinyBranchy, (1, 4, 4))
 evil_names = _zoo_like(EvilNames, (1, 6, 6))
 tiny_dropout = _zoo_like(TinyDropout, (1, 6, 6))
+
+
+class TinySE(nn.Module):
+    """1x6x6 -> conv + hardswish -> squeeze-excitation (mean, 1x1 conv, SiLU, 1x1 conv, hardsigmoid, broadcast
+    multiply) -> LeakyReLU -> GELU -> sigmoid -> mean over H,W -> linear(3): the activations of MCU CNNs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.act = nn.Hardswish()
+        self.squeeze = nn.Conv2d(4, 2, 1)
+        self.se_act = nn.SiLU()
+        self.excite = nn.Conv2d(2, 4, 1)
+        self.gate = nn.Hardsigmoid()
+        self.leaky = nn.LeakyReLU(0.1)
+        self.gelu = nn.GELU()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.conv(x))
+        s = self.gate(self.excite(self.se_act(self.squeeze(x.mean((2, 3), keepdim=True)))))
+        x = self.gelu(self.leaky(x * s))
+        return self.fc(torch.sigmoid(x).mean((2, 3)))
+
+
+tiny_se = _zoo_like(TinySE, (1, 6, 6))

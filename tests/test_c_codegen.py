@@ -309,6 +309,23 @@ def test_host_build_trains_like_pytorch(tiny):
 
 
 @needs_host
+def test_mcu_activations_and_squeeze_excitation_train_like_pytorch(tmp_path):
+    """Hardswish, SiLU (whose backward torch's joint graph spells with fill, sub and add), hardsigmoid, a
+    broadcast multiply, LeakyReLU, GELU and sigmoid, at batch 2 below store-all: exact on the host build."""
+    c = _compile(tmp_path / "se", "tests.c_models:tiny_se", "90%", batch_size=2)
+    assert c["recomputes"] + c["page_ins"] > 0
+    plan = (tmp_path / "se" / "plan.c").read_text()
+    for call in ("et_hardswish_backward", "et_silu_forward", "et_fill", "et_sub_forward", "et_add_scalar",
+                 "et_hardsigmoid_backward", "et_mul_bcast_forward", "et_sum_planes", "et_leaky_relu_backward",
+                 "et_gelu_backward", "et_sigmoid_backward"):
+        assert call in plan, call
+    r = run_firmware(str(tmp_path / "se"), qemu=False, steps=3, check=True)
+    assert r["ok"] and not r["mismatched"], r.get("error")
+    assert r["losses"] == pytest.approx(r["reference_losses"], rel=1e-5)
+    assert r["predict_max_abs_err"] <= 1e-5
+
+
+@needs_host
 def test_corrupted_page_stops_the_host_step(tiny):
     d, _ = tiny["tiny_cnn"]
     man = json.loads((d / "firmware.json").read_text())

@@ -214,7 +214,11 @@ def _nll_refuse(c: OpCase) -> str | None:
 
 
 def _no_update(c: OpCase) -> str | None:
-    return "cannot update a parameter in the C runtime" if c.updates else None
+    if not c.updates:
+        return None
+    return (f"completes the gradient of {c.updates[0]['param']} from several uses (a module called more than once), "
+            "which the C runtime cannot apply: it updates a layer where its gradient is made. Give each call its "
+            "own module")
 
 
 def _both(*checks):

@@ -452,17 +452,17 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 attrs=attrs, shape=shape, dtype=dtype, items=items, aux_bytes=aux_bytes,
                 aux_of=aux_from[0] if aux_from else None,
                 workspace_bytes=dropped, flops=flops, updates=opt_updates,
-                source=_source(op, ops, cap.sources)))
+                source=_source(op, ops, cap.sources, {u["param"] for u in ups if "param" in u})))
     return nodes
 
 
-def _source(op: _Op, ops: dict[str, _Op], sources: dict[str, str]) -> str:
+def _source(op: _Op, ops: dict[str, _Op], sources: dict[str, str], updated: set[str]) -> str:
     """The user's line of a forward op. A backward op is labelled by the forward op it differentiates: the one
-    reading the same parameter, else the forward operand its name continues (`avg_pool2d` for
+    reading (or making the gradient of) the same parameter, else the forward operand its name continues (`avg_pool2d` for
     `avg_pool2d_backward`), else its last forward operand."""
     if op.kind != "backward":
         return sources.get(op.fx.name, "")
-    params = set(_state_names(op, "$p"))
+    params = set(_state_names(op, "$p")) | updated
     forward = [o for o in ops.values() if o.kind == "forward"]
     owner = next((o for o in forward if params & set(_state_names(o, "$p"))), None)
     if owner is None:

@@ -11,7 +11,8 @@ from typing import Callable
 
 import torch
 
-from edgetrain.compiler.graph.c_ops import OpCase, mean_backward_planes, mm_kind, mul_kind, sum_kind
+from edgetrain.compiler.graph.c_ops import (OpCase, is_counter, mean_backward_planes, mm_kind, mul_kind,
+                                            sum_kind)
 
 from .names import c_comment, c_float
 
@@ -37,12 +38,14 @@ class Context:
     """What an emitter needs besides its op: parameter identifiers, kernel shape structs, the step's loss."""
 
     def __init__(self, pident: dict[str, str], mident: dict[str, str], struct: Callable[[str, str, dict], str]):
-        self.pident, self.mident, self.struct = pident, mident, struct
+        self.pident, self.mident, self.struct = pident, mident, struct  # pident: parameters' and buffers'
+        self.first = True  # the node's first computation in the step: buffers are updated then, not on recompute
+        self.predict = False  # inference (et_predict): batch norm normalizes with its running statistics
 
     def ptr(self, t) -> str:
         """A C pointer to a tensor operand (contiguous, or a kernel that knows its layout)."""
         if isinstance(t, dict):
-            return self.pident[t["param"]]
+            return self.pident[t.get("param") or t["buffer"]]
         macro = "ET_I" if t.dtype == torch.int32 else "ET_F"
         return f"{macro}({t.storage_offset()})"
 
@@ -52,7 +55,7 @@ class Context:
         return self.ptr(t)
 
     def param(self, a) -> str:
-        return "NULL" if a is None else self.pident[a["param"]]
+        return "NULL" if a is None else self.ptr(a)
 
     def mom(self, name: str | None) -> str:
         return self.mident.get(name, "NULL") if name else "NULL"
@@ -226,6 +229,8 @@ emits("aten.hardtanh_backward.default")(_unary_bwd("et_relu6_backward"))
 @emits("aten.add.Tensor")
 def _add(c: OpCase, ctx: Context, out) -> list[str]:
     a, b = c.args["self"], c.args["other"]
+    if is_counter(c):  # batch norm's num_batches_tracked, once per step
+        return [f"{ctx.ptr(a)}[0] += 1; /* {c_comment(a['buffer'])}: one more batch seen */"] if ctx.first else []
     return [f"et_add_forward({_numel(out)}, {ctx.contiguous(a, 'an addend')}, {ctx.contiguous(b, 'an addend')}, "
             f"{ctx.ptr(out)});"]
 
@@ -320,6 +325,60 @@ def _mean_hw_bwd(c: OpCase, ctx: Context, out) -> list[str]:
     if mean_backward_planes(c) is None:
         raise EmitError("a division that is not a mean's backward")
     return [f"et_global_avgpool_backward({n}, {ch}, {gy.shape[2] * gy.shape[3]}, {ctx.ptr(gy)}, {ctx.ptr(out)});"]
+
+
+# -- batch norm ----------------------------------------------------------------------------------------------
+
+def _planes(x) -> tuple[int, int, int]:
+    """(n, c, hw) of an (N, C, ...) tensor."""
+    n, ch = x.shape[:2]
+    return n, ch, (_numel(x) // (n * ch)) if n * ch else 0
+
+
+@emits("aten._native_batch_norm_legit_functional.default")
+def _batch_norm(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    x, w, b = a["input"], a["weight"], a["bias"]
+    n, ch, hw = _planes(x)
+    rm, rv = ctx.ptr(a["running_mean"]), ctx.ptr(a["running_var"])
+    xp = ctx.contiguous(x, "the input")
+    if ctx.predict:  # inference normalizes with the running statistics
+        return [f"et_batch_norm_eval({n}, {ch}, {hw}, {xp}, {ctx.param(w)}, {ctx.param(b)}, {rm}, {rv}, "
+                f"{float(a['eps'])!r}, {ctx.ptr(out)});"]
+    if c.aux is None:
+        raise EmitError("a recompute of batch norm after its statistics were freed")
+    mean, invstd, var_sum = (ctx.ptr(c.aux[k]) for k in ("mean", "invstd", "var_sum"))
+    lines = [f"et_batch_norm_forward({n}, {ch}, {hw}, {xp}, {ctx.param(w)}, {ctx.param(b)}, {float(a['eps'])!r}, "
+             f"{ctx.ptr(out)}, {mean}, {invstd}, {var_sum if ctx.first else 'NULL'});"]
+    if ctx.first and c.buffer_updates:  # once per step: a recompute leaves the running statistics alone
+        lines.append(f"et_batch_norm_update_running_stats({ch}, {n * hw}, {c_float(a['momentum'])}, {mean}, "
+                     f"{var_sum}, {rm}, {rv});")
+    return lines
+
+
+@emits("aten.native_batch_norm_backward.default")
+def _batch_norm_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    gy, x, w = a["grad_out"], a["input"], a["weight"]
+    n, ch, hw = _planes(x)
+    if c.aux is None:
+        raise EmitError("batch norm's backward without its statistics")
+    mean, invstd = ctx.ptr(c.aux["mean"]), ctx.ptr(c.aux["invstd"])
+    gyp, xp = ctx.contiguous(gy, "the output gradient"), ctx.contiguous(x, "the input")
+    gx = ctx.ptr(out) if a["output_mask"][0] and out is not None else "NULL"
+    wname, bname = _updated(c, 1), _updated(c, 2)
+    lines = []
+    if not (wname or bname):  # frozen affine parameters: the input gradient alone
+        return [f"et_batch_norm_backward({n}, {ch}, {hw}, {gyp}, {xp}, {ctx.param(w)}, {mean}, {invstd}, {gx}, "
+                "NULL, NULL);"]
+    if w is not None and not wname and gx != "NULL":  # a frozen weight: its input gradient reads it first
+        lines.append(f"et_batch_norm_backward({n}, {ch}, {hw}, {gyp}, {xp}, {ctx.param(w)}, {mean}, {invstd}, {gx}, "
+                     "NULL, NULL);")
+        gx = "NULL"
+    lines.append(f"et_batch_norm_backward_sgd({n}, {ch}, {hw}, {gyp}, {xp}, {mean}, {invstd}, &et_sgd, {gx}, "
+                 f"{ctx.pident[wname] if wname else 'NULL'}, {ctx.mom(wname)}, "
+                 f"{ctx.pident[bname] if bname else 'NULL'}, {ctx.mom(bname)});")
+    return lines
 
 
 # -- the loss ------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from edgetrain.compiler.errors import BudgetError, UnsupportedModelError  # messages for the user, not a solver
-from edgetrain.compiler.graph.c_ops import C_OPS, holder_meta, node_cases, operand_meta  # each node's ops, bound
+from edgetrain.compiler.graph.c_ops import C_OPS, holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 
@@ -73,12 +73,15 @@ class _Emitter:
         self.opt = g["optimizer"]
         self.namer = Namer()
         self.pident = {p: self.namer(p, "p") for p in self.params}
+        self.buffers = g["buffers"]
+        self.bident = {b: self.namer(b, "b") for b in self.buffers}
         self.mident = {p: self.namer(p, "m") for p in self.params if p in self.trainable} \
             if self.opt["momentum"] else {}
         self.structs: dict[str, dict] = {}  # struct key -> {"type", "ident", "fields", "layers"}
         self.by_param: dict[str, dict] = {}  # a convolution's weight -> its struct
         self._layer = ""
-        self.ctx = Context(self.pident, self.mident, self._struct)
+        self.ctx = Context({**self.pident, **self.bident}, self.mident, self._struct)
+        self.state = state_shapes(self.graph)
 
     def _struct(self, ctype: str, param: str | None, fields: dict | None) -> str:
         """One const struct per distinct shape; a backward without the shapes at hand (fields None) takes the
@@ -96,11 +99,13 @@ class _Emitter:
             self.by_param.setdefault(param, entry)
         return "&" + entry["ident"]
 
-    def call(self, name: str, offsets: dict[str, int], first: bool) -> list[str]:
-        """The statements of one computation of node `name`, its tensors at the arena `offsets` (in words)."""
+    def call(self, name: str, offsets: dict[str, int], first: bool, predict: bool = False) -> list[str]:
+        """The statements of one computation of node `name`, its tensors at the arena `offsets` (in words);
+        `first`: its first computation in the step (buffer updates happen then), `predict`: inference."""
         node = self.node_objs[name]
         self._layer = name
-        cases = node_cases(node, self.node_objs, {p: s["shape"] for p, s in self.params.items()}, offsets)
+        self.ctx.first, self.ctx.predict = first, predict
+        cases = node_cases(node, self.node_objs, self.state, offsets)
         lines: list[str] = []
         for i, case in enumerate(cases):
             out = case.out if i == 0 else None
@@ -142,13 +147,22 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
     for k, st in enumerate(steps):
         a, name = st["action"], st["tensor"]
         node = by_name.get(name)
+        if node is None and a not in ("free", "page_out"):
+            raise CodegenError(f"step {k} {a}s `{c_comment(name)}`, which is not a node of the graph")
         if a in ("compute", "recompute"):
             lts = {r["t"]: current[r["t"]] for r in node["inputs"]}
+            for stats in (f"{node['aux_of']}.aux" if node.get("aux_of") else None, f"{name}.aux"):
+                if stats in current:  # statistics read by a backward, or rewritten by a recompute
+                    lts[stats] = current[stats]
             out = None
             if _words(node):
                 out = Lifetime(name, k, -1, _words(node))
                 lifetimes.append(out)
                 current[name] = out
+            if a == "compute" and node["aux_bytes"]:  # the statistics are made with the first computation
+                stats = Lifetime(f"{name}.aux", k, -1, node["aux_bytes"] // 4)
+                lifetimes.append(stats)
+                current[stats.name] = lts[stats.name] = stats
             plan.append((st, lts, out))
         elif a == "page_in":
             out = Lifetime(name, k, -1, _words(node))
@@ -156,6 +170,8 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
             current[name] = out
             plan.append((st, {}, out))
         elif a == "page_out":
+            if name not in by_name:
+                raise CodegenError(f"the schedule pages out `{c_comment(name)}`, which the C runtime keeps in place")
             plan.append((st, {}, current[name]))
         elif a == "free":
             lt = current.pop(name)
@@ -168,13 +184,13 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
     return plan, lifetimes
 
 
-def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool) -> list[str]:
+def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, predict: bool = False) -> list[str]:
     """The statements that compute a node: the batch copied in, or its ops."""
     if node["kind"] in ("input", "labels"):
         src = "x" if node["kind"] == "input" else "y"
         return [f"memcpy({'ET_I' if node['dtype'] == 'int32' else 'ET_F'}({offsets[node['name']]}), {src}, "
                 f"{4 * _words(node)}u);"]
-    return em.call(node["name"], offsets, first)
+    return em.call(node["name"], offsets, first, predict)
 
 
 def _render_train(em: _Emitter, plan) -> tuple[list[Block], list[dict]]:
@@ -183,7 +199,7 @@ def _render_train(em: _Emitter, plan) -> tuple[list[Block], list[dict]]:
     pages: list[dict] = []
     stage = -1
     for st, lts, lt in plan:
-        node = em.by_name[st["tensor"]]
+        node = em.by_name.get(st["tensor"], {"name": st["tensor"]})  # or a batch norm's statistics (free)
         a = st["action"]
         comments = []
         if st["stage"] != stage:
@@ -249,25 +265,32 @@ def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str,
     blocks = []
     for n in fwd:
         blocks.append(Block([f"{n['name']} ({n['op']})" + (f" -- {n['source']}" if n["source"] else "")],
-                            _compute(em, n, offsets, False)))
+                            _compute(em, n, offsets, False, predict=True)))
     logits = operand_meta(em.node_objs, TensorRef.from_json(logits_ref), offsets)
     if not logits.is_contiguous():
         raise CodegenError("the model's output is not contiguous in the arena")
     return blocks, packing, f"ET_F({logits.storage_offset()})", logits.numel()
 
 
-def _weights(path: str, params: dict) -> dict[str, np.ndarray]:
+def _weights(path: str, state: dict, kind: str = "param") -> dict[str, np.ndarray]:
+    """The initial values of the parameters (kind "param") or buffers ("buffer"), flat, in their dtype."""
     tensors = load_file(path)
     out = {}
-    for name, spec in params.items():
-        key = f"param/{name}"
+    for name, spec in state.items():
+        key = f"{kind}/{name}"
         if key not in tensors:
-            raise CodegenError(f"{path} has no tensor for parameter `{c_comment(name)}`; recompile the model")
-        a = np.ascontiguousarray(tensors[key], dtype=np.float32).reshape(-1)
+            raise CodegenError(f"{path} has no tensor for {kind} `{c_comment(name)}`; recompile the model")
+        a = np.ascontiguousarray(tensors[key], dtype=spec.get("dtype", "float32")).reshape(-1)
         if a.size != _numel(spec["shape"]):
-            raise CodegenError(f"{path}: parameter `{c_comment(name)}` has {a.size} values, the schedule {spec['shape']}")
+            raise CodegenError(f"{path}: {kind} `{c_comment(name)}` has {a.size} values, the schedule {spec['shape']}")
         out[name] = a
     return out
+
+
+def _buffer_rows(values: np.ndarray, dtype: str) -> list[str]:
+    if dtype == "float32":
+        return _rows(values)
+    return [", ".join(f"{int(v)}" for v in values.tolist())]
 
 
 def _rows(values: np.ndarray, per_row: int = 6) -> list[str]:
@@ -283,12 +306,9 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         raise CodegenError("this schedule was compiled for the Python runtime (its DAG counts int64 indices and "
                            "gradient buffers); compile with --emit c for C firmware")
     g = schedule["graph"]
-    if g["buffers"]:
-        raise CodegenError(f"the model has buffers ({', '.join(c_comment(b) for b in list(g['buffers'])[:3])}); "
-                           "the C runtime has no op that keeps buffers")
     em = _Emitter(schedule)
     for n in em.nodes:
-        if n["workspace_bytes"] or n["aux_bytes"]:
+        if n["workspace_bytes"]:
             raise CodegenError(f"node `{c_comment(n['name'])}` holds a workspace the C runtime does not have; "
                                "compile with --emit c")
     steps = schedule["steps"]
@@ -315,15 +335,27 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
             f"--budget to at least {state_bytes + 4 * arena_words}B or try another --scheduler.")
 
     weights = _weights(os.path.join(out_dir, weights_file), g["params"])
+    buffer_values = _weights(os.path.join(out_dir, weights_file), g["buffers"], "buffer")
+    for name, spec in g["buffers"].items():
+        if spec["dtype"] not in ("float32", "int64"):
+            raise CodegenError(f"buffer `{c_comment(name)}` has dtype {spec['dtype']}; the C runtime keeps float32 "
+                               "and int64 buffers")
+    buffers = [{"name": name, "ident": em.bident[name], "ctype": "float" if spec["dtype"] == "float32" else "int64_t",
+                "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": _buffer_rows(buffer_values[name],
+                                                                                          spec["dtype"])}
+               for name, spec in g["buffers"].items()]
+    params = [{"name": name, "ident": em.pident[name], "mident": em.mident.get(name), "trainable": name in em.trainable,
+               "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": _rows(weights[name])}
+              for name, spec in g["params"].items()]
     input_node = em.nodes[0]
     ctx = {
         "s": schedule,
         "schedule_file": schedule_file,
         "content": content_hash(schedule),
-        "params": [{"name": name, "ident": em.pident[name], "mident": em.mident.get(name),
-                    "trainable": name in em.trainable,
-                    "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": _rows(weights[name])}
-                   for name, spec in g["params"].items()],
+        "params": params,
+        "buffers": buffers,
+        # What the driver writes back after training: the parameters, then the float buffers.
+        "dumped": params + [b for b in buffers if b["ctype"] == "float"],
         "momentum": bool(g["optimizer"]["momentum"]),
         "sgd": {k: c_float(g["optimizer"][k]) for k in ("lr", "momentum", "weight_decay")},
         "structs": list({id(e): e for e in em.structs.values()}.values()),
@@ -336,7 +368,7 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "activation_peak_bytes": predicted_activation,
         "strategy": packing.strategy,
         "state_bytes": state_bytes,
-        "param_floats": em.graph.param_bytes // 4,
+        "param_floats": sum(p["floats"] for p in params + buffers if p.get("ctype", "float") == "float"),
         "budget_bytes": budget,
         "pages": pages,
         "paged_bytes": schedule["predicted"]["paged_bytes"],
@@ -355,8 +387,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     texts["main_qemu.c"] = driver.render(**ctx, target="qemu")
     manifest = {
         "format": "edgetrain.firmware", "version": 1, "schedule_content": ctx["content"],
-        "params": [{"name": p["name"], "ident": p["ident"], "floats": p["floats"], "shape": p["shape"]}
-                   for p in ctx["params"]],
+        "params": [{"name": p["name"], "ident": p["ident"], "floats": p["floats"], "shape": p["shape"],
+                    **({} if "mident" in p else {"kind": "buffer"})} for p in ctx["dumped"]],
         "pages": pages, "arena_bytes": 4 * arena_words, "train_arena_bytes": packing.bytes,
         "predict_arena_bytes": predict_packing.bytes, "activation_peak_bytes": predicted_activation,
         "arena_strategy": packing.strategy, "state_bytes": state_bytes, "budget_bytes": budget,

@@ -15,7 +15,7 @@ The C runtime differs from torch in what it holds, and the schedule must count w
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -25,6 +25,10 @@ from edgetrain.runtime.python.aten_call import apply_view, resolve
 from edgetrain.compiler.errors import UnsupportedModelError
 
 from .ir import Node, TensorRef, TrainingGraph
+
+
+BATCH_NORM = "aten._native_batch_norm_legit_functional.default"
+AUX_ITEMS = 3  # batch norm's statistics in the C runtime: save_mean, save_invstd and (first compute) var_sum
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,11 @@ class OpCase:
     operand as a meta tensor (its shape, and its strides through the operand's views), and what it updates."""
 
     op: str
-    args: dict  # schema name -> literal, or a meta tensor, or {"param": name, "t": meta} for a parameter
+    args: dict  # schema name -> literal, a meta tensor, or {"param"|"buffer": name, "t": meta}
     updates: list  # the node's {"item", "param"} updates made by this op
     out: object  # the op's first output's meta tensor (None when it holds nothing)
+    buffer_updates: list = field(default_factory=list)  # {"item", "buffer"}: new values of buffers
+    aux: dict | None = None  # batch norm's statistics: made by its forward, read by its backward (see aux_meta)
 
 
 def _is_param(a) -> bool:
@@ -171,7 +177,16 @@ def _div_refuse(c: OpCase) -> str | None:
     return None if mean_backward_planes(c) else "has no kernel (only as the backward of a mean over H and W)"
 
 
+def is_counter(c: OpCase) -> bool:
+    """Batch norm's num_batches_tracked += 1: an integer buffer's new value, one more than its old."""
+    a = c.args["self"]
+    return isinstance(a, dict) and "buffer" in a and c.args["other"] == 1 and a["t"].dtype == torch.int64 \
+        and [u["buffer"] for u in c.buffer_updates] == [a["buffer"]]
+
+
 def _same_shape_refuse(c: OpCase) -> str | None:
+    if c.op == "aten.add.Tensor" and is_counter(c):
+        return None
     a, b = c.args["self"], c.args["other"]
     if not isinstance(b, torch.Tensor) or a.shape != b.shape or c.args.get("alpha", 1) != 1:
         return "with broadcasting, a scalar or alpha has no kernel (same-shape tensors only)"
@@ -213,7 +228,19 @@ def _nll_refuse(c: OpCase) -> str | None:
     return None
 
 
+def _bn_refuse(c: OpCase) -> str | None:
+    a = c.args
+    x = a["input"] if "input" in a else a["grad_out"]
+    if not a["training" if "training" in a else "train"] or x.dim() not in (2, 3, 4):
+        return "has a kernel in training mode on (N, C, ...) tensors only"
+    if c.op == BATCH_NORM and any(not isinstance(a[k], dict) or "buffer" not in a[k] for k in ("running_mean", "running_var")):
+        return "without running statistics has no kernel"
+    return None
+
+
 def _no_update(c: OpCase) -> str | None:
+    if c.buffer_updates and not (c.op == BATCH_NORM or is_counter(c)):
+        return "updates a buffer, which the C runtime does only for batch norm's running statistics"
     if not c.updates:
         return None
     return (f"completes the gradient of {c.updates[0]['param']} from several uses (a module called more than once), "
@@ -239,6 +266,10 @@ C_OPS: dict[str, CKernel] = {
     "aten.threshold_backward.default": CKernel("relu", refuse=_both(_threshold_refuse, _no_update)),
     "aten.hardtanh.default": CKernel("relu6", "ReLU6", refuse=_both(_hardtanh_refuse, _no_update)),
     "aten.hardtanh_backward.default": CKernel("relu6", refuse=_both(_hardtanh_refuse, _no_update)),
+    BATCH_NORM: CKernel("batch_norm", "batch norm (training; running statistics)", reads=lambda a: {"input"},
+                        refuse=_both(_bn_refuse, _no_update)),
+    "aten.native_batch_norm_backward.default": CKernel("batch_norm", reads=lambda a: {"grad_out", "input"},
+                                                       refuse=_bn_refuse),
     "aten.sigmoid.default": CKernel("sigmoid", "sigmoid", refuse=_no_update),
     "aten.sigmoid_backward.default": CKernel("sigmoid", refuse=_no_update),
     "aten.hardsigmoid.default": CKernel("hardsigmoid", "hardsigmoid", refuse=_no_update),
@@ -322,8 +353,11 @@ def operand_meta(graph_nodes: dict[str, Node], ref: TensorRef, offsets: dict[str
     return apply_view(holder_meta(node, (offsets or {}).get(ref.name, 0)), ref.view)
 
 
-def param_meta(shape, view) -> torch.Tensor:
-    return apply_view(torch.empty(tuple(shape), device="meta"), [tuple(v) for v in view or ()])
+def param_meta(spec: tuple, view) -> torch.Tensor:
+    """A parameter or buffer, (shape, dtype), as a meta tensor seen through its view."""
+    shape, dtype = spec
+    return apply_view(torch.empty(tuple(shape), dtype=getattr(torch, dtype), device="meta"),
+                      [tuple(v) for v in view or ()])
 
 
 def bind(op: str, args: list, kwargs: dict) -> dict:
@@ -342,46 +376,75 @@ def bind(op: str, args: list, kwargs: dict) -> dict:
     return bound
 
 
-def op_case(op: str, args: list, kwargs: dict, operands: list, params: dict, updates: list, out,
-            own=None) -> OpCase:
-    """Bind an op's argument template, with `operands` the meta tensors of its `$t` markers, `params` the
-    parameters' shapes, `out` what the op holds and `own` what the node's first op holds (for a fused op)."""
+def op_case(op: str, args: list, kwargs: dict, operands: list, state: dict, updates: list, out,
+            own=None, buffer_updates=(), aux=None) -> OpCase:
+    """Bind an op's argument template, with `operands` the meta tensors of its `$t` markers, `state` the
+    parameters' and buffers' shapes, `out` what the op holds, `own` what the node's first op holds (for a
+    fused op) and `aux` the statistics block."""
     def fill(a):
         if isinstance(a, dict):
             if "$t" in a:
                 return operands[a["$t"]]
             if "$own" in a:
                 return apply_view(own, a.get("view"))
-            if "$p" in a:
-                return {"param": a["$p"], "view": a.get("view", ()), "t": param_meta(params[a["$p"]], a.get("view"))}
-            if "$b" in a or "$aux" in a or "$empty" in a:
+            for key, kind in (("$p", "param"), ("$b", "buffer")):
+                if key in a:
+                    return {kind: a[key], "view": a.get("view", ()), "t": param_meta(state[a[key]], a.get("view"))}
+            if "$aux" in a:  # an output of the forward op kept for this node; None: one the C kernel never reads
+                return aux.get(a["$aux"]) if aux is not None else a
+            if "$empty" in a:
                 return a
             return {k: fill(v) for k, v in a.items()}
         if isinstance(a, list):
             return [fill(v) for v in a]
         return a
 
-    return OpCase(op=op, args=bind(op, fill(args), fill(kwargs)), updates=updates, out=out)
+    return OpCase(op=op, args=bind(op, fill(args), fill(kwargs)), updates=updates, out=out,
+                  buffer_updates=list(buffer_updates), aux=aux)
 
 
 def node_ops(node: Node) -> list[dict]:
-    """The node's own op, then each op fused after it, as {"op", "args", "kwargs", "updates", "own"}."""
-    a = node.attrs
-    first = {"op": node.op, "args": a.get("args", []), "kwargs": a.get("kwargs", {}),
-             "updates": [u for u in a.get("updates", ()) if "param" in u], "own": True}
-    return [first] + [{"op": s["op"], "args": s.get("args", []), "kwargs": s.get("kwargs", {}),
-                       "updates": [u for u in s.get("updates", ()) if "param" in u], "own": False}
-                      for s in a.get("then", ())]
+    """The node's own op, then each op fused after it, as {"op", "args", "kwargs", "updates", "buffer_updates",
+    "own"}."""
+    def one(op, spec, own):
+        ups = spec.get("updates", ())
+        return {"op": op, "args": spec.get("args", []), "kwargs": spec.get("kwargs", {}), "own": own,
+                "updates": [u for u in ups if "param" in u], "buffer_updates": [u for u in ups if "buffer" in u]}
+
+    return [one(node.op, node.attrs, True)] + [one(s["op"], s, False) for s in node.attrs.get("then", ())]
 
 
-def node_cases(node: Node, graph_nodes: dict[str, Node], params: dict,
+
+
+def aux_meta(forward: Node, offset: int = 0) -> dict:
+    """A batch-norm node's statistics block, at word `offset`: three [C] vectors (mean, inverse std, and the
+    sum of squared deviations its running-variance update reads). Keyed as the backward's `$aux` markers are
+    numbered (their place in the forward's kept outputs) where it reads them, and "mean", "invstd", "var_sum"."""
+    c = forward.shape[1]
+    block = torch.empty(offset + AUX_ITEMS * c, device="meta")
+    mean, invstd, var_sum = (block[offset + k * c: offset + (k + 1) * c] for k in range(AUX_ITEMS))
+    out = {"mean": mean, "invstd": invstd, "var_sum": var_sum}
+    kept = forward.attrs.get("aux", [])
+    for j, k in enumerate(kept):  # outputs 1 and 2 of the forward op are its mean and inverse std
+        if k in (1, 2):
+            out[j] = mean if k == 1 else invstd
+    return out
+
+
+def node_cases(node: Node, graph_nodes: dict[str, Node], state: dict,
                offsets: dict[str, int] | None = None) -> list[OpCase]:
-    """Each op the node runs, bound (its own op first); tensors at their arena `offsets` when given."""
+    """Each op the node runs, bound (its own op first); tensors at their arena `offsets` when given (a
+    batch norm's statistics at `offsets["<node>.aux"]`, absent where they are not resident)."""
+    offsets = offsets or {}
     operands = [operand_meta(graph_nodes, r, offsets) for r in node.inputs]
-    held = holder_meta(node, (offsets or {}).get(node.name, 0)) if node.shape is not None or node.items else None
+    held = holder_meta(node, offsets.get(node.name, 0)) if node.shape is not None or node.items else None
     first = held[0] if isinstance(held, tuple) else held
-    return [op_case(o["op"], o["args"], o["kwargs"], operands, params, o["updates"], first if o["own"] else None,
-                    own=first) for o in node_ops(node)]
+    aux = None
+    stats = node.aux_of or (node.name if node.op == BATCH_NORM else None)
+    if stats is not None and (f"{stats}.aux" in offsets or not offsets):
+        aux = aux_meta(graph_nodes[stats], offsets.get(f"{stats}.aux", 0))
+    return [op_case(o["op"], o["args"], o["kwargs"], operands, state, o["updates"], first if o["own"] else None,
+                    own=first, buffer_updates=o["buffer_updates"], aux=aux) for o in node_ops(node)]
 
 
 # -- the pass ----------------------------------------------------------------------------------------------
@@ -390,21 +453,17 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
     """The training graph as the C runtime holds it, or one error naming every op it cannot run."""
     _check_optimizer(g)
     by_name = {n.name: n for n in g.nodes}
-    params = {p: s.shape for p, s in g.params.items()}
+    state = state_shapes(g)
     problems: dict[tuple[str, str], list[str]] = {}  # (op, why) -> where
     for n in g.nodes:
         if n.kind in ("input", "labels"):
             continue
         where = f"node `{n.name}` ({n.source or ('the loss' if n.kind == 'loss' else 'unknown source')})"
-        if n.buffers:
-            problems.setdefault((n.op, "reads or updates buffers (running statistics or constants), which the C "
-                                       "runtime does not keep"), []).append(where)
-            continue
-        if n.aux_bytes or n.aux_of:
+        if (n.aux_bytes and n.op != BATCH_NORM) or (n.aux_of and by_name[n.aux_of].op != BATCH_NORM):
             problems.setdefault((n.op, "keeps statistics for its backward, which the C runtime has no kernel for"),
                                 []).append(where)
             continue
-        for case in node_cases(n, by_name, params):
+        for case in node_cases(n, by_name, state):
             kernel = C_OPS.get(case.op)
             why = "has no kernel in the C runtime" if kernel is None else kernel.refuse(case)
             if why:
@@ -420,6 +479,11 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
             f"The C runtime supports: {supported_text()}. Remove or replace these ops, or use --emit python.")
     nodes = [_as_c(n) for n in g.nodes]
     return replace(g, nodes=nodes)
+
+
+def state_shapes(g: TrainingGraph) -> dict[str, tuple]:
+    """(shape, dtype) of every parameter and buffer."""
+    return {name: (s.shape, s.dtype) for name, s in {**g.params, **g.buffers}.items()}
 
 
 def _check_optimizer(g: TrainingGraph) -> None:
@@ -454,7 +518,9 @@ def _as_c(n: Node) -> Node:
         return a
 
     attrs = {k: sub(v) if k in ("args", "kwargs", "then") else v for k, v in n.attrs.items()}
-    return replace(n, dtype=dtype, workspace_bytes=0, inputs=tuple(n.inputs[k] for k in keep), attrs=attrs)
+    aux_bytes = 4 * AUX_ITEMS * n.shape[1] if n.op == BATCH_NORM else n.aux_bytes
+    return replace(n, dtype=dtype, workspace_bytes=0, inputs=tuple(n.inputs[k] for k in keep), attrs=attrs,
+                   aux_bytes=aux_bytes)
 
 
 def _read_operands(o: dict) -> set[int]:

@@ -183,9 +183,11 @@ def read_result(work: str, manifest: dict) -> dict:
 
 
 def _compare(ours: dict, model) -> tuple[float, float, list[str]]:
+    """The firmware's parameters and float buffers (running statistics) against the reference's."""
     max_abs = max_rel = 0.0
     bad = []
-    for k, ref in model.named_parameters():
+    refs = list(model.named_parameters()) + [(k, b) for k, b in model.named_buffers() if k in ours]
+    for k, ref in refs:
         a, b = ours[k], ref.detach().cpu()
         diff = (a - b).abs()
         max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
@@ -263,6 +265,7 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
         model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
                                             torch.device("cpu"))
         max_abs, max_rel, bad = _compare(r["params"], model)
+        model.eval()  # et_predict is inference: batch norm with its running statistics
         with torch.no_grad():
             ref_logits = model(batches[-1][0]).reshape(-1) if batches else torch.zeros(0)
         logit_err = float((r["logits"] - ref_logits).abs().max()) if batches else 0.0

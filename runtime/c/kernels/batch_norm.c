@@ -7,6 +7,24 @@
 #include <math.h>
 #include <stddef.h>
 
+void et_batch_norm_eval(int n, int c, int hw, const float *x, const float *w, const float *b,
+                        const float *running_mean, const float *running_var, double eps, float *y)
+{
+    const long stride = (long)c * hw;
+    int ch, i;
+    long p;
+
+    for (ch = 0; ch < c; ++ch) {
+        /* The training forward's folding, with the running statistics for the batch's. */
+        const float invstd = (float)(1.0 / sqrt((double)running_var[ch] + eps));
+        const float alpha = w != NULL ? invstd * w[ch] : invstd;
+        const float beta = fmaf(-running_mean[ch], alpha, b != NULL ? b[ch] : 0.0f);
+        for (p = 0; p < n; ++p)
+            for (i = 0; i < hw; ++i)
+                y[p * stride + (long)ch * hw + i] = fmaf(x[p * stride + (long)ch * hw + i], alpha, beta);
+    }
+}
+
 void et_batch_norm_forward(int n, int c, int hw, const float *x, const float *w, const float *b, double eps,
                            float *y, float *save_mean, float *save_invstd, float *var_sum)
 {
@@ -133,8 +151,11 @@ void et_batch_norm_backward_sgd(int n, int c, int hw, const float *gy, const flo
         double sum, dotp;
         bn_sums(n, c, hw, ch, gy, x, save_mean[ch], &sum, &dotp);
         if (gx != NULL) /* before the update: the input gradient needs this step's weight */
-            bn_grad_input(n, c, hw, ch, gy, x, save_mean[ch], save_invstd[ch], w[ch], sum, dotp, gx);
-        et_sgd_update(opt, &w[ch], (float)(dotp * save_invstd[ch]), w_buf != NULL ? &w_buf[ch] : NULL);
-        et_sgd_update(opt, &b[ch], (float)sum, b_buf != NULL ? &b_buf[ch] : NULL);
+            bn_grad_input(n, c, hw, ch, gy, x, save_mean[ch], save_invstd[ch], w != NULL ? w[ch] : 1.0f, sum,
+                          dotp, gx);
+        if (w != NULL)
+            et_sgd_update(opt, &w[ch], (float)(dotp * save_invstd[ch]), w_buf != NULL ? &w_buf[ch] : NULL);
+        if (b != NULL)
+            et_sgd_update(opt, &b[ch], (float)sum, b_buf != NULL ? &b_buf[ch] : NULL);
     }
 }

@@ -58,6 +58,10 @@
 void et_batch_norm_forward(int n, int c, int hw, const float *x, const float *w, const float *b, double eps,
                            float *y, float *save_mean, float *save_invstd, float *var_sum);
 
+/* Evaluation mode (inference): y = (x - running_mean) / sqrt(running_var + eps) * w + b, per channel. */
+void et_batch_norm_eval(int n, int c, int hw, const float *x, const float *w, const float *b,
+                        const float *running_mean, const float *running_var, double eps, float *y);
+
 /* running_mean, running_var updated in place from the forward's save_mean and var_sum. */
 void et_batch_norm_update_running_stats(int c, long count, float momentum, const float *save_mean,
                                         const float *var_sum, float *running_mean, float *running_var);
@@ -70,8 +74,9 @@ void et_batch_norm_backward(int n, int c, int hw, const float *gy, const float *
  * Backward with the affine update fused: per channel, the same sums as et_batch_norm_backward, then
  * gx (if gx != NULL, with the OLD weight), then et_sgd_update of w[ch] with dotp * invstd and of b[ch]
  * with sum - bit-identical to et_batch_norm_backward followed by et_sgd_step on gw and gb, with no
- * gradient buffer and one pass over x and gy. w, b non-NULL (affine); w_buf, b_buf may be NULL when
- * opt->momentum == 0. Ordering rule (as et_conv2d_wgrad_sgd): it overwrites w and b, so every other
+ * gradient buffer and one pass over x and gy. w or b NULL: that one is not updated (frozen; a frozen
+ * weight's gx comes from et_batch_norm_backward, since here w == NULL reads as weight 1); w_buf, b_buf may be
+ * NULL when opt->momentum == 0. Ordering rule (as et_conv2d_wgrad_sgd): it overwrites w and b, so every other
  * reader of this step's old w, b (a recompute of this layer's forward) must come before it.
  */
 void et_batch_norm_backward_sgd(int n, int c, int hw, const float *gy, const float *x, const float *save_mean,

@@ -18,6 +18,9 @@ from .scheduling.budget import anchors, parse_budget, parse_deadline
 from .scheduling.schedulers import run_scheduler
 
 
+FRAGMENTATION_RETRIES = 3  # solves for less when the C arena's packing leaves gaps over the budget
+
+
 @dataclass
 class CompileOptions:
     model: str
@@ -243,32 +246,44 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
         extra["all_trainable"] = {"min_feasible_bytes": full.min_feasible_bytes,
                                   "store_all_peak_bytes": full.store_all.peak_bytes, "fixed_bytes": full.fixed_bytes}
     deadline_s = parse_deadline(opts.deadline, sa.time_s)
-    if progress:
-        progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors")
-    result = run_scheduler(graph, lv, target, budget_bytes, scheduler=opts.scheduler, deadline_s=deadline_s,
-                           time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
-    rep = result.report
-    body = schedule_format.backprop_body(
-        spec=resolved.spec, kwargs=resolved.kwargs, graph=graph, target=target, budget_text=budget.text,
-        budget_bytes=budget_bytes, anchor=anchor, decision_tensors=len(lv.decision),
-        deadline_s=deadline_s, scheduled=result, scheduler=opts.scheduler, seed=opts.seed, backend=opts.emit)
-    if opts.train is not None:  # the selection as given; graph.trainable holds what it chose
-        body["model"]["train"] = opts.train
-    firmware = None
-    if opts.emit == "c":
-        from edgetrain.codegen.c import render_c_firmware
+    solve_budget = budget_bytes
+    for attempt in range(FRAGMENTATION_RETRIES + 1):
+        if progress:
+            progress(f"solving {len(graph.nodes)} stages, {len(lv.decision)} decision tensors"
+                     + (f" for {solve_budget} B (the arena's fragmentation)" if solve_budget != budget_bytes else ""))
+        result = run_scheduler(graph, lv, target, solve_budget, scheduler=opts.scheduler, deadline_s=deadline_s,
+                               time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
+        rep = result.report
+        body = schedule_format.backprop_body(
+            spec=resolved.spec, kwargs=resolved.kwargs, graph=graph, target=target, budget_text=budget.text,
+            budget_bytes=budget_bytes, anchor=anchor, decision_tensors=len(lv.decision),
+            deadline_s=deadline_s, scheduled=result, scheduler=opts.scheduler, seed=opts.seed, backend=opts.emit)
+        if opts.train is not None:  # the selection as given; graph.trainable holds what it chose
+            body["model"]["train"] = opts.train
+        firmware = None
+        if opts.emit != "c":
+            render_python_plan(json.loads(schedule_format.dumps(body)), work)
+            write_weights(dict(model.named_parameters()), dict(model.named_buffers()), work)
+            break
+        from edgetrain.codegen.c import ArenaOverflowError, render_c_firmware
 
         # Weights first: the C initializers are read from them.
         write_weights(dict(model.named_parameters()), dict(model.named_buffers()), work)
         checked = json.loads(schedule_format.dumps(body))  # exactly what schedule.json will hold
-        firmware = render_c_firmware(checked, work)
+        try:
+            firmware = render_c_firmware(checked, work)
+        except ArenaOverflowError as e:
+            # The arena packs with gaps the schedule does not see: solve again for that much less.
+            tighter = min(solve_budget, rep.peak_bytes) - e.excess_bytes
+            if attempt == FRAGMENTATION_RETRIES or tighter < anchor.min_feasible_bytes:
+                raise
+            solve_budget = tighter
+            continue
         from edgetrain.codegen.c.device_fit import applies, check_fit, figures_of_firmware
 
         if applies(target):  # arena, weights and buffers against the device's RAM and flash
             extra["device_fit"] = check_fit(figures_of_firmware(checked, firmware), target).to_json()
-    else:
-        render_python_plan(json.loads(schedule_format.dumps(body)), work)
-        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), work)
+        break
     # The schedule last: it records the sha256 of every file above and the weights' table.
     body["outputs"] = stage.outputs(weights_table(os.path.join(work, "weights.safetensors")))
     schedule_format.save(body, work)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.compiler.graph.backends import BACKENDS
+from edgetrain.compiler.graph.ir import EMITS
 from edgetrain.compiler.schedule_file.format import MODES
 from edgetrain.compiler.scheduling.milp.registry import CHOICES
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
@@ -82,7 +82,7 @@ def test_cli_choices_are_the_registries():
     assert _choices(p, "compile", "--scheduler") == list(SCHEDULERS)
     assert _choices(p, "compile", "--solver") == list(CHOICES) == _choices(p, "sweep", "--solver")
     assert _choices(p, "compile", "--optimizer") == list(OPTIMIZERS)
-    assert _choices(p, "compile", "--emit") == list(BACKENDS)
+    assert _choices(p, "compile", "--emit") == list(EMITS)
     assert _choices(p, "compile", "--mode") == list(MODES)
     assert _choices(p, "compile", "--profile") == list(METHODS)
     assert _choices(p, "compile", "--cache-dtype") == list(CACHE_DTYPES)

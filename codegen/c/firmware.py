@@ -47,6 +47,15 @@ class CodegenError(UnsupportedModelError):
     """The schedule asks for something the C runtime cannot do."""
 
 
+class ArenaOverflowError(BudgetError):
+    """The packed arena and the state exceed the budget by `excess_bytes` (the arena's fragmentation): a
+    schedule solved for that much less would fit."""
+
+    def __init__(self, message: str, excess_bytes: int) -> None:
+        super().__init__(message)
+        self.excess_bytes = excess_bytes
+
+
 @dataclass
 class Block:
     """One schedule step as C: the comment lines above it and the statements."""
@@ -327,12 +336,13 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     arena_words = max(packing.words, predict_packing.words)
     budget = schedule["budget"]["bytes"]
     if state_bytes + 4 * arena_words > budget:
-        raise BudgetError(
+        raise ArenaOverflowError(
             f"the offset planner packs the schedule's tensors into a {4 * arena_words} B arena "
             f"(the schedule's activation peak is {predicted_activation} B; fragmentation adds "
             f"{4 * arena_words - predicted_activation} B), which with {state_bytes} B of parameters and momentum "
             f"is {state_bytes + 4 * arena_words} B, over the budget of {budget} B. No firmware was written. Raise "
-            f"--budget to at least {state_bytes + 4 * arena_words}B or try another --scheduler.")
+            f"--budget to at least {state_bytes + 4 * arena_words}B or try another --scheduler.",
+            state_bytes + 4 * arena_words - budget)
 
     weights = _weights(os.path.join(out_dir, weights_file), g["params"])
     buffer_values = _weights(os.path.join(out_dir, weights_file), g["buffers"], "buffer")

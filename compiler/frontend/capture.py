@@ -194,11 +194,12 @@ def user_frame(e: BaseException) -> str:
 
 
 def _user_line(frames) -> str:
-    """The innermost frame of the model's code (the user's, or a zoo model's): `file.py:line: `code``; "" when
-    there is none."""
+    """The innermost frame of the model's code (the user's, or a zoo model's) inside the training step's call:
+    `file.py:line: `code``; "" when there is none (the loss edgetrain adds, for one)."""
     ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     skip = (os.path.dirname(torch.__file__), sys.prefix, sys.exec_prefix)  # torch, the environment's scripts
-    for f in reversed(frames):
+    step = min((i for i, f in enumerate(frames) if f.filename == __file__ and f.name == "forward"), default=None)
+    for f in reversed(frames[step + 1:] if step is not None else []):
         mine = f.filename.startswith(ours) and not os.path.basename(f.filename).startswith("zoo")
         if not mine and not f.filename.startswith(skip) and "site-packages" not in f.filename \
                 and not f.filename.startswith("<"):

@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from edgetrain.compiler.errors import ModelSpecError
+from .zoo_init import init_weights
+from .zoo_mcu import mcu_entries
 from .zoo_transformers import transformer_entries
 
 __all__ = ["ZOO", "ZooEntry", "UnknownModelError", "build", "names"]
@@ -36,18 +38,6 @@ def conv_bn_relu(cin: int, cout: int, *, stride: int = 1, inplace: bool = False)
         nn.BatchNorm2d(cout),
         nn.ReLU(inplace=inplace),
     ]
-
-
-def _init_weights(model: nn.Module) -> None:
-    """He init for convs (good for ReLU nets), BN as identity; Linear keeps torch's default."""
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.BatchNorm2d):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
 
 
 # -- MNIST-sized models (1x28x28) ----------------------------------------------------------------
@@ -91,7 +81,7 @@ def small_cnn(num_classes: int = 10) -> nn.Module:
         nn.Flatten(),
         nn.Linear(16, num_classes),
     )
-    _init_weights(model)
+    init_weights(model)
     return model
 
 
@@ -122,7 +112,7 @@ class VGG(nn.Module):
         self.features = nn.Sequential(*layers)
         self.flatten = nn.Flatten()
         self.classifier = nn.Linear(cin, num_classes)
-        _init_weights(self)
+        init_weights(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.flatten(self.features(x)))
@@ -213,7 +203,7 @@ class ResNet(nn.Module):
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(512 * expansion, num_classes)
-        _init_weights(self)
+        init_weights(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu(self.bn1(self.conv1(x)))
@@ -304,7 +294,7 @@ class MobileNetV2(nn.Module):
         self.features = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Linear(self.last_channels, num_classes)
-        _init_weights(self)
+        init_weights(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(self.features(x))
@@ -313,83 +303,6 @@ class MobileNetV2(nn.Module):
 
 def mobilenetv2(num_classes: int = 10, width_mult: float = 1.0) -> nn.Module:
     return MobileNetV2(num_classes, width_mult)
-
-
-# -- Cortex-M models (1x28x28, no batch-norm, no dropout: every op has a kernel in runtime/c) ---------
-
-
-class McuCNN(nn.Module):
-    """Three conv3x3(+bias)+ReLU+max-pool stages (28 -> 14 -> 7 -> 3, 4/16/32 channels) and one linear layer:
-    8.2k parameters, so weights, momentum and a training step's activations fit a 256 KB microcontroller.
-    Few channels at full resolution and more below it keep the deeper layers' saved activations the larger
-    part of store-all's peak, so budgets below it exist (recompute or page the middle of the network)."""
-
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
-        self.relu1 = nn.ReLU()
-        self.pool1 = nn.MaxPool2d(2)
-        self.conv2 = nn.Conv2d(4, 16, 3, padding=1)
-        self.relu2 = nn.ReLU()
-        self.pool2 = nn.MaxPool2d(2)
-        self.conv3 = nn.Conv2d(16, 32, 3, padding=1)
-        self.relu3 = nn.ReLU()
-        self.pool3 = nn.MaxPool2d(2)
-        self.flatten = nn.Flatten()
-        self.fc = nn.Linear(32 * 3 * 3, num_classes)
-        _init_weights(self)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool1(self.relu1(self.conv1(x)))
-        x = self.pool2(self.relu2(self.conv2(x)))
-        x = self.pool3(self.relu3(self.conv3(x)))
-        return self.fc(self.flatten(x))
-
-
-class McuBlock(nn.Module):
-    """A residual block without batch-norm: conv3x3+ReLU, conv3x3, plus the shortcut (a strided 1x1 conv
-    when the shape changes), ReLU. One in-place ReLU module called twice, as torchvision writes it."""
-
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Conv2d(cin, cout, 1, stride=stride)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.conv2(self.relu(self.conv1(x)))
-        return self.relu(out + self.shortcut(x))
-
-
-class McuResNet(nn.Module):
-    """Stride-2 stem conv3x3+ReLU (28 -> 14), two residual blocks (8 channels, then 16 at stride 2: 7x7 with a
-    1x1 shortcut conv), global average pool and a linear head: residual adds and gradient sums on a MCU."""
-
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(1, 8, 3, stride=2, padding=1)
-        self.relu = nn.ReLU()
-        self.block1 = McuBlock(8, 8, 1)
-        self.block2 = McuBlock(8, 16, 2)
-        self.gap = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(16, num_classes)
-        _init_weights(self)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.relu(self.stem(x))
-        x = self.block2(self.block1(x))
-        return self.fc(torch.flatten(self.gap(x), 1))
-
-
-def mcu_cnn(num_classes: int = 10) -> nn.Module:
-    return McuCNN(num_classes)
-
-
-def mcu_resnet(num_classes: int = 10) -> nn.Module:
-    return McuResNet(num_classes)
 
 
 # -- registry ------------------------------------------------------------------------------------
@@ -429,10 +342,9 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("resnet18", resnet18, _CIFAR, 10, "ResNet-18, CIFAR variant (3x3 stem, no stem pool)"),
         ZooEntry("resnet50", resnet50, _CIFAR, 10, "ResNet-50, CIFAR variant (Bottleneck [3,4,6,3])"),
         ZooEntry("mobilenetv2", mobilenetv2, _CIFAR, 10, "MobileNetV2, CIFAR variant (stride-1 stem), width_mult"),
-        ZooEntry("mcu_cnn", mcu_cnn, _MNIST, 10, "Cortex-M CNN: 3x(conv3x3+ReLU+maxpool), linear; no BN"),
-        ZooEntry("mcu_resnet", mcu_resnet, _MNIST, 10, "Cortex-M residual CNN: stride-2 stem, 2 residual blocks, GAP, linear; no BN"),
     )
 }
+ZOO.update({e.name: e for e in mcu_entries(ZooEntry, _MNIST)})
 ZOO.update({e.name: e for e in transformer_entries(ZooEntry)})
 
 

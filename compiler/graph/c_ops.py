@@ -8,6 +8,7 @@ The C runtime differs from torch in what it holds, and the schedule must count w
 - a parameter's gradient is never a tensor: `et_*_wgrad_sgd` computes it and applies SGD in one pass, so a
   node that makes gradients has no workspace;
 - max-pool indices and class labels are int32;
+- frozen parameters are `const`: they stay in flash and take no RAM;
 - a kernel reads only what it needs: max-pool's and avg-pool's backward do not read the forward input, a
   convolution's backward reads its input only for the weight gradient, the loss's backward does not read the
   log-probabilities. Operands the kernel does not read are dropped from the node, so the schedule does not
@@ -463,9 +464,19 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
             problems.setdefault((n.op, "keeps statistics for its backward, which the C runtime has no kernel for"),
                                 []).append(where)
             continue
-        for case in node_cases(n, by_name, state):
-            kernel = C_OPS.get(case.op)
-            why = "has no kernel in the C runtime" if kernel is None else kernel.refuse(case)
+        missing = [o["op"] for o in node_ops(n) if o["op"] not in C_OPS]
+        for op in missing:
+            problems.setdefault((op, "has no kernel in the C runtime"), []).append(where)
+        if missing:
+            continue
+        try:
+            cases = node_cases(n, by_name, state)
+        except RuntimeError as e:  # an operand seen through a view of a layout the C arena does not have
+            problems.setdefault((n.op, f"reads an operand the C runtime cannot lay out ({str(e).splitlines()[0][:80]})"),
+                                []).append(where)
+            continue
+        for case in cases:
+            why = C_OPS[case.op].refuse(case)
             if why:
                 problems.setdefault((case.op, why), []).append(where)
     if problems:
@@ -478,7 +489,7 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
             f"--emit c: {len(problems)} op(s) of the model cannot run in the C runtime:\n  - {listed}\n"
             f"The C runtime supports: {supported_text()}. Remove or replace these ops, or use --emit python.")
     nodes = [_as_c(n) for n in g.nodes]
-    return replace(g, nodes=nodes)
+    return replace(g, nodes=nodes, frozen_in_flash=True)  # frozen weights are const: flash, not RAM
 
 
 def state_shapes(g: TrainingGraph) -> dict[str, tuple]:

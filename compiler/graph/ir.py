@@ -197,6 +197,7 @@ class TrainingGraph:
     input_dtype: str = "float32"  # "int64": token ids in [0, input_high), which no gradient reaches
     input_high: int | None = None
     trainable: tuple[str, ...] | None = None  # parameters the optimizer updates; None: every parameter
+    frozen_in_flash: bool = False  # frozen parameters live in read-only memory (C firmware), not in the budget
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -218,7 +219,9 @@ class TrainingGraph:
 
     @property
     def param_bytes(self) -> int:
-        return sum(s.bytes for s in self.params.values())
+        """Parameter bytes the budget holds: all of them, or the trainable ones where frozen ones stay in flash."""
+        trained = set(self.trainable_params)
+        return sum(s.bytes for p, s in self.params.items() if not self.frozen_in_flash or p in trained)
 
     @property
     def trainable_params(self) -> tuple[str, ...]:
@@ -290,6 +293,7 @@ class TrainingGraph:
             "format": GRAPH_FORMAT,
             "optimizer": self.optimizer.to_json(),
             **({"trainable": list(self.trainable)} if self.trainable is not None else {}),
+            **({"frozen_in_flash": True} if self.frozen_in_flash else {}),
             # Token-id inputs only, so image models' schedules (and their content hashes) stay as they were.
             **({"input_dtype": self.input_dtype, "input_high": self.input_high} if self.input_dtype != "float32" else {}),
             "params": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.params.items()},
@@ -314,6 +318,7 @@ class TrainingGraph:
             loss=d["loss"],
             optimizer=OptimizerConfig.from_json(d["optimizer"]),
             trainable=tuple(d["trainable"]) if "trainable" in d else None,
+            frozen_in_flash=bool(d.get("frozen_in_flash", False)),
             input_dtype=d.get("input_dtype", "float32"),
             input_high=d.get("input_high"),
         )

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/cortex_m.py [--models mcu_cnn,mcu_resnet] [--budgets 100%,90%,80%,70%]
                                             [--target nrf52840] [--steps 3] [--json build/bench/cortex_m.json]
+    .venv/bin/python benchmarks/cortex_m.py --finetune [--json build/bench/cortex_m_finetune.json]
 
 Per row: the budget, store-all's peak and the smallest feasible budget; the static arena the offset planner
 packed (vs the schedule's activation peak) and state (parameters + momentum); recomputes and page-ins per
@@ -11,6 +12,11 @@ step; bytes paged per step as the firmware counted them; instructions per traini
 the schedule, the graph's FLOP counts) and instructions per FLOP; and the same firmware built for the host
 (the generated Makefile's flags), seconds per step against a plain PyTorch step at batch 1 on one thread
 (--host-steps, 0 to skip). Prints a table and writes JSON.
+
+`--finetune`: the fine-tuning models at the device's own budget (`auto`), each with its default trainable set
+and the alternatives in FINETUNE, with RAM, flash, paged bytes and instructions per step, the predicted time and
+energy per step on the target, and beside each the same model with full backprop: its smallest feasible budget
+and how far that is from the device's budget.
 """
 from __future__ import annotations
 
@@ -35,17 +41,23 @@ from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E
 from edgetrain.compiler.workbench.run_c import run_firmware  # noqa: E402
 
 
-def bench(model: str, budget: str, target: str, steps: int, work: str, host_steps: int = 0) -> dict:
-    out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}")
-    row: dict = {"model": model, "budget": budget, "target": target}
+# (model, --train): the fine-tuning rows; None is the model's own trainable set.
+FINETUNE = (("mcu_mobilenetv2", None), ("mcu_mobilenetv2", "biases"), ("mcu_mobilenetv3", None))
+
+
+def bench(model: str, budget: str, target: str, steps: int, work: str, host_steps: int = 0,
+          train: str | None = None) -> dict:
+    out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}-{train or 'own'}")
+    row: dict = {"model": model, "budget": budget, "target": target, "train": train}
     try:
         c = compile_model(CompileOptions(model=model, target=target, budget=budget, out=out, batch_size=1,
-                                         emit="c", time_limit=30.0))
+                                         emit="c", time_limit=30.0, train=train))
     except Exception as e:  # noqa: BLE001 - a benchmark row records the failure
         return dict(row, error=str(e))
     row.update({k: c[k] for k in ("budget_bytes", "store_all_peak_bytes", "min_feasible_bytes", "peak_bytes",
                                   "state_bytes", "activation_peak_bytes", "arena_bytes", "recomputes", "page_ins",
-                                  "page_outs", "schedule")})
+                                  "page_outs", "schedule", "time_s", "energy_j", "trainable_params",
+                                  "total_params")})
     row["schedule_activation_bytes"] = c["peak_bytes"] - c["state_bytes"]
     row["flops_per_step"] = step_flops(out)
     r = run_firmware(out, qemu=True, steps=steps, data="random")
@@ -90,6 +102,22 @@ def host_vs_pytorch(out: str, model: str, steps: int) -> dict:
     return {"host_c_step_s": c, "pytorch_step_s": p, "host_c_over_pytorch": c / p}
 
 
+def full_backprop(model: str, target: str, device_budget: int) -> dict:
+    """The same model with every parameter trained: its smallest feasible budget and store-all peak for the C
+    runtime, and how far the smallest is above the device's budget (negative: it would fit)."""
+    from edgetrain.compiler.graph.liveness import analyze
+    from edgetrain.compiler.pipeline import build_graph
+    from edgetrain.compiler.scheduling.budget import anchors
+    from edgetrain.targets import load_target
+
+    tg = load_target(target)
+    opts = CompileOptions(model=model, target=target, budget="100%", out="", batch_size=1, emit="c", train="all")
+    _, _, g = build_graph(opts, tg, device_check=False)
+    a = anchors(g, analyze(g), tg)
+    return {"full_min_feasible_bytes": a.min_feasible_bytes, "full_store_all_peak_bytes": a.store_all.peak_bytes,
+            "full_over_budget_bytes": a.min_feasible_bytes - device_budget}
+
+
 def step_flops(out: str) -> int:
     """FLOPs of one training step: every compute and recompute the schedule makes, at the graph's counts."""
     with open(os.path.join(out, "schedule.json")) as f:
@@ -106,10 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--host-steps", type=int, default=40,
                     help="steps of the host build timed against PyTorch at batch 1 (0: skip)")
-    ap.add_argument("--json", default="build/bench/cortex_m.json", metavar="PATH", help="rows written here")
+    ap.add_argument("--finetune", action="store_true", help="the fine-tuning rows (FINETUNE) at the device's budget")
+    ap.add_argument("--json", default=None, metavar="PATH",
+                    help="rows written here (default build/bench/cortex_m.json, or cortex_m_finetune.json)")
     a = ap.parse_args(argv)
+    a.json = a.json or f"build/bench/cortex_m{'_finetune' if a.finetune else ''}.json"
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgetrain-cortex-m-") as work:
+        if a.finetune:
+            for model, train in FINETUNE:
+                row = bench(model, "auto", a.target, a.steps, work, 0, train)
+                if "budget_bytes" in row:
+                    row.update(full_backprop(model, a.target, row["budget_bytes"]))
+                rows.append(row)
+            return _finetune_table(rows, a)
         for model in a.models.split(","):
             for budget in a.budgets.split(","):
                 rows.append(bench(model, budget, a.target, a.steps, work, a.host_steps))
@@ -137,6 +175,34 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r.get("error"):
             print(f"{r['model']} {r['budget']}: {r['error']}", file=sys.stderr)
+    print(f"wrote {a.json}")
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+def _finetune_table(rows: list[dict], a) -> int:
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    with open(a.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    t = Table(title=f"Fine-tuning C firmware on a Cortex-M4F (QEMU mps2-an386, {a.target}), batch 1, budget auto")
+    cols = ("model", "trains", "params", "budget B", "arena B", "RAM B", "flash B", "paged B/step", "instr/step",
+            "pred. s/step", "pred. J/step", "full backprop: min B", "over budget B", "ok")
+    for col in cols:
+        t.add_column(col, justify="right")
+    for r in rows:
+        if "arena_bytes" not in r:
+            t.add_row(r["model"], r["train"] or "own", *["-"] * (len(cols) - 3), "error")
+            continue
+        t.add_row(r["model"], r["train"] or "own", f"{r['trainable_params']:,} of {r['total_params']:,}",
+                  str(r["budget_bytes"]), str(r["arena_bytes"]), str(r.get("ram_bytes", "-")),
+                  str(r.get("flash_bytes", "-")),
+                  f"{r['paged_bytes_per_step']:.0f}" if r.get("paged_bytes_per_step") is not None else "-",
+                  f"{r['instructions_per_step']:.4g}" if r.get("instructions_per_step") else "-",
+                  f"{r['time_s']:.3g}", f"{r['energy_j']:.3g}", str(r["full_min_feasible_bytes"]),
+                  f"{r['full_over_budget_bytes']:+d}", "yes" if r.get("ok") else "NO")
+    Console(width=220).print(t)
+    for r in rows:
+        if r.get("error"):
+            print(f"{r['model']} {r['train']}: {r['error']}", file=sys.stderr)
     print(f"wrote {a.json}")
     return 0 if all(r.get("ok") for r in rows) else 1
 

@@ -208,15 +208,34 @@ def _user_line(frames) -> str:
 
 
 class _Where(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records each aten op an eager forward runs, with the user's line that ran it."""
+    """Records each aten op an eager forward runs, with the user's line that ran it, or (a container such as
+    nn.Sequential, whose lines are torch's) the innermost module running it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[str, str]] = []
+        self.modules: list[str] = []  # the modules being run, outermost first
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls.append((_base_name(func), _user_line(traceback.extract_stack())))
+        line = _user_line(traceback.extract_stack()) or (f"module {self.modules[-1]}" if self.modules else "")
+        self.calls.append((_base_name(func), line))
         return func(*args, **(kwargs or {}))
+
+
+def _module_hooks(model: nn.Module, where: _Where) -> list:
+    """Hooks that keep `where.modules` as the stack of modules running (named as in named_modules)."""
+    handles = []
+    for name, m in model.named_modules():
+        if not name:
+            continue
+        label = f"`{name}` ({type(m).__name__.removeprefix('Seeded')})"  # as the user wrote it: nn.Dropout
+        handles.append(m.register_forward_pre_hook(lambda mod, args, label=label: where.modules.append(label)))
+        handles.append(m.register_forward_hook(lambda mod, args, out: _pop(where.modules)))
+    return handles
+
+
+def _pop(stack: list) -> None:
+    stack.pop()  # a forward hook that returned the popped name would replace the module's output
 
 
 def _base_name(target) -> str:
@@ -235,12 +254,15 @@ def _sources(step: nn.Module, gm: fx.GraphModule, x, y) -> dict[str, str]:
     `detach` autograd adds, takes none)."""
     saved = {k: b.clone() for k, b in step.named_buffers()}
     where = _Where()
+    handles = _module_hooks(step.m, where)
     try:
         with torch.random.fork_rng(), torch.no_grad(), where:
             step(x, y)
     except Exception:  # the lines only label messages: a model that runs only traced still compiles
         return {}
     finally:
+        for h in handles:
+            h.remove()
         with torch.no_grad():
             for k, b in step.named_buffers():
                 b.copy_(saved[k])

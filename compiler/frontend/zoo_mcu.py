@@ -81,14 +81,6 @@ class McuResNet(nn.Module):
         return self.fc(torch.flatten(self.gap(x), 1))
 
 
-def mcu_cnn(num_classes: int = 10) -> nn.Module:
-    return McuCNN(num_classes)
-
-
-def mcu_resnet(num_classes: int = 10) -> nn.Module:
-    return McuResNet(num_classes)
-
-
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1,
              act: Callable[[], nn.Module] | None = None) -> nn.Sequential:
     layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, groups=groups,

@@ -20,17 +20,16 @@ LOSSES = ("cross_entropy", "mse", "model")  # what TrainingGraph.loss may be (or
 GRAPH_FORMAT = 2
 
 # input: the data batch; labels: the targets (pinned for the whole step); forward/loss: recomputable;
-# backward: gradient kernels with their fused SGD updates; grad_sum: accumulation of gradient contributions.
-Kind = Literal["input", "labels", "forward", "loss", "backward", "grad_sum"]
+# backward: the ops after the loss (gradients, with the optimizer steps they complete).
+Kind = Literal["input", "labels", "forward", "loss", "backward"]
 
 
 @dataclass(frozen=True)
 class TensorRef:
     """An operand: the tensor of node `name`, seen through a chain of views.
 
-    Views are ("reshape", shape), ("narrow", dim, start, length), ("permute", dims) or ("item", k) (element
-    k of a node that produces a tuple: the gradients of an op with several differentiable inputs); in a graph
-    captured from torch, an aten view op and its literal arguments: ("aten.t.default", ()).
+    A view is an aten view op and its literal arguments, ("aten.t.default", ()), or ("item", k): element k of
+    a node that holds a tuple.
     """
 
     name: str
@@ -52,40 +51,6 @@ def _tuples(x):
     return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-def view_shape(base: tuple[int, ...], view: tuple) -> tuple[int, ...]:
-    """The shape of a tensor of shape `base` seen through a view chain (an "item" view needs the item's
-    shape as `base`)."""
-    shape = tuple(base)
-    for v in view:
-        if v[0] == "reshape":
-            shape = tuple(v[1])
-        elif v[0] == "narrow":
-            shape = shape[: v[1]] + (v[3],) + shape[v[1] + 1:]
-        elif v[0] == "permute":
-            shape = tuple(shape[d] for d in v[1])
-    return shape
-
-
-def inverse_view(base: tuple[int, ...], view: tuple) -> tuple:
-    """The views that take a tensor seen through `view` back to the shape `base`: each view undone in
-    reverse (a reshape to the shape before it, the inverse permutation); consecutive reshapes merged."""
-    before = [tuple(base)]
-    for k in range(len(view) - 1):
-        before.append(view_shape(before[-1], view[k:k + 1]))
-    inverse: list[tuple] = []
-    for v, shape in zip(reversed(view), reversed(before)):
-        if v[0] == "reshape":
-            step = ("reshape", tuple(shape))
-        elif v[0] == "permute":
-            step = ("permute", tuple(sorted(range(len(v[1])), key=lambda d: v[1][d])))
-        else:
-            raise ValueError(f"the gradient of view {v!r} is not a view")
-        if inverse and step[0] == "reshape" and inverse[-1][0] == "reshape":
-            inverse.pop()
-        inverse.append(step)
-    return tuple(inverse)
-
-
 @dataclass
 class Node:
     name: str
@@ -103,7 +68,6 @@ class Node:
     flops: int = 0
     time_s: float = 0.0
     energy_j: float = 0.0
-    forward_of: str | None = None  # backward node: the forward node it differentiates
     source: str = ""  # where the user's code created it (file:line, module path)
     # A node that holds several outputs of its op (a backward op's input gradients): their specs, in the
     # order readers see them through ("item", k) views; `shape` is then None.
@@ -145,6 +109,7 @@ class Node:
         if d.get("items") is not None:
             d["items"] = tuple(TensorSpec(tuple(s["shape"]), s["dtype"]) for s in d["items"])
         d["updates"] = tuple(d.get("updates", ()))
+        d.pop("forward_of", None)  # a recorded graph of the earlier format names it; nothing reads it now
         return Node(**d)
 
 

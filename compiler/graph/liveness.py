@@ -54,11 +54,9 @@ def analyze(g: TrainingGraph) -> Liveness:
     users = g.consumers()
     size = {n.name: n.bytes for n in g.nodes}
     prod = {n.name: t for t, n in enumerate(g.nodes)}
-    update_stage = {}  # forward node -> stage of the backward node that updates its params
-    param_update = {}  # parameter -> the stage of its optimizer step (a graph captured from torch)
+    update_stage = {}  # forward node -> the first stage that updates one of its parameters
+    param_update = {}  # parameter -> the stage of its optimizer step
     for t, n in enumerate(g.nodes):
-        if n.kind == "backward" and n.forward_of and n.params:
-            update_stage[n.forward_of] = t
         for p in n.updates:
             param_update.setdefault(p, t)
     for n in g.nodes:

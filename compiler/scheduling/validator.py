@@ -44,7 +44,6 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
     stored: set[str] = set()
     paged_in: set[str] = set()
     computed: set[str] = set()
-    updated: set[str] = set()  # forward nodes whose parameters SGD has changed
     updated_params: set[str] = set()  # parameters the optimizer has changed (a graph captured from torch)
     live = g.state_bytes
     peak, peak_stage = live, 0
@@ -72,7 +71,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
             else:
                 if not n.recomputable or n.name not in computed:
                     raise fail(k, st, "only a forward node computed before can be recomputed")
-                if n.name in updated or updated_params.intersection(n.params):
+                if updated_params.intersection(n.params):
                     raise fail(k, st, "recompute after the node's parameters were updated would not be exact")
                 if n.name in resident:
                     raise fail(k, st, "recompute of a tensor that is resident")
@@ -94,8 +93,6 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
                 resident[f"{n.name}.aux"] = n.aux_bytes
             live += new
             computed.add(n.name)
-            if n.kind == "backward" and n.params and n.forward_of:
-                updated.add(n.forward_of)
             updated_params.update(n.updates)
             time_s += n.time_s
             energy += n.energy_j

@@ -3,7 +3,7 @@
 Categories (their sum is the validator's memory at every step it measures):
 - state: parameters, optimizer state and buffers, held for the whole step;
 - activations: tensors of input, labels, forward and loss nodes, and batch-norm statistics;
-- gradients: tensors of backward and grad_sum nodes;
+- gradients: tensors of backward nodes;
 - paging: a tensor whose RAM copy is held for paging: from its page-out until its free, and from its
   page-in until the end of the stage that paged it in (brought back for that stage's node);
 - workspace: the running node's transient bytes (its parameter gradients, scratch).
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 CATEGORIES = ("state", "activations", "gradients", "paging", "workspace")
-_GRADIENT_KINDS = ("backward", "grad_sum")
+_GRADIENT_KINDS = ("backward",)
 
 
 @dataclass

@@ -188,7 +188,7 @@ def plot_memory(graph, steps: list[dict], budget_bytes: int, out_dir: str, name:
     else:
         comps, xs = b.stage_peaks, np.arange(T)
         span = (L + 0.5, T - 0.5)
-        xlabel = f"stage t (runs node t; each bar: the moment of the stage's peak, as the validator counts it)"
+        xlabel = "stage t (runs node t; each bar: the moment of the stage's peak, as the validator counts it)"
     series = {c: np.array([x[c] for x in comps], dtype=float) / 1e6 for c in CATEGORIES}
     bottom = np.zeros(len(xs))
     for c in CATEGORIES:

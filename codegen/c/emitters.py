@@ -153,62 +153,41 @@ def _sum(c: OpCase, ctx: Context, out) -> list[str]:
 
 # -- elementwise ---------------------------------------------------------------------------------------------
 
-def _unary(kernel: str):
+# aten op -> (kernel, the tensor arguments it reads in order, its literal arguments after them): each kernel
+# takes (count, tensors..., literals..., out) over contiguous floats.
+ELEMENTWISE: dict[str, tuple[str, tuple[str, ...], Callable[[dict], list[str]] | None]] = {
+    "aten.relu.default": ("et_relu_forward", ("self",), None),
+    "aten.threshold_backward.default": ("et_relu_backward", ("grad_output", "self"), None),
+    "aten.hardtanh.default": ("et_relu6_forward", ("self",), None),
+    "aten.hardtanh_backward.default": ("et_relu6_backward", ("grad_output", "self"), None),
+    "aten.sigmoid.default": ("et_sigmoid_forward", ("self",), None),
+    "aten.sigmoid_backward.default": ("et_sigmoid_backward", ("grad_output", "output"), None),
+    "aten.hardsigmoid.default": ("et_hardsigmoid_forward", ("self",), None),
+    "aten.hardsigmoid_backward.default": ("et_hardsigmoid_backward", ("grad_output", "self"), None),
+    "aten.hardswish.default": ("et_hardswish_forward", ("self",), None),
+    "aten.hardswish_backward.default": ("et_hardswish_backward", ("grad_output", "self"), None),
+    "aten.silu.default": ("et_silu_forward", ("self",), None),
+    "aten.silu_backward.default": ("et_silu_backward", ("grad_output", "self"), None),
+    "aten.leaky_relu.default": ("et_leaky_relu_forward", ("self",), lambda a: [c_float(a["negative_slope"])]),
+    "aten.leaky_relu_backward.default": ("et_leaky_relu_backward", ("grad_output", "self"),
+                                         lambda a: [c_float(a["negative_slope"])]),
+    "aten.gelu.default": ("et_gelu_forward", ("self",), lambda a: [str(int(a["approximate"] == "tanh"))]),
+    "aten.gelu_backward.default": ("et_gelu_backward", ("grad_output", "self"),
+                                   lambda a: [str(int(a["approximate"] == "tanh"))]),
+    "aten.sub.Tensor": ("et_sub_forward", ("self", "other"), None),
+    "aten.add.Scalar": ("et_add_scalar", ("self",), lambda a: [c_float(a["other"])]),
+}
+
+
+def _elementwise(kernel: str, reads: tuple[str, ...], literals):
     def emit(c: OpCase, ctx: Context, out) -> list[str]:
-        x = c.args["self"]
-        return [f"{kernel}({_numel(out)}, {ctx.contiguous(x, 'the input')}, {ctx.ptr(out)});"]
+        args = [ctx.contiguous(c.args[name], f"`{name}`") for name in reads] + (literals(c.args) if literals else [])
+        return [f"{kernel}({_numel(out)}, {', '.join(args)}, {ctx.ptr(out)});"]
     return emit
 
 
-def _unary_bwd(kernel: str):
-    def emit(c: OpCase, ctx: Context, out) -> list[str]:
-        gy, x = c.args["grad_output"], c.args["self"]
-        return [f"{kernel}({_numel(out)}, {ctx.contiguous(gy, 'the output gradient')}, "
-                f"{ctx.contiguous(x, 'the saved tensor')}, {ctx.ptr(out)});"]
-    return emit
-
-
-emits("aten.relu.default")(_unary("et_relu_forward"))
-emits("aten.sigmoid.default")(_unary("et_sigmoid_forward"))
-emits("aten.hardsigmoid.default")(_unary("et_hardsigmoid_forward"))
-emits("aten.hardswish.default")(_unary("et_hardswish_forward"))
-emits("aten.silu.default")(_unary("et_silu_forward"))
-emits("aten.silu_backward.default")(_unary_bwd("et_silu_backward"))
-emits("aten.hardsigmoid_backward.default")(_unary_bwd("et_hardsigmoid_backward"))
-emits("aten.hardswish_backward.default")(_unary_bwd("et_hardswish_backward"))
-
-
-@emits("aten.sigmoid_backward.default")
-def _sigmoid_bwd(c: OpCase, ctx: Context, out) -> list[str]:
-    gy, y = c.args["grad_output"], c.args["output"]
-    return [f"et_sigmoid_backward({_numel(out)}, {ctx.contiguous(gy, 'the output gradient')}, "
-            f"{ctx.contiguous(y, 'the output')}, {ctx.ptr(out)});"]
-
-
-@emits("aten.leaky_relu.default")
-def _leaky(c: OpCase, ctx: Context, out) -> list[str]:
-    return [f"et_leaky_relu_forward({_numel(out)}, {ctx.contiguous(c.args['self'], 'the input')}, "
-            f"{c_float(c.args['negative_slope'])}, {ctx.ptr(out)});"]
-
-
-@emits("aten.leaky_relu_backward.default")
-def _leaky_bwd(c: OpCase, ctx: Context, out) -> list[str]:
-    gy, x = c.args["grad_output"], c.args["self"]
-    return [f"et_leaky_relu_backward({_numel(out)}, {ctx.contiguous(gy, 'the output gradient')}, "
-            f"{ctx.contiguous(x, 'the input')}, {c_float(c.args['negative_slope'])}, {ctx.ptr(out)});"]
-
-
-@emits("aten.gelu.default")
-def _gelu(c: OpCase, ctx: Context, out) -> list[str]:
-    return [f"et_gelu_forward({_numel(out)}, {ctx.contiguous(c.args['self'], 'the input')}, "
-            f"{int(c.args['approximate'] == 'tanh')}, {ctx.ptr(out)});"]
-
-
-@emits("aten.gelu_backward.default")
-def _gelu_bwd(c: OpCase, ctx: Context, out) -> list[str]:
-    gy, x = c.args["grad_output"], c.args["self"]
-    return [f"et_gelu_backward({_numel(out)}, {ctx.contiguous(gy, 'the output gradient')}, "
-            f"{ctx.contiguous(x, 'the input')}, {int(c.args['approximate'] == 'tanh')}, {ctx.ptr(out)});"]
+for _op, (_kernel, _reads, _literals) in ELEMENTWISE.items():
+    emits(_op)(_elementwise(_kernel, _reads, _literals))
 
 
 @emits("aten.mul.Tensor")
@@ -221,9 +200,6 @@ def _mul(c: OpCase, ctx: Context, out) -> list[str]:
     n, ch, h, w = x.shape
     return [f"et_mul_bcast_forward({n * ch}, {h * w}, {ctx.contiguous(x, 'a factor')}, "
             f"{ctx.contiguous(s, 'the scale')}, {ctx.ptr(out)});"]
-emits("aten.threshold_backward.default")(_unary_bwd("et_relu_backward"))
-emits("aten.hardtanh.default")(_unary("et_relu6_forward"))
-emits("aten.hardtanh_backward.default")(_unary_bwd("et_relu6_backward"))
 
 
 @emits("aten.add.Tensor")
@@ -233,19 +209,6 @@ def _add(c: OpCase, ctx: Context, out) -> list[str]:
         return [f"{ctx.ptr(a)}[0] += 1; /* {c_comment(a['buffer'])}: one more batch seen */"] if ctx.first else []
     return [f"et_add_forward({_numel(out)}, {ctx.contiguous(a, 'an addend')}, {ctx.contiguous(b, 'an addend')}, "
             f"{ctx.ptr(out)});"]
-
-
-@emits("aten.sub.Tensor")
-def _sub(c: OpCase, ctx: Context, out) -> list[str]:
-    a, b = c.args["self"], c.args["other"]
-    return [f"et_sub_forward({_numel(out)}, {ctx.contiguous(a, 'the minuend')}, {ctx.contiguous(b, 'the subtrahend')}, "
-            f"{ctx.ptr(out)});"]
-
-
-@emits("aten.add.Scalar")
-def _add_scalar(c: OpCase, ctx: Context, out) -> list[str]:
-    return [f"et_add_scalar({_numel(out)}, {ctx.contiguous(c.args['self'], 'the input')}, "
-            f"{c_float(c.args['other'])}, {ctx.ptr(out)});"]
 
 
 @emits("aten.empty_like.default")

@@ -151,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in a.models.split(","):
             for budget in a.budgets.split(","):
                 rows.append(bench(model, budget, a.target, a.steps, work, a.host_steps))
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json, "w") as f:
-        json.dump(rows, f, indent=1)
+    _write(rows, a.json)
     t = Table(title=f"C training firmware on a Cortex-M4F (QEMU mps2-an386, {a.target} budgets), batch 1")
     cols = ("model", "budget", "budget B", "store-all B", "min B", "state B", "arena B", "sched. act. B",
             "rec/pin", "paged B/step", "instr/step", "instr/FLOP", "host C/PyTorch", "flash B", "RAM B", "ok")
@@ -171,18 +169,27 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['instructions_per_flop']:.2f}" if r.get("instructions_per_flop") else "-",
                   f"{r['host_c_over_pytorch']:.2f}x" if r.get("host_c_over_pytorch") else "-",
                   str(r.get("flash_bytes", "-")), str(r.get("ram_bytes", "-")), "yes" if r.get("ok") else "NO")
-    Console(width=200).print(t)
+    return _report(rows, t, a.json, "budget")
+
+
+def _report(rows: list[dict], table: Table, path: str, label: str) -> int:
+    """Print the table and each row's error (named by its model and `label`); 0 when every row ran."""
+    Console(width=220).print(table)
     for r in rows:
         if r.get("error"):
-            print(f"{r['model']} {r['budget']}: {r['error']}", file=sys.stderr)
-    print(f"wrote {a.json}")
+            print(f"{r['model']} {r[label]}: {r['error']}", file=sys.stderr)
+    print(f"wrote {path}")
     return 0 if all(r.get("ok") for r in rows) else 1
 
 
-def _finetune_table(rows: list[dict], a) -> int:
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json, "w") as f:
+def _write(rows: list[dict], path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
         json.dump(rows, f, indent=1)
+
+
+def _finetune_table(rows: list[dict], a) -> int:
+    _write(rows, a.json)
     t = Table(title=f"Fine-tuning C firmware on a Cortex-M4F (QEMU mps2-an386, {a.target}), batch 1, budget auto")
     cols = ("model", "trains", "params", "budget B", "arena B", "RAM B", "flash B", "paged B/step", "instr/step",
             "pred. s/step", "pred. J/step", "full backprop: min B", "over budget B", "ok")
@@ -199,12 +206,7 @@ def _finetune_table(rows: list[dict], a) -> int:
                   f"{r['instructions_per_step']:.4g}" if r.get("instructions_per_step") else "-",
                   f"{r['time_s']:.3g}", f"{r['energy_j']:.3g}", str(r["full_min_feasible_bytes"]),
                   f"{r['full_over_budget_bytes']:+d}", "yes" if r.get("ok") else "NO")
-    Console(width=220).print(t)
-    for r in rows:
-        if r.get("error"):
-            print(f"{r['model']} {r['train']}: {r['error']}", file=sys.stderr)
-    print(f"wrote {a.json}")
-    return 0 if all(r.get("ok") for r in rows) else 1
+    return _report(rows, t, a.json, "train")
 
 
 if __name__ == "__main__":

@@ -182,29 +182,31 @@ def _strip(name: str) -> str:
     return name[len(_PREFIX):] if name.startswith(_PREFIX) else name
 
 
-def user_frame(e: BaseException) -> str:
-    """The innermost frame of the user's code in an exception's traceback: ` at file.py:line: `code``."""
-    torch_dir = os.path.dirname(torch.__file__)
+def _model_frame(frames):
+    """The innermost of `frames` in the model's code (the user's, or a zoo model's): not torch's, not the
+    environment's scripts and packages, not edgetrain's own; None when there is none."""
     ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for f in reversed(traceback.extract_tb(e.__traceback__)):
-        if not f.filename.startswith((torch_dir, ours)) and "site-packages" not in f.filename \
-                and not f.filename.startswith("<"):
-            return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`"
-    return ""
-
-
-def _user_line(frames) -> str:
-    """The innermost frame of the model's code (the user's, or a zoo model's) inside the training step's call:
-    `file.py:line: `code``; "" when there is none (the loss edgetrain adds, for one)."""
-    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    skip = (os.path.dirname(torch.__file__), sys.prefix, sys.exec_prefix)  # torch, the environment's scripts
-    step = min((i for i, f in enumerate(frames) if f.filename == __file__ and f.name == "forward"), default=None)
-    for f in reversed(frames[step + 1:] if step is not None else []):
+    skip = (os.path.dirname(torch.__file__), sys.prefix, sys.exec_prefix)
+    for f in reversed(frames):
         mine = f.filename.startswith(ours) and not os.path.basename(f.filename).startswith("zoo")
         if not mine and not f.filename.startswith(skip) and "site-packages" not in f.filename \
                 and not f.filename.startswith("<"):
-            return f"{os.path.basename(f.filename)}:{f.lineno}: `{(f.line or '').strip()}`"
-    return ""
+            return f
+    return None
+
+
+def user_frame(e: BaseException) -> str:
+    """The innermost frame of the user's code in an exception's traceback: ` at file.py:line: `code``."""
+    f = _model_frame(traceback.extract_tb(e.__traceback__))
+    return f" at {f.filename}:{f.lineno}: `{(f.line or '').strip()}`" if f else ""
+
+
+def _user_line(frames) -> str:
+    """The model's innermost frame inside the training step's call: `file.py:line: `code``; "" when there is
+    none (the loss edgetrain adds, for one)."""
+    step = min((i for i, f in enumerate(frames) if f.filename == __file__ and f.name == "forward"), default=None)
+    f = _model_frame(frames[step + 1:]) if step is not None else None
+    return f"{os.path.basename(f.filename)}:{f.lineno}: `{(f.line or '').strip()}`" if f else ""
 
 
 class _Where(torch.utils._python_dispatch.TorchDispatchMode):

@@ -17,6 +17,7 @@ The C runtime differs from torch in what it holds, and the schedule must count w
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from math import prod
 from typing import Callable
 
 import torch
@@ -327,9 +328,8 @@ def holder_meta(node: Node, offset: int = 0):
     """What a node holds as meta tensors laid out as the C runtime lays them out, at word `offset` of the
     arena: one block of 4-byte words (float32, or int32 for indices and labels), a tuple's items one after
     the other. Any view of it then has its arena offset, in words, as its storage offset."""
-    specs = node.items if node.items else ((node.shape or ()),)
-    shapes = [s.shape if hasattr(s, "shape") else tuple(s) for s in specs]
-    sizes = [_numel(s) for s in shapes]
+    shapes = [s.shape for s in node.items] if node.items else [tuple(node.shape or ())]
+    sizes = [prod(s) for s in shapes]
     arena = torch.empty(offset + sum(sizes), device="meta")
     if node.dtype == "int32":
         arena = arena.view(torch.int32)
@@ -338,13 +338,6 @@ def holder_meta(node: Node, offset: int = 0):
         out.append(arena[at:at + n].view(shape))
         at += n
     return tuple(out) if node.items else out[0]
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def operand_meta(graph_nodes: dict[str, Node], ref: TensorRef, offsets: dict[str, int] | None = None):

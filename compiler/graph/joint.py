@@ -16,7 +16,7 @@ FLOPs come from torch's flop counter where it knows the op, else from one rule: 
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 
 import networkx as nx
@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
 from edgetrain.runtime.python.aten_call import dropped_bytes
+from edgetrain.runtime.python.optim import update_flops_per_element
 
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.frontend.capture import JointCapture
@@ -282,6 +283,10 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
         val = next(n for n in cap.gm.graph.nodes if n.name == ph).meta.get("val")
         model_buffers[buf] = _spec(val if val is not None else cap.constants[buf])
     trainable = tuple(p for p in model_params if p in set(cap.grads.values()))
+    # A node that completes gradients also runs their optimizer steps: their arithmetic is part of its cost.
+    per_element = update_flops_per_element(optimizer.to_json())
+    nodes = [replace(n, flops=n.flops + per_element * sum(prod(model_params[p].shape) for p in n.updates))
+             if n.updates else n for n in nodes]
     return TrainingGraph(model=model, nodes=nodes, params=model_params, buffers=model_buffers,
                          input_shape=tuple(input_shape), num_classes=num_classes, loss=loss, optimizer=optimizer,
                          input_dtype=input_dtype, input_high=input_high, trainable=trainable)

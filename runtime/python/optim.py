@@ -23,6 +23,20 @@ def state_names(config: dict) -> tuple[str, ...]:
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 
+def update_flops_per_element(config: dict) -> int:
+    """Elementwise operations per parameter element of one `Optimizer.update` (the arithmetic below)."""
+    name = config.get("name", "sgd")
+    decay = bool(config.get("weight_decay", 0))
+    if name == "sgd":  # d = g + wd*p; buf = m*buf + d; d = d + m*buf (Nesterov); p -= lr*d
+        momentum = bool(config.get("momentum", 0))
+        return 2 + 2 * decay + 2 * momentum + 2 * (momentum and bool(config.get("nesterov", False)))
+    if name in ("adam", "adamw"):
+        # m.lerp_(g) 3, v = b2*v + (1-b2)*g*g 4, denom = sqrt(v)/c2 + eps 3, p.addcdiv_(m, denom) 3;
+        # decay: Adam's g + wd*p 2, AdamW's p *= 1 - lr*wd 1
+        return 13 + (2 if name == "adam" else 1) * decay
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
 def step_counter_bytes(config: dict) -> int:
     """Adam's per-parameter step count is a 0-d float32 tensor."""
     return 4 if config.get("name", "sgd") in ("adam", "adamw") else 0

@@ -11,8 +11,9 @@ from typing import Callable
 
 import torch
 
-from edgetrain.compiler.graph.c_ops import (OpCase, is_counter, mean_backward_planes, mm_kind, mul_kind,
-                                            sum_kind)
+from edgetrain.compiler.frontend import dropout_mask
+from edgetrain.compiler.graph.c_ops import (DROPOUT, DROPOUT_BACKWARD, OpCase, is_counter, mean_backward_planes,
+                                            mm_kind, mul_kind, sum_kind)
 
 from .names import c_comment, c_float
 
@@ -200,6 +201,27 @@ def _mul(c: OpCase, ctx: Context, out) -> list[str]:
     n, ch, h, w = x.shape
     return [f"et_mul_bcast_forward({n * ch}, {h * w}, {ctx.contiguous(x, 'a factor')}, "
             f"{ctx.contiguous(s, 'the scale')}, {ctx.ptr(out)});"]
+
+
+def _dropout_call(kernel: str, c: OpCase, ctx: Context, x, p: float, scale: float, out) -> list[str]:
+    key = c.node_attrs["seed_key"]
+    stream = f"et_dropout_stream(ET_SEED, et_step, {dropout_mask.key_hash(key)}u /* {c_comment(key)} */)"
+    return [f"{kernel}({_numel(out)}, {ctx.contiguous(x, 'the input')}, {stream}, {dropout_mask.threshold(p)}u, "
+            f"{c_float(scale)}, {ctx.ptr(out)});"]
+
+
+@emits(DROPOUT)
+def _dropout(c: OpCase, ctx: Context, out) -> list[str]:
+    x, p = c.args["input"], c.args["p"]
+    if ctx.predict:  # inference: the identity
+        return [f"memmove({ctx.ptr(out)}, {ctx.contiguous(x, 'the input')}, {4 * _numel(out)}u);"]
+    return _dropout_call("et_dropout_forward", c, ctx, x, p, dropout_mask.scale(p), out)
+
+
+@emits(DROPOUT_BACKWARD)
+def _dropout_bwd(c: OpCase, ctx: Context, out) -> list[str]:  # the forward's mask, redrawn
+    return _dropout_call("et_dropout_backward", c, ctx, c.args["grad_output"], c.node_attrs["dropout_p"],
+                         c.args["scale"], out)
 
 
 @emits("aten.add.Tensor")

@@ -30,6 +30,7 @@ from .ir import Node, TensorRef, TrainingGraph
 
 
 BATCH_NORM = "aten._native_batch_norm_legit_functional.default"
+DROPOUT, DROPOUT_BACKWARD = "aten.native_dropout.default", "aten.native_dropout_backward.default"
 AUX_ITEMS = 3  # batch norm's statistics in the C runtime: save_mean, save_invstd and (first compute) var_sum
 
 
@@ -55,6 +56,7 @@ class OpCase:
     out: object  # the op's first output's meta tensor (None when it holds nothing)
     buffer_updates: list = field(default_factory=list)  # {"item", "buffer"}: new values of buffers
     aux: dict | None = None  # batch norm's statistics: made by its forward, read by its backward (see aux_meta)
+    node_attrs: dict = field(default_factory=dict)  # the node's attributes (a dropout's seed_key and dropout_p)
 
 
 def _is_param(a) -> bool:
@@ -148,6 +150,14 @@ def _mul_refuse(c: OpCase) -> str | None:
 
 def _gelu_refuse(c: OpCase) -> str | None:
     return None if c.args["approximate"] in ("none", "tanh") else f"with approximate={c.args['approximate']!r}"
+
+
+def _dropout_refuse(c: OpCase) -> str | None:
+    if c.op == DROPOUT and not c.args["train"]:
+        return "outside training has no kernel"
+    if c.node_attrs.get("seed_key") is None or (c.op == DROPOUT_BACKWARD and "dropout_p" not in c.node_attrs):
+        return "without its dropout's key and probability has no kernel"
+    return None
 
 
 def _leaky_refuse(c: OpCase) -> str | None:
@@ -282,6 +292,9 @@ C_OPS: dict[str, CKernel] = {
     "aten.leaky_relu_backward.default": CKernel("leaky_relu", refuse=_both(_leaky_refuse, _no_update)),
     "aten.gelu.default": CKernel("gelu", "GELU", refuse=_both(_gelu_refuse, _no_update)),
     "aten.gelu_backward.default": CKernel("gelu", refuse=_both(_gelu_refuse, _no_update)),
+    DROPOUT: CKernel("dropout", "dropout (nn.Dropout; its mask redrawn from a hash)", reads=lambda a: {"input"},
+                     refuse=_both(_dropout_refuse, _no_update)),
+    DROPOUT_BACKWARD: CKernel("dropout", refuse=_both(_dropout_refuse, _no_update)),  # its mask: see _redraw_dropout_masks
     "aten.mul.Tensor": CKernel("mul", "mul of same-shape tensors or by a per-channel scale (squeeze-excitation)",
                                refuse=_both(_mul_refuse, _no_update)),
     "aten.max_pool2d_with_indices.default": CKernel("maxpool2d", "max-pool", refuse=_no_update),
@@ -371,7 +384,7 @@ def bind(op: str, args: list, kwargs: dict) -> dict:
 
 
 def op_case(op: str, args: list, kwargs: dict, operands: list, state: dict, updates: list, out,
-            own=None, buffer_updates=(), aux=None) -> OpCase:
+            own=None, buffer_updates=(), aux=None, node_attrs=None) -> OpCase:
     """Bind an op's argument template, with `operands` the meta tensors of its `$t` markers, `state` the
     parameters' and buffers' shapes, `out` what the op holds, `own` what the node's first op holds (for a
     fused op) and `aux` the statistics block."""
@@ -394,7 +407,7 @@ def op_case(op: str, args: list, kwargs: dict, operands: list, state: dict, upda
         return a
 
     return OpCase(op=op, args=bind(op, fill(args), fill(kwargs)), updates=updates, out=out,
-                  buffer_updates=list(buffer_updates), aux=aux)
+                  buffer_updates=list(buffer_updates), aux=aux, node_attrs=node_attrs or {})
 
 
 def node_ops(node: Node) -> list[dict]:
@@ -438,7 +451,8 @@ def node_cases(node: Node, graph_nodes: dict[str, Node], state: dict,
     if stats is not None and (f"{stats}.aux" in offsets or not offsets):
         aux = aux_meta(graph_nodes[stats], offsets.get(f"{stats}.aux", 0))
     return [op_case(o["op"], o["args"], o["kwargs"], operands, state, o["updates"], first if o["own"] else None,
-                    own=first, buffer_updates=o["buffer_updates"], aux=aux) for o in node_ops(node)]
+                    own=first, buffer_updates=o["buffer_updates"], aux=aux, node_attrs=node.attrs)
+            for o in node_ops(node)]
 
 
 # -- the pass ----------------------------------------------------------------------------------------------
@@ -446,6 +460,7 @@ def node_cases(node: Node, graph_nodes: dict[str, Node], state: dict,
 def lower_for_c(g: TrainingGraph) -> TrainingGraph:
     """The training graph as the C runtime holds it, or one error naming every op it cannot run."""
     _check_optimizer(g)
+    g = replace(g, nodes=_redraw_dropout_masks(g.nodes))
     by_name = {n.name: n for n in g.nodes}
     state = state_shapes(g)
     problems: dict[tuple[str, str], list[str]] = {}  # (op, why) -> where
@@ -456,6 +471,10 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
         if (n.aux_bytes and n.op != BATCH_NORM) or (n.aux_of and by_name[n.aux_of].op != BATCH_NORM):
             problems.setdefault((n.op, "keeps statistics for its backward, which the C runtime has no kernel for"),
                                 []).append(where)
+            continue
+        if n.op == DROPOUT and n.attrs.get("seed_key") == n.name:
+            problems.setdefault((n.op, "is a functional dropout (F.dropout, torch.dropout), whose mask the exactness "
+                                 "reference cannot redraw; use an nn.Dropout module"), []).append(where)
             continue
         missing = [o["op"] for o in node_ops(n) if o["op"] not in C_OPS]
         for op in missing:
@@ -483,6 +502,28 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
             f"The C runtime supports: {supported_text()}. Remove or replace these ops, or use --emit python.")
     nodes = [_as_c(n) for n in g.nodes]
     return replace(g, nodes=nodes, frozen_in_flash=True)  # frozen weights are const: flash, not RAM
+
+
+def _redraw_dropout_masks(nodes: list[Node]) -> list[Node]:
+    """The C runtime keeps no dropout mask: a dropout's backward redraws it from its forward's key and p (its
+    attrs `seed_key` and `dropout_p`), and the mask's own node, read by nothing else, goes."""
+    by_name = {n.name: n for n in nodes}
+    readers: dict[str, set[str]] = {}
+    for n in nodes:
+        for r in n.inputs:
+            readers.setdefault(r.name, set()).add(n.op)
+    out = []
+    for n in nodes:
+        if n.op == DROPOUT and n.attrs.get("keep") == 1 and readers.get(n.name, set()) <= {DROPOUT_BACKWARD}:
+            continue
+        if n.op == DROPOUT_BACKWARD and len(n.inputs) == 2 and by_name[n.inputs[1].name].op == DROPOUT \
+                and n.attrs["args"][:2] == [{"$t": 0}, {"$t": 1}]:
+            fwd = by_name[n.inputs[1].name]
+            p = bind(DROPOUT, fwd.attrs["args"], fwd.attrs.get("kwargs", {}))["p"]
+            n = replace(n, inputs=n.inputs[:1], attrs={**n.attrs, "args": [{"$t": 0}, None, *n.attrs["args"][2:]],
+                                                       "seed_key": fwd.attrs.get("seed_key"), "dropout_p": p})
+        out.append(n)
+    return out
 
 
 def state_shapes(g: TrainingGraph) -> dict[str, tuple]:

@@ -306,5 +306,12 @@ int main(void)
     PUT(ngx);
     PUT(lngw);
     PUT(lngb);
+    /* dropout: the hashed mask (uint32 multiplies and shifts) at two probabilities, forward and backward */
+    et_dropout_forward(256, ex, et_dropout_stream(7u, 3u, 0xDEADBEEFu), 4194304u, 1.33333337f, ey);
+    et_dropout_backward(256, eg, et_dropout_stream(7u, 3u, 0xDEADBEEFu), 4194304u, 1.33333337f, eg2);
+    PUT(ey);
+    PUT(eg2);
+    et_dropout_forward(256, ex, et_dropout_stream(0u, 0u, 1u), 8388608u, 2.0f, ey);
+    PUT(ey);
     return 0;
 }

@@ -151,3 +151,39 @@ class TinySE(nn.Module):
 
 
 tiny_se = _zoo_like(TinySE, (1, 6, 6))
+
+
+class TinyTokenMLP(nn.Module):
+    """4 tokens x 8 features -> pre-norm channel-MLP block (LayerNorm, linear(16), GELU, linear(8), residual)
+    -> LayerNorm -> flatten -> linear(3): a one-layer attention-free transformer block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(8)
+        self.up = nn.Linear(8, 16)
+        self.act = nn.GELU()
+        self.down = nn.Linear(16, 8)
+        self.ln2 = nn.LayerNorm(8)
+        self.head = nn.Linear(4 * 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.down(self.act(self.up(self.ln1(x))))
+        return self.head(torch.flatten(self.ln2(x), 1))
+
+
+tiny_token_mlp = _zoo_like(TinyTokenMLP, (4, 8))
+
+
+class TinyNarrowNorm(nn.Module):
+    """LayerNorm over 4 features: its statistics are too large a share of its output to ride as aux."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(4)
+        self.head = nn.Linear(4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.ln(x), 1))
+
+
+tiny_narrow_norm = _zoo_like(TinyNarrowNorm, (4, 4))

@@ -325,6 +325,30 @@ def test_mcu_activations_and_squeeze_excitation_train_like_pytorch(tmp_path):
 
 
 @needs_host
+@pytest.mark.parametrize("budget", ["100%", "90%"])
+def test_attention_free_transformer_block_trains_like_pytorch(tmp_path, budget):
+    """LayerNorm (its mean and rstd ride to its backward as the node's aux; the fused backward updates its
+    weight and bias), linear layers on [N, tokens, features], GELU and a residual: exact on the host build, at
+    store-all and at 90%, where the schedule recomputes the first layer norm."""
+    c = _compile(tmp_path / "m", "tests.c_models:tiny_token_mlp", budget, batch_size=2)
+    assert c["recomputes"] > 0 if budget == "90%" else c["recomputes"] == 0
+    plan = (tmp_path / "m" / "plan.c").read_text()
+    for call in ("et_layer_norm_forward", "et_layer_norm_backward_sgd", "et_gelu_backward", "et_add_forward"):
+        assert call in plan, call
+    r = run_firmware(str(tmp_path / "m"), qemu=False, steps=4, check=True)
+    assert r["ok"] and not r["mismatched"], r.get("error")
+    assert r["losses"] == pytest.approx(r["reference_losses"], rel=1e-5)
+    assert r["predict_max_abs_err"] <= 1e-5
+
+
+def test_layer_norm_over_few_features_is_refused(tmp_path):
+    """Over fewer than 8 elements torch's graph keeps the statistics as tensors of their own: refused, named."""
+    with pytest.raises(UnsupportedModelError, match="layer norm over fewer than 8 elements") as e:
+        _compile(tmp_path / "n", "tests.c_models:tiny_narrow_norm", "100%", batch_size=2)
+    assert "c_models.py:" in str(e.value)
+
+
+@needs_host
 def test_corrupted_page_stops_the_host_step(tiny):
     d, _ = tiny["tiny_cnn"]
     man = json.loads((d / "firmware.json").read_text())

@@ -144,6 +144,7 @@ _SIGNATURES = {
     "et_erff": (c_float, [c_float]),
     "et_layer_norm_forward": (None, [c_int, c_int, _F, _F, _F, ctypes.c_double, _F, _F, _F]),
     "et_layer_norm_backward": (None, [c_int, c_int, _F, _F, _F, _F, _F, _F, _F, _F]),
+    "et_layer_norm_backward_sgd": (None, [c_int, c_int, _F, _F, _F, _F, POINTER(SgdParams), _F, _F, _F, _F, _F]),
     "et_dropout_stream": (c_uint32, [c_uint32, c_uint32, c_uint32]),
     "et_dropout_keep": (c_int, [c_uint32, c_uint32, c_uint32]),
     "et_dropout_forward": (None, [c_int, _F, c_uint32, c_uint32, c_float, _F]),

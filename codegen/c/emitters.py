@@ -12,8 +12,8 @@ from typing import Callable
 import torch
 
 from edgetrain.compiler.frontend import dropout_mask
-from edgetrain.compiler.graph.c_ops import (DROPOUT, DROPOUT_BACKWARD, OpCase, is_counter, mean_backward_planes,
-                                            mm_kind, mul_kind, sum_kind)
+from edgetrain.compiler.graph.c_ops import (DROPOUT, DROPOUT_BACKWARD, LAYER_NORM, OpCase, is_counter,
+                                            layer_norm_rows, mean_backward_planes, mm_kind, mul_kind, sum_kind)
 
 from .names import c_comment, c_float
 
@@ -363,6 +363,40 @@ def _batch_norm_bwd(c: OpCase, ctx: Context, out) -> list[str]:
     lines.append(f"et_batch_norm_backward_sgd({n}, {ch}, {hw}, {gyp}, {xp}, {mean}, {invstd}, &et_sgd, {gx}, "
                  f"{ctx.pident[wname] if wname else 'NULL'}, {ctx.mom(wname)}, "
                  f"{ctx.pident[bname] if bname else 'NULL'}, {ctx.mom(bname)});")
+    return lines
+
+
+# -- layer norm ----------------------------------------------------------------------------------------------
+
+@emits(LAYER_NORM)
+def _layer_norm(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    rows, cols = layer_norm_rows(c)
+    # Statistics only where a backward will read them (not in inference, nor where no block is resident).
+    mean, rstd = (ctx.ptr(c.aux[k]) if c.aux is not None and not ctx.predict else "NULL" for k in ("mean", "rstd"))
+    return [f"et_layer_norm_forward({rows}, {cols}, {ctx.contiguous(a['input'], 'the input')}, "
+            f"{ctx.param(a['weight'])}, {ctx.param(a['bias'])}, {float(a['eps'])!r}, {ctx.ptr(out)}, {mean}, {rstd});"]
+
+
+@emits("aten.native_layer_norm_backward.default")
+def _layer_norm_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    rows, cols = layer_norm_rows(c)
+    if c.aux is None:
+        raise EmitError("layer norm's backward without its statistics")
+    gyp, xp, w = ctx.contiguous(a["grad_out"], "the output gradient"), ctx.contiguous(a["input"], "the input"), \
+        a["weight"]
+    stats = f"{ctx.ptr(c.aux['mean'])}, {ctx.ptr(c.aux['rstd'])}"
+    gx = ctx.ptr(out) if a["output_mask"][0] and out is not None else "NULL"
+    wname, bname = _updated(c, 1), _updated(c, 2)
+    lines = []
+    if w is not None and not wname and gx != "NULL":  # a frozen weight (or nothing trained): gx reads it first
+        lines.append(f"et_layer_norm_backward({rows}, {cols}, {gyp}, {xp}, {stats}, {ctx.param(w)}, {gx}, NULL, NULL);")
+        gx = "NULL"
+    if wname or bname or gx != "NULL":
+        lines.append(f"et_layer_norm_backward_sgd({rows}, {cols}, {gyp}, {xp}, {stats}, &et_sgd, {gx}, "
+                     f"{ctx.pident[wname] if wname else 'NULL'}, {ctx.mom(wname)}, "
+                     f"{ctx.pident[bname] if bname else 'NULL'}, {ctx.mom(bname)});")
     return lines
 
 

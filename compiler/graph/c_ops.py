@@ -31,6 +31,8 @@ from .ir import Node, TensorRef, TrainingGraph
 
 BATCH_NORM = "aten._native_batch_norm_legit_functional.default"
 DROPOUT, DROPOUT_BACKWARD = "aten.native_dropout.default", "aten.native_dropout_backward.default"
+LAYER_NORM = "aten.native_layer_norm.default"
+STATS_OPS = (BATCH_NORM, LAYER_NORM)  # forward ops whose statistics ride to their backward as the node's aux
 AUX_ITEMS = 3  # batch norm's statistics in the C runtime: save_mean, save_invstd and (first compute) var_sum
 
 
@@ -160,6 +162,20 @@ def _dropout_refuse(c: OpCase) -> str | None:
     return None
 
 
+def layer_norm_rows(c: OpCase) -> tuple[int, int]:
+    """(rows, cols) of a layer norm: cols the normalized shape's size, rows the rest."""
+    x = c.args["input"]
+    cols = prod(c.args["normalized_shape"])
+    return x.numel() // cols, cols
+
+
+def _layer_norm_refuse(c: OpCase) -> str | None:
+    if c.op == LAYER_NORM and (c.node_attrs.get("keep", 0) != 0 or c.node_attrs.get("aux", [1, 2]) != [1, 2]):
+        return ("keeps its mean and inverse std as tensors of their own (a layer norm over fewer than 8 elements), "
+                "which the C runtime has no kernel for")
+    return None
+
+
 def _leaky_refuse(c: OpCase) -> str | None:
     if c.args.get("self_is_result") and c.args["negative_slope"] < 0:
         return "in place with a negative slope has no kernel"
@@ -282,6 +298,8 @@ C_OPS: dict[str, CKernel] = {
                         refuse=_both(_bn_refuse, _no_update)),
     "aten.native_batch_norm_backward.default": CKernel("batch_norm", reads=lambda a: {"grad_out", "input"},
                                                        refuse=_bn_refuse),
+    LAYER_NORM: CKernel("layer_norm", "layer norm", refuse=_both(_layer_norm_refuse, _no_update)),
+    "aten.native_layer_norm_backward.default": CKernel("layer_norm", refuse=_layer_norm_refuse),
     "aten.sigmoid.default": CKernel("sigmoid", "sigmoid", refuse=_no_update),
     "aten.sigmoid_backward.default": CKernel("sigmoid", refuse=_no_update),
     "aten.hardsigmoid.default": CKernel("hardsigmoid", "hardsigmoid", refuse=_no_update),
@@ -426,7 +444,14 @@ def node_ops(node: Node) -> list[dict]:
 def aux_meta(forward: Node, offset: int = 0) -> dict:
     """A batch-norm node's statistics block, at word `offset`: three [C] vectors (mean, inverse std, and the
     sum of squared deviations its running-variance update reads). Keyed as the backward's `$aux` markers are
-    numbered (their place in the forward's kept outputs) where it reads them, and "mean", "invstd", "var_sum"."""
+    numbered (their place in the forward's kept outputs) where it reads them, and "mean", "invstd", "var_sum".
+    A layer norm's: its mean and rstd, one per row, as torch makes them."""
+    if forward.op == LAYER_NORM:
+        a = bind(LAYER_NORM, forward.attrs["args"], forward.attrs.get("kwargs", {}))
+        rows = prod(forward.shape) // prod(a["normalized_shape"])
+        block = torch.empty(offset + 2 * rows, device="meta")
+        mean, rstd = block[offset:offset + rows], block[offset + rows:offset + 2 * rows]
+        return {"mean": mean, "rstd": rstd, 0: mean, 1: rstd}  # its aux is outputs [1, 2]: refused otherwise
     c = forward.shape[1]
     block = torch.empty(offset + AUX_ITEMS * c, device="meta")
     mean, invstd, var_sum = (block[offset + k * c: offset + (k + 1) * c] for k in range(AUX_ITEMS))
@@ -447,7 +472,7 @@ def node_cases(node: Node, graph_nodes: dict[str, Node], state: dict,
     held = holder_meta(node, offsets.get(node.name, 0)) if node.shape is not None or node.items else None
     first = held[0] if isinstance(held, tuple) else held
     aux = None
-    stats = node.aux_of or (node.name if node.op == BATCH_NORM else None)
+    stats = node.aux_of or (node.name if node.op in STATS_OPS else None)
     if stats is not None and (f"{stats}.aux" in offsets or not offsets):
         aux = aux_meta(graph_nodes[stats], offsets.get(f"{stats}.aux", 0))
     return [op_case(o["op"], o["args"], o["kwargs"], operands, state, o["updates"], first if o["own"] else None,
@@ -468,7 +493,7 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
         if n.kind in ("input", "labels"):
             continue
         where = f"node `{n.name}` ({n.source or ('the loss' if n.kind == 'loss' else 'unknown source')})"
-        if (n.aux_bytes and n.op != BATCH_NORM) or (n.aux_of and by_name[n.aux_of].op != BATCH_NORM):
+        if (n.aux_bytes and n.op not in STATS_OPS) or (n.aux_of and by_name[n.aux_of].op not in STATS_OPS):
             problems.setdefault((n.op, "keeps statistics for its backward, which the C runtime has no kernel for"),
                                 []).append(where)
             continue

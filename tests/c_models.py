@@ -68,6 +68,19 @@ class TinyDropoutCNN(nn.Module):
         return self.fc2(self.drop2(torch.relu(self.fc1(torch.flatten(x, 1)))))
 
 
+class DropoutZero(nn.Module):
+    """nn.Dropout(0.0), as model configs often have it: torch traces a copy (clone), which the C runtime makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(36, 8)
+        self.drop = nn.Dropout(0.0)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(torch.relu(self.fc1(torch.flatten(x, 1)))))
+
+
 class FunctionalDropout(nn.Module):
     """F.dropout called in forward: --emit c must refuse it, naming the line below."""
 
@@ -110,6 +123,7 @@ tiny_branchy = _zoo_like(TinyBranchy, (1, 4, 4))
 evil_names = _zoo_like(EvilNames, (1, 6, 6))
 tiny_dropout_cnn = _zoo_like(TinyDropoutCNN, (1, 6, 6))
 functional_dropout = _zoo_like(FunctionalDropout, (1, 6, 6))
+dropout_zero = _zoo_like(DropoutZero, (1, 6, 6))
 # Tanh has no C kernel: --emit c must refuse these, naming the container's module or the line below.
 tiny_tanh = _zoo_like(lambda: nn.Sequential(nn.Flatten(), nn.Linear(36, 8), nn.Tanh(), nn.Linear(8, 3)), (1, 6, 6))
 

@@ -125,6 +125,15 @@ def test_a_reference_with_other_masks_fails_the_check(plans, monkeypatch):
     assert not r["ok"] and r["error_kind"] == "CheckMismatch"
 
 
+@needs_host
+def test_dropout_with_p_zero_is_a_copy(tmp_path):
+    _compile(tmp_path / "z", "100%", model="tests.c_models:dropout_zero")
+    plan = (tmp_path / "z" / "plan.c").read_text()
+    assert "memmove(" in plan and "et_dropout" not in plan and "et_step" not in plan
+    r = run_firmware(str(tmp_path / "z"), qemu=False, steps=2, check=True)
+    assert r["ok"] and not r["mismatched"], r.get("error")
+
+
 def test_functional_dropout_is_refused_with_its_line(tmp_path):
     with pytest.raises(UnsupportedModelError) as e:
         _compile(tmp_path / "f", "100%", model="tests.c_models:functional_dropout")

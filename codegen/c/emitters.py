@@ -238,6 +238,11 @@ def _empty_like(c: OpCase, ctx: Context, out) -> list[str]:
     return ["/* empty_like: its place in the arena is all it makes */"]
 
 
+@emits("aten.clone.default")
+def _clone(c: OpCase, ctx: Context, out) -> list[str]:
+    return [f"memmove({ctx.ptr(out)}, {ctx.contiguous(c.args['self'], 'the input')}, {4 * _numel(out)}u);"]
+
+
 @emits("aten.fill.Scalar")
 def _fill(c: OpCase, ctx: Context, out) -> list[str]:
     return [f"et_fill({_numel(out)}, {c_float(c.args['value'])}, {ctx.ptr(out)});"]

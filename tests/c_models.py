@@ -47,17 +47,50 @@ class TinyBranchy(nn.Module):
         return self.fc(y.view(y.size(0), -1))
 
 
-class TinyDropout(nn.Module):
-    """Dropout has no C kernel: --emit c must refuse this model, naming the line below."""
+class TinyDropoutCNN(nn.Module):
+    """1x6x6 -> conv3x3(4)+ReLU -> Dropout(0.25) -> conv3x3(4)+ReLU -> max-pool 2 -> linear(8)+ReLU ->
+    Dropout(0.5) -> linear(3): dropout on feature maps (whose output the second conv's weight gradient
+    reads: below store-all it is recomputed from the ReLU's output) and on features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.drop1 = nn.Dropout(0.25)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(4 * 3 * 3, 8)
+        self.drop2 = nn.Dropout(0.5)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.drop1(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        return self.fc2(self.drop2(torch.relu(self.fc1(torch.flatten(x, 1)))))
+
+
+class DropoutZero(nn.Module):
+    """nn.Dropout(0.0), as model configs often have it: torch traces a copy (clone), which the C runtime makes."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc1 = nn.Linear(36, 8)
-        self.drop = nn.Dropout(0.5)
+        self.drop = nn.Dropout(0.0)
         self.fc2 = nn.Linear(8, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.drop(torch.relu(self.fc1(torch.flatten(x, 1)))))
+
+
+class FunctionalDropout(nn.Module):
+    """F.dropout called in forward: --emit c must refuse it, naming the line below."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(36, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(nn.functional.dropout(torch.relu(self.fc1(torch.flatten(x, 1))), 0.5, self.training))
 
 
 EVIL = "x; system('echo pwned > /tmp/edgetrain-pwned')"  # torch.fx cannot trace a name with double quotes
@@ -88,7 +121,24 @@ def _zoo_like(cls, shape):
 tiny_cnn = _zoo_like(TinyCNN, (1, 6, 6))
 tiny_branchy = _zoo_like(TinyBranchy, (1, 4, 4))
 evil_names = _zoo_like(EvilNames, (1, 6, 6))
-tiny_dropout = _zoo_like(TinyDropout, (1, 6, 6))
+tiny_dropout_cnn = _zoo_like(TinyDropoutCNN, (1, 6, 6))
+functional_dropout = _zoo_like(FunctionalDropout, (1, 6, 6))
+dropout_zero = _zoo_like(DropoutZero, (1, 6, 6))
+# Tanh has no C kernel: --emit c must refuse these, naming the container's module or the line below.
+tiny_tanh = _zoo_like(lambda: nn.Sequential(nn.Flatten(), nn.Linear(36, 8), nn.Tanh(), nn.Linear(8, 3)), (1, 6, 6))
+
+
+class TinyTanhLine(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(36, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(torch.flatten(x, 1))))
+
+
+tiny_tanh_line = _zoo_like(TinyTanhLine, (1, 6, 6))
 
 
 class TinySE(nn.Module):
@@ -115,3 +165,39 @@ class TinySE(nn.Module):
 
 
 tiny_se = _zoo_like(TinySE, (1, 6, 6))
+
+
+class TinyTokenMLP(nn.Module):
+    """4 tokens x 8 features -> pre-norm channel-MLP block (LayerNorm, linear(16), GELU, linear(8), residual)
+    -> LayerNorm -> flatten -> linear(3): a one-layer attention-free transformer block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(8)
+        self.up = nn.Linear(8, 16)
+        self.act = nn.GELU()
+        self.down = nn.Linear(16, 8)
+        self.ln2 = nn.LayerNorm(8)
+        self.head = nn.Linear(4 * 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.down(self.act(self.up(self.ln1(x))))
+        return self.head(torch.flatten(self.ln2(x), 1))
+
+
+tiny_token_mlp = _zoo_like(TinyTokenMLP, (4, 8))
+
+
+class TinyNarrowNorm(nn.Module):
+    """LayerNorm over 4 features: its statistics are too large a share of its output to ride as aux."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(4)
+        self.head = nn.Linear(4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.ln(x), 1))
+
+
+tiny_narrow_norm = _zoo_like(TinyNarrowNorm, (4, 4))

@@ -213,6 +213,39 @@ def test_layer_norm_matches_aten(lib, shape, normalized, affine):
         record("layer_norm_backward grad_bias", gb, ref_gb, scale=np.sqrt((gr ** 2).sum(0)).reshape(norm_shape))
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_layer_norm_backward_sgd_equals_backward_then_sgd(lib, momentum):
+    """The fused update (the C runtime keeps no gradient buffer) is bit-identical to the backward, then SGD;
+    its input gradient reads the weights before the update. NULL statistics in the forward change nothing."""
+    rng = np.random.default_rng(29)
+    rows, cols = 12, 8
+    x, gy = f32(rng.standard_normal((rows, cols)) * 2 + 1), f32(rng.standard_normal((rows, cols)))
+    wt, b = f32(rng.uniform(0.5, 1.5, cols)), f32(rng.uniform(-0.5, 0.5, cols))
+    y, y2, mean, rstd = empty(rows, cols), empty(rows, cols), empty(rows), empty(rows)
+    lib.et_layer_norm_forward(rows, cols, fp(x), fp(wt), fp(b), 1e-5, fp(y), fp(mean), fp(rstd))
+    lib.et_layer_norm_forward(rows, cols, fp(x), fp(wt), fp(b), 1e-5, fp(y2), None, None)
+    assert np.array_equal(y, y2)
+    gx, gw, gb = empty(rows, cols), empty(cols), empty(cols)
+    lib.et_layer_norm_backward(rows, cols, fp(gy), fp(x), fp(mean), fp(rstd), fp(wt), fp(gx), fp(gw), fp(gb))
+    opt = SgdParams(0.05, momentum, 1e-3)
+    bufs = [f32(rng.standard_normal(cols) * 0.1) for _ in range(2)] if momentum else [None, None]
+    w_sep, b_sep = wt.copy(), b.copy()
+    wbuf_sep, bbuf_sep = [None if t is None else t.copy() for t in bufs]
+    lib.et_sgd_step(opt, cols, fp(w_sep), fp(gw), fp(wbuf_sep))
+    lib.et_sgd_step(opt, cols, fp(b_sep), fp(gb), fp(bbuf_sep))
+    for with_gx in (True, False):
+        w_f, b_f = wt.copy(), b.copy()
+        wbuf_f, bbuf_f = [None if t is None else t.copy() for t in bufs]
+        gx_f = empty(rows, cols)
+        lib.et_layer_norm_backward_sgd(rows, cols, fp(gy), fp(x), fp(mean), fp(rstd), opt,
+                                       fp(gx_f) if with_gx else None, fp(w_f), fp(wbuf_f), fp(b_f), fp(bbuf_f))
+        if with_gx:
+            assert np.array_equal(gx_f, gx), "the fused input gradient must use the weights before the update"
+        for got, want in ((w_f, w_sep), (b_f, b_sep), (wbuf_f, wbuf_sep), (bbuf_f, bbuf_sep)):
+            if got is not None:
+                assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 # -- element-wise activations -------------------------------------------------------------------------
 
 def _act_input(rng, n=2003):

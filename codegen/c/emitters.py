@@ -11,8 +11,9 @@ from typing import Callable
 
 import torch
 
-from edgetrain.compiler.graph.c_ops import (OpCase, is_counter, mean_backward_planes, mm_kind, mul_kind,
-                                            sum_kind)
+from edgetrain.compiler.frontend import dropout_mask
+from edgetrain.compiler.graph.c_ops import (DROPOUT, DROPOUT_BACKWARD, LAYER_NORM, OpCase, is_counter,
+                                            layer_norm_rows, mean_backward_planes, mm_kind, mul_kind, sum_kind)
 
 from .names import c_comment, c_float
 
@@ -202,6 +203,27 @@ def _mul(c: OpCase, ctx: Context, out) -> list[str]:
             f"{ctx.contiguous(s, 'the scale')}, {ctx.ptr(out)});"]
 
 
+def _dropout_call(kernel: str, c: OpCase, ctx: Context, x, p: float, scale: float, out) -> list[str]:
+    key = c.node_attrs["seed_key"]
+    stream = f"et_dropout_stream(ET_SEED, et_step, {dropout_mask.key_hash(key)}u /* {c_comment(key)} */)"
+    return [f"{kernel}({_numel(out)}, {ctx.contiguous(x, 'the input')}, {stream}, {dropout_mask.threshold(p)}u, "
+            f"{c_float(scale)}, {ctx.ptr(out)});"]
+
+
+@emits(DROPOUT)
+def _dropout(c: OpCase, ctx: Context, out) -> list[str]:
+    x, p = c.args["input"], c.args["p"]
+    if ctx.predict:  # inference: the identity
+        return [f"memmove({ctx.ptr(out)}, {ctx.contiguous(x, 'the input')}, {4 * _numel(out)}u);"]
+    return _dropout_call("et_dropout_forward", c, ctx, x, p, dropout_mask.scale(p), out)
+
+
+@emits(DROPOUT_BACKWARD)
+def _dropout_bwd(c: OpCase, ctx: Context, out) -> list[str]:  # the forward's mask, redrawn
+    return _dropout_call("et_dropout_backward", c, ctx, c.args["grad_output"], c.node_attrs["dropout_p"],
+                         c.args["scale"], out)
+
+
 @emits("aten.add.Tensor")
 def _add(c: OpCase, ctx: Context, out) -> list[str]:
     a, b = c.args["self"], c.args["other"]
@@ -214,6 +236,11 @@ def _add(c: OpCase, ctx: Context, out) -> list[str]:
 @emits("aten.empty_like.default")
 def _empty_like(c: OpCase, ctx: Context, out) -> list[str]:
     return ["/* empty_like: its place in the arena is all it makes */"]
+
+
+@emits("aten.clone.default")
+def _clone(c: OpCase, ctx: Context, out) -> list[str]:
+    return [f"memmove({ctx.ptr(out)}, {ctx.contiguous(c.args['self'], 'the input')}, {4 * _numel(out)}u);"]
 
 
 @emits("aten.fill.Scalar")
@@ -341,6 +368,40 @@ def _batch_norm_bwd(c: OpCase, ctx: Context, out) -> list[str]:
     lines.append(f"et_batch_norm_backward_sgd({n}, {ch}, {hw}, {gyp}, {xp}, {mean}, {invstd}, &et_sgd, {gx}, "
                  f"{ctx.pident[wname] if wname else 'NULL'}, {ctx.mom(wname)}, "
                  f"{ctx.pident[bname] if bname else 'NULL'}, {ctx.mom(bname)});")
+    return lines
+
+
+# -- layer norm ----------------------------------------------------------------------------------------------
+
+@emits(LAYER_NORM)
+def _layer_norm(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    rows, cols = layer_norm_rows(c)
+    # Statistics only where a backward will read them (not in inference, nor where no block is resident).
+    mean, rstd = (ctx.ptr(c.aux[k]) if c.aux is not None and not ctx.predict else "NULL" for k in ("mean", "rstd"))
+    return [f"et_layer_norm_forward({rows}, {cols}, {ctx.contiguous(a['input'], 'the input')}, "
+            f"{ctx.param(a['weight'])}, {ctx.param(a['bias'])}, {float(a['eps'])!r}, {ctx.ptr(out)}, {mean}, {rstd});"]
+
+
+@emits("aten.native_layer_norm_backward.default")
+def _layer_norm_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    rows, cols = layer_norm_rows(c)
+    if c.aux is None:
+        raise EmitError("layer norm's backward without its statistics")
+    gyp, xp, w = ctx.contiguous(a["grad_out"], "the output gradient"), ctx.contiguous(a["input"], "the input"), \
+        a["weight"]
+    stats = f"{ctx.ptr(c.aux['mean'])}, {ctx.ptr(c.aux['rstd'])}"
+    gx = ctx.ptr(out) if a["output_mask"][0] and out is not None else "NULL"
+    wname, bname = _updated(c, 1), _updated(c, 2)
+    lines = []
+    if w is not None and not wname and gx != "NULL":  # a frozen weight (or nothing trained): gx reads it first
+        lines.append(f"et_layer_norm_backward({rows}, {cols}, {gyp}, {xp}, {stats}, {ctx.param(w)}, {gx}, NULL, NULL);")
+        gx = "NULL"
+    if wname or bname or gx != "NULL":
+        lines.append(f"et_layer_norm_backward_sgd({rows}, {cols}, {gyp}, {xp}, {stats}, &et_sgd, {gx}, "
+                     f"{ctx.pident[wname] if wname else 'NULL'}, {ctx.mom(wname)}, "
+                     f"{ctx.pident[bname] if bname else 'NULL'}, {ctx.mom(bname)});")
     return lines
 
 

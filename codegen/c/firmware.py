@@ -19,7 +19,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from edgetrain.compiler.errors import BudgetError, UnsupportedModelError  # messages for the user, not a solver
-from edgetrain.compiler.graph.c_ops import C_OPS, holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
+from edgetrain.compiler.graph.c_ops import C_OPS, DROPOUT, holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 
@@ -389,6 +389,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "runtime_sources": RUNTIME_SOURCES,
         "vendored": VENDORED,
         "instructions_per_tick": INSTRUCTIONS_PER_TICK,
+        # Only a plan with dropout has a seed and a step counter (its masks are hashes of both).
+        "dropout_seed": int(schedule["seed"]) & 0xFFFFFFFF if any(n["op"] == DROPOUT for n in em.nodes) else None,
     }
     texts = {name: _ENV.get_template(name + ".j2").render(**ctx, target=target)
              for name, target in (("plan.c", None), ("plan.h", None), ("Makefile", None))}

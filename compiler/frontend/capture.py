@@ -94,11 +94,11 @@ class SeededDropout(nn.Module):
     """nn.Dropout as torch's native_dropout, so that the plan and the exactness reference draw one mask.
 
     During capture it only records its call; in the reference it draws from the generator the runtime
-    seeds for the same (seed, step, key)."""
+    seeds for the same (seed, step, key), or (`hashed`, for C firmware) the C runtime's hashed mask."""
 
-    def __init__(self, key: str, p: float, calls: list | None = None, clock=None) -> None:
+    def __init__(self, key: str, p: float, calls: list | None = None, clock=None, hashed: bool = False) -> None:
         super().__init__()
-        self.key, self.p, self.calls, self.clock = key, p, calls, clock
+        self.key, self.p, self.calls, self.clock, self.hashed = key, p, calls, clock, hashed
 
     def forward(self, x):
         if not self.training or self.p == 0:
@@ -111,17 +111,23 @@ class SeededDropout(nn.Module):
         seed, step, counts = self.clock  # counts: calls of each module in this step (reset per step)
         counts[self.key] = counts.get(self.key, 0) + 1
         key = self.key if counts[self.key] == 1 else f"{self.key}#{counts[self.key]}"
+        if self.hashed:
+            from . import dropout_mask
+
+            keep = dropout_mask.keep_mask(seed, step, key, self.p, x.numel())
+            m = torch.from_numpy(keep).to(device=x.device, dtype=x.dtype).reshape(x.shape)
+            return x * m * dropout_mask.scale(self.p)  # the kernel's x * keep * scale, rounding for rounding
         with seeded(seed, step, key, x.device):
             return torch.ops.aten.native_dropout(x, self.p, True)[0]
 
 
-def swap_dropout(model: nn.Module, calls: list | None = None, clock=None) -> None:
+def swap_dropout(model: nn.Module, calls: list | None = None, clock=None, hashed: bool = False) -> None:
     """Replace each nn.Dropout (p > 0) by a SeededDropout keyed by its module name."""
     for qual, mod in list(model.named_modules()):
         if type(mod) is nn.Dropout and mod.p > 0:
             parent_name, _, leaf = qual.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, leaf, SeededDropout(qual, mod.p, calls, clock))
+            setattr(parent, leaf, SeededDropout(qual, mod.p, calls, clock, hashed))
 
 
 def dropout_keys(gm: fx.GraphModule, calls: list[str]) -> dict[str, str]:
@@ -250,6 +256,11 @@ def _base_name(target) -> str:
     return name.strip("_").removeprefix("native_")
 
 
+# A traced op that runs eagerly as other ops: the one it matches, and how many eager ops after it are its own
+# (F.dropout runs eagerly on a CPU as empty_like, bernoulli_, div_, mul).
+_EAGER_AS = {"dropout": ("bernoulli", 2)}
+
+
 def _sources(step: nn.Module, gm: fx.GraphModule, x, y) -> dict[str, str]:
     """The user's source line of each op of the traced graph's forward: one eager run records which line ran
     which aten op, and the graph's ops take them in order (an op the eager run does not show, such as a
@@ -274,12 +285,14 @@ def _sources(step: nn.Module, gm: fx.GraphModule, x, y) -> dict[str, str]:
             continue
         name = _base_name(n.target)
         for j in range(at, min(at + 8, len(calls))):  # a short look-ahead keeps the two sequences aligned
-            if calls[j][0] == name:
+            eager = _EAGER_AS.get(name)
+            if calls[j][0] == name or (eager and calls[j][0] == eager[0]):
                 if calls[j][1]:
                     out[n.name] = calls[j][1]
-                at = j + 1
+                at = j + 1 + (eager[1] if calls[j][0] != name else 0)
                 break
     return out
+
 
 
 def _guard_message(e: Exception) -> str:

@@ -30,6 +30,9 @@ from .ir import Node, TensorRef, TrainingGraph
 
 
 BATCH_NORM = "aten._native_batch_norm_legit_functional.default"
+DROPOUT, DROPOUT_BACKWARD = "aten.native_dropout.default", "aten.native_dropout_backward.default"
+LAYER_NORM = "aten.native_layer_norm.default"
+STATS_OPS = (BATCH_NORM, LAYER_NORM)  # forward ops whose statistics ride to their backward as the node's aux
 AUX_ITEMS = 3  # batch norm's statistics in the C runtime: save_mean, save_invstd and (first compute) var_sum
 
 
@@ -55,6 +58,7 @@ class OpCase:
     out: object  # the op's first output's meta tensor (None when it holds nothing)
     buffer_updates: list = field(default_factory=list)  # {"item", "buffer"}: new values of buffers
     aux: dict | None = None  # batch norm's statistics: made by its forward, read by its backward (see aux_meta)
+    node_attrs: dict = field(default_factory=dict)  # the node's attributes (a dropout's seed_key and dropout_p)
 
 
 def _is_param(a) -> bool:
@@ -148,6 +152,36 @@ def _mul_refuse(c: OpCase) -> str | None:
 
 def _gelu_refuse(c: OpCase) -> str | None:
     return None if c.args["approximate"] in ("none", "tanh") else f"with approximate={c.args['approximate']!r}"
+
+
+def _dropout_refuse(c: OpCase) -> str | None:
+    if c.op == DROPOUT and not c.args["train"]:
+        return "outside training has no kernel"
+    if c.node_attrs.get("seed_key") is None or (c.op == DROPOUT_BACKWARD and "dropout_p" not in c.node_attrs):
+        return "without its dropout's key and probability has no kernel"
+    return None
+
+
+def layer_norm_rows(c: OpCase) -> tuple[int, int]:
+    """(rows, cols) of a layer norm: cols the normalized shape's size, rows the rest."""
+    x = c.args["input"]
+    cols = prod(c.args["normalized_shape"])
+    return x.numel() // cols, cols
+
+
+def _layer_norm_refuse(c: OpCase) -> str | None:
+    if c.op == LAYER_NORM and (c.node_attrs.get("keep", 0) != 0 or c.node_attrs.get("aux", [1, 2]) != [1, 2]):
+        return ("keeps its mean and inverse std as tensors of their own (a layer norm over fewer than 8 elements), "
+                "which the C runtime has no kernel for")
+    return None
+
+
+def _clone_refuse(c: OpCase) -> str | None:
+    x = c.args["self"]
+    if not x.is_contiguous() or c.args.get("memory_format") not in (None, {"$mf": "preserve_format"},
+                                                                    {"$mf": "contiguous_format"}):
+        return "into another layout (a transpose made contiguous) has no kernel"
+    return None
 
 
 def _leaky_refuse(c: OpCase) -> str | None:
@@ -272,6 +306,8 @@ C_OPS: dict[str, CKernel] = {
                         refuse=_both(_bn_refuse, _no_update)),
     "aten.native_batch_norm_backward.default": CKernel("batch_norm", reads=lambda a: {"grad_out", "input"},
                                                        refuse=_bn_refuse),
+    LAYER_NORM: CKernel("layer_norm", "layer norm", refuse=_both(_layer_norm_refuse, _no_update)),
+    "aten.native_layer_norm_backward.default": CKernel("layer_norm", refuse=_layer_norm_refuse),
     "aten.sigmoid.default": CKernel("sigmoid", "sigmoid", refuse=_no_update),
     "aten.sigmoid_backward.default": CKernel("sigmoid", refuse=_no_update),
     "aten.hardsigmoid.default": CKernel("hardsigmoid", "hardsigmoid", refuse=_no_update),
@@ -282,6 +318,9 @@ C_OPS: dict[str, CKernel] = {
     "aten.leaky_relu_backward.default": CKernel("leaky_relu", refuse=_both(_leaky_refuse, _no_update)),
     "aten.gelu.default": CKernel("gelu", "GELU", refuse=_both(_gelu_refuse, _no_update)),
     "aten.gelu_backward.default": CKernel("gelu", refuse=_both(_gelu_refuse, _no_update)),
+    DROPOUT: CKernel("dropout", "dropout (nn.Dropout; its mask redrawn from a hash)", reads=lambda a: {"input"},
+                     refuse=_both(_dropout_refuse, _no_update)),
+    DROPOUT_BACKWARD: CKernel("dropout", refuse=_both(_dropout_refuse, _no_update)),  # its mask: see _redraw_dropout_masks
     "aten.mul.Tensor": CKernel("mul", "mul of same-shape tensors or by a per-channel scale (squeeze-excitation)",
                                refuse=_both(_mul_refuse, _no_update)),
     "aten.max_pool2d_with_indices.default": CKernel("maxpool2d", "max-pool", refuse=_no_update),
@@ -310,6 +349,7 @@ C_OPS: dict[str, CKernel] = {
     "aten.silu.default": CKernel("silu", "SiLU", refuse=_no_update),
     "aten.silu_backward.default": CKernel("silu", refuse=_no_update),
     "aten.empty_like.default": CKernel("", reads=lambda a: set(), refuse=_no_update),
+    "aten.clone.default": CKernel("", "copies of contiguous tensors (Dropout(p=0))", refuse=_both(_clone_refuse, _no_update)),
     "aten.fill.Scalar": CKernel("fill", reads=lambda a: set(), refuse=_no_update),
     "aten.sub.Tensor": CKernel("sub", refuse=_both(_same_shape_refuse, _no_update)),
     "aten.add.Scalar": CKernel("add", refuse=_both(_scalar_refuse, _no_update)),
@@ -371,7 +411,7 @@ def bind(op: str, args: list, kwargs: dict) -> dict:
 
 
 def op_case(op: str, args: list, kwargs: dict, operands: list, state: dict, updates: list, out,
-            own=None, buffer_updates=(), aux=None) -> OpCase:
+            own=None, buffer_updates=(), aux=None, node_attrs=None) -> OpCase:
     """Bind an op's argument template, with `operands` the meta tensors of its `$t` markers, `state` the
     parameters' and buffers' shapes, `out` what the op holds, `own` what the node's first op holds (for a
     fused op) and `aux` the statistics block."""
@@ -394,7 +434,7 @@ def op_case(op: str, args: list, kwargs: dict, operands: list, state: dict, upda
         return a
 
     return OpCase(op=op, args=bind(op, fill(args), fill(kwargs)), updates=updates, out=out,
-                  buffer_updates=list(buffer_updates), aux=aux)
+                  buffer_updates=list(buffer_updates), aux=aux, node_attrs=node_attrs or {})
 
 
 def node_ops(node: Node) -> list[dict]:
@@ -413,7 +453,14 @@ def node_ops(node: Node) -> list[dict]:
 def aux_meta(forward: Node, offset: int = 0) -> dict:
     """A batch-norm node's statistics block, at word `offset`: three [C] vectors (mean, inverse std, and the
     sum of squared deviations its running-variance update reads). Keyed as the backward's `$aux` markers are
-    numbered (their place in the forward's kept outputs) where it reads them, and "mean", "invstd", "var_sum"."""
+    numbered (their place in the forward's kept outputs) where it reads them, and "mean", "invstd", "var_sum".
+    A layer norm's: its mean and rstd, one per row, as torch makes them."""
+    if forward.op == LAYER_NORM:
+        a = bind(LAYER_NORM, forward.attrs["args"], forward.attrs.get("kwargs", {}))
+        rows = prod(forward.shape) // prod(a["normalized_shape"])
+        block = torch.empty(offset + 2 * rows, device="meta")
+        mean, rstd = block[offset:offset + rows], block[offset + rows:offset + 2 * rows]
+        return {"mean": mean, "rstd": rstd, 0: mean, 1: rstd}  # its aux is outputs [1, 2]: refused otherwise
     c = forward.shape[1]
     block = torch.empty(offset + AUX_ITEMS * c, device="meta")
     mean, invstd, var_sum = (block[offset + k * c: offset + (k + 1) * c] for k in range(AUX_ITEMS))
@@ -434,11 +481,12 @@ def node_cases(node: Node, graph_nodes: dict[str, Node], state: dict,
     held = holder_meta(node, offsets.get(node.name, 0)) if node.shape is not None or node.items else None
     first = held[0] if isinstance(held, tuple) else held
     aux = None
-    stats = node.aux_of or (node.name if node.op == BATCH_NORM else None)
+    stats = node.aux_of or (node.name if node.op in STATS_OPS else None)
     if stats is not None and (f"{stats}.aux" in offsets or not offsets):
         aux = aux_meta(graph_nodes[stats], offsets.get(f"{stats}.aux", 0))
     return [op_case(o["op"], o["args"], o["kwargs"], operands, state, o["updates"], first if o["own"] else None,
-                    own=first, buffer_updates=o["buffer_updates"], aux=aux) for o in node_ops(node)]
+                    own=first, buffer_updates=o["buffer_updates"], aux=aux, node_attrs=node.attrs)
+            for o in node_ops(node)]
 
 
 # -- the pass ----------------------------------------------------------------------------------------------
@@ -446,6 +494,7 @@ def node_cases(node: Node, graph_nodes: dict[str, Node], state: dict,
 def lower_for_c(g: TrainingGraph) -> TrainingGraph:
     """The training graph as the C runtime holds it, or one error naming every op it cannot run."""
     _check_optimizer(g)
+    g = replace(g, nodes=_redraw_dropout_masks(g.nodes))
     by_name = {n.name: n for n in g.nodes}
     state = state_shapes(g)
     problems: dict[tuple[str, str], list[str]] = {}  # (op, why) -> where
@@ -453,9 +502,13 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
         if n.kind in ("input", "labels"):
             continue
         where = f"node `{n.name}` ({n.source or ('the loss' if n.kind == 'loss' else 'unknown source')})"
-        if (n.aux_bytes and n.op != BATCH_NORM) or (n.aux_of and by_name[n.aux_of].op != BATCH_NORM):
+        if (n.aux_bytes and n.op not in STATS_OPS) or (n.aux_of and by_name[n.aux_of].op not in STATS_OPS):
             problems.setdefault((n.op, "keeps statistics for its backward, which the C runtime has no kernel for"),
                                 []).append(where)
+            continue
+        if n.op == DROPOUT and n.attrs.get("seed_key") == n.name:
+            problems.setdefault((n.op, "is a functional dropout (F.dropout, torch.dropout), whose mask the exactness "
+                                 "reference cannot redraw; use an nn.Dropout module"), []).append(where)
             continue
         missing = [o["op"] for o in node_ops(n) if o["op"] not in C_OPS]
         for op in missing:
@@ -483,6 +536,28 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
             f"The C runtime supports: {supported_text()}. Remove or replace these ops, or use --emit python.")
     nodes = [_as_c(n) for n in g.nodes]
     return replace(g, nodes=nodes, frozen_in_flash=True)  # frozen weights are const: flash, not RAM
+
+
+def _redraw_dropout_masks(nodes: list[Node]) -> list[Node]:
+    """The C runtime keeps no dropout mask: a dropout's backward redraws it from its forward's key and p (its
+    attrs `seed_key` and `dropout_p`), and the mask's own node, read by nothing else, goes."""
+    by_name = {n.name: n for n in nodes}
+    readers: dict[str, set[str]] = {}
+    for n in nodes:
+        for r in n.inputs:
+            readers.setdefault(r.name, set()).add(n.op)
+    out = []
+    for n in nodes:
+        if n.op == DROPOUT and n.attrs.get("keep") == 1 and readers.get(n.name, set()) <= {DROPOUT_BACKWARD}:
+            continue
+        if n.op == DROPOUT_BACKWARD and len(n.inputs) == 2 and by_name[n.inputs[1].name].op == DROPOUT \
+                and n.attrs["args"][:2] == [{"$t": 0}, {"$t": 1}]:
+            fwd = by_name[n.inputs[1].name]
+            p = bind(DROPOUT, fwd.attrs["args"], fwd.attrs.get("kwargs", {}))["p"]
+            n = replace(n, inputs=n.inputs[:1], attrs={**n.attrs, "args": [{"$t": 0}, None, *n.attrs["args"][2:]],
+                                                       "seed_key": fwd.attrs.get("seed_key"), "dropout_p": p})
+        out.append(n)
+    return out
 
 
 def state_shapes(g: TrainingGraph) -> dict[str, tuple]:

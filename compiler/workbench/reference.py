@@ -1,9 +1,10 @@
 """The exactness reference: the user's model trained by plain PyTorch autograd from the same weights and data.
 
-Dropout modules are swapped for ones that draw the runtime's mask (same seed, step and module), and the
-parameters the schedule lists as trainable are the ones with requires_grad (so a `--train` selection holds),
-the only changes to the model; everything else is the model as the user wrote it, with its loss and the torch.optim
-optimizer the plan's updates match.
+Dropout modules are swapped for ones that draw the runtime's mask (same seed, step and module: torch's
+generator for a Python plan, the C runtime's hash for firmware), and the parameters the schedule lists as
+trainable are the ones with requires_grad (so a `--train` selection holds), the only changes to the model;
+everything else is the model as the user wrote it, with its loss and the torch.optim optimizer the plan's
+updates match.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     load_weights(model, weights_path)
     model.to(device).train()
     clock = [schedule["seed"], first_step, {}]
-    swap_dropout(model, clock=clock)
+    swap_dropout(model, clock=clock, hashed=schedule.get("backend") == "c")  # C firmware hashes its masks
     graph = schedule["graph"]
     if "trainable" in graph:  # the schedule's choice (the model's flags or --train) decides what trains
         trainable = set(graph["trainable"])

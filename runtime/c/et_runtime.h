@@ -38,5 +38,6 @@
 #include "kernels/sub.h"
 #include "kernels/fill.h"
 #include "kernels/layer_norm.h"
+#include "kernels/dropout.h"
 
 #endif /* ET_RUNTIME_H */

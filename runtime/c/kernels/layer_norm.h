@@ -11,6 +11,10 @@
  *                                   output_mask) -> (grad_input, grad_weight, grad_bias)
  *       et_layer_norm_backward(rows, cols, grad_out, input, mean, rstd, weight, grad_input, grad_weight,
  *                              grad_bias)          (output_mask[i] false -> NULL; bias is unused)
+ *       et_layer_norm_backward_sgd(rows, cols, grad_out, input, mean, rstd, &opt, grad_input, weight, w_buf,
+ *                                  bias, b_buf)    (the parameter gradients applied by SGD at once: no buffer;
+ *                                                   grad_input first, with this step's weight; NULL: skipped)
+ * mean and rstd may be NULL in the forward (nothing reads them).
  *
  * Semantics (torch's CPU kernel's formulas): per row, mean and biased variance var (accumulated in
  * double here; torch uses a vectorized Welford, so they agree to float32 rounding), rstd = (float)(1 / sqrt(
@@ -23,10 +27,16 @@
 #ifndef ET_LAYER_NORM_H
 #define ET_LAYER_NORM_H
 
+#include "sgd.h"
+
 void et_layer_norm_forward(int rows, int cols, const float *x, const float *w, const float *b, double eps,
                            float *y, float *mean, float *rstd);
 
 void et_layer_norm_backward(int rows, int cols, const float *gy, const float *x, const float *mean,
                             const float *rstd, const float *w, float *gx, float *gw, float *gb);
+
+void et_layer_norm_backward_sgd(int rows, int cols, const float *gy, const float *x, const float *mean,
+                                const float *rstd, const et_sgd_params *opt, float *gx, float *w, float *w_buf,
+                                float *b, float *b_buf);
 
 #endif /* ET_LAYER_NORM_H */

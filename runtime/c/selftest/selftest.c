@@ -96,7 +96,7 @@ static float nx[2 * 3 * 25], ny[2 * 3 * 25], ngy[2 * 3 * 25], ngx[2 * 3 * 25], n
 static float nmean[3], ninvstd[3], nvs[3], nrm[3], nrv[3], ngw[3], ngb[3], nwbuf[3], nbbuf[3];
 static float ss[2 * 3], sgs[2 * 3];
 /* layer norm over the last 25 of [6][25] (the batch-norm buffers reused), weight and bias [25] */
-static float lnw[25], lnb[25], lnmean[6], lnrstd[6], lngw[25], lngb[25];
+static float lnw[25], lnb[25], lnmean[6], lnrstd[6], lngw[25], lngb[25], lnwbuf[25], lnbbuf[25];
 
 int main(void)
 {
@@ -306,5 +306,16 @@ int main(void)
     PUT(ngx);
     PUT(lngw);
     PUT(lngb);
+    et_layer_norm_backward_sgd(6, 25, ngy, nx, lnmean, lnrstd, &opt, ngx, lnw, lnwbuf, lnb, lnbbuf);
+    PUT(ngx);
+    PUT(lnw);
+    PUT(lnb);
+    /* dropout: the hashed mask (uint32 multiplies and shifts) at two probabilities, forward and backward */
+    et_dropout_forward(256, ex, et_dropout_stream(7u, 3u, 0xDEADBEEFu), 4194304u, 1.33333337f, ey);
+    et_dropout_backward(256, eg, et_dropout_stream(7u, 3u, 0xDEADBEEFu), 4194304u, 1.33333337f, eg2);
+    PUT(ey);
+    PUT(eg2);
+    et_dropout_forward(256, ex, et_dropout_stream(0u, 0u, 1u), 8388608u, 2.0f, ey);
+    PUT(ey);
     return 0;
 }

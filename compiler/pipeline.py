@@ -82,6 +82,8 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         from .graph.c_ops import lower_for_c
 
         graph = lower_for_c(graph)
+        if device_check:
+            graph = stream_beyond_flash(graph, target)
     measured = None
     if getattr(target, "measured", False):
         from .graph.profiler import profile_nodes
@@ -89,6 +91,22 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         measured = profile_nodes(graph)
     apply_costs(graph, target, measured)
     return resolved, model, graph
+
+
+def stream_beyond_flash(graph, target):
+    """A microcontroller graph whose frozen weights overflow the flash: the largest streamed from storage."""
+    from edgetrain.codegen.c.device_fit import device_budget, streamed_of
+
+    trained = set(graph.trainable_params)
+    frozen = {p: s.bytes for p, s in graph.params.items() if p not in trained}
+    tb = sum(s.bytes for p, s in graph.params.items() if p in trained)
+    if not frozen or device_budget(target) is None:
+        return graph
+    from .graph.streaming import stream_weights
+
+    # Code estimated at 3 steps a node (each computed, freed, sometimes recomputed); the built image is checked.
+    ram_room = device_budget(target, io_bytes(graph)) - graph.state_bytes
+    return stream_weights(graph, streamed_of(frozen, target, tb, 3 * len(graph.nodes), ram_room))
 
 
 def example_labels(loss: str, seed: int, resolved, model, example: torch.Tensor) -> torch.Tensor:

@@ -192,6 +192,8 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         out["arena_bytes"] = firmware["arena_bytes"]
         out["paged_bytes_per_step"] = firmware["paged_bytes_per_step"]
         out["pages"] = len(firmware["pages"])
+        out["streamed"] = [w["param"] for w in firmware["streamed"]]
+        out["streamed_bytes"] = firmware["streamed_bytes"]
     out.update(extra)
     return out
 

@@ -108,14 +108,14 @@ def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> Devi
         fixes.append(f"freeze more with --train so that the trainable weights and their optimizer state take at most "
                      f"{room} B (about {int(room / per)} B of trainable weights)" if room > 0 else
                      "a smaller model (the stack, runtime and arena alone fill the RAM)")
-        fixes.append("weights streamed from storage (the C runtime keeps every weight in memory)")
         over.append(f"RAM: needs {_kb(fig.ram_bytes)} = {' + '.join(parts)}; the device has {_kb(ram)}; "
                     f"what would fit: {'; '.join(fixes)}.")
     if flash is not None and fig.flash_bytes > flash:
+        streamed = f" (and {fig.streamed_bytes} B streamed from storage)" if fig.streamed_bytes else ""
         over.append(f"Flash: needs {_kb(fig.flash_bytes)} = code about {fig.code_bytes} B + initial trainable "
-                    f"weights {fig.trainable_bytes} B + frozen weights {fig.frozen_bytes} B; the device has "
-                    f"{_kb(flash)}; what would fit: a smaller model, or frozen weights streamed from storage "
-                    "instead of kept in flash.")
+                    f"weights {fig.trainable_bytes} B + frozen weights {fig.frozen_bytes} B{streamed}; the device has "
+                    f"{_kb(flash)}; what would fit: a smaller model or fewer trainable parameters (--train): frozen "
+                    "weights beyond the flash are streamed from storage, trainable ones are not.")
     message = f"{what} does not fit {target.name}. {' '.join(over)}" if over else None
     return DeviceFit(device=target.name, ram_need=fig.ram_bytes, flash_need=fig.flash_bytes, ram_bytes=ram,
                      flash_bytes=flash, message=message)

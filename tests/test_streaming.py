@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.numpy import load_file
+from torch import nn
 
 import edgetrain.targets as targets
 from edgetrain.compiler.errors import DeviceFitError
@@ -126,6 +128,52 @@ def test_a_changed_storage_block_is_refused_before_running(wide, tmp_path):
         from edgetrain.compiler.workbench.run_c import verified_firmware
 
         verified_firmware(str(copy))
+
+
+# -- the MILP's choice ----------------------------------------------------------------------------------------
+
+class ReadOnceOrTwice(nn.Module):
+    """Frozen `pre` Linear(784, 40) (read by its forward alone: nothing before it trains), a trainable
+    Linear(40, 40), frozen `post` Linear(40, 800) (the larger, read by its forward and its input-gradient
+    backward) and a trainable Linear(800, 10) classifier; ReLU between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre, self.mid, self.post, self.head = (nn.Linear(784, 40), nn.Linear(40, 40), nn.Linear(40, 800),
+                                                    nn.Linear(800, 10))
+        for p in (*self.pre.parameters(), *self.post.parameters()):
+            p.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.pre(torch.flatten(x, 1)))
+        return self.head(torch.relu(self.post(torch.relu(self.mid(x)))))
+
+
+def read_once_or_twice() -> nn.Module:
+    torch.manual_seed(0)
+    return ReadOnceOrTwice()
+
+
+read_once_or_twice.input_shape = (1, 28, 28)  # type: ignore[attr-defined]
+read_once_or_twice.num_classes = 10  # type: ignore[attr-defined]
+
+
+def test_the_milp_streams_the_weight_read_once_where_the_rule_takes_the_largest(tmp_path):
+    text = (Path(targets.__file__).parent / "profiles" / "nrf52840.toml").read_text()
+    profile = tmp_path / "small-flash.toml"  # room in flash for one of the two frozen weights
+    profile.write_text(text.replace('name = "nrf52840"', 'name = "small-flash"').replace(
+        "flash_bytes = 1_048_576", "flash_bytes = 260_000"))
+    out = tmp_path / "fw"
+    c = compile_model(CompileOptions(model="tests.test_streaming:read_once_or_twice", target=str(profile),
+                                     budget="auto", out=str(out), batch_size=1, emit="c", time_limit=20.0))
+    s = c["streaming"]
+    assert s["rule"] == ["post.weight"] and s["milp"] == ["pre.weight"] == c["streamed"]
+    assert s["objective_j"] < s["rule_objective_j"]  # one page-in a step instead of two larger ones
+    assert c["paged_bytes_per_step"] == 784 * 40 * 4
+    body = json.loads((out / "schedule.json").read_text())
+    readers = [n["op"] for n in body["graph"]["nodes"] if n.get("streamed")]
+    assert readers == ["aten.addmm.default"]
+    assert c["device_fit"]["fits"] and c["peak_bytes"] <= c["budget_bytes"]
 
 
 # -- QEMU --------------------------------------------------------------------------------------------------------

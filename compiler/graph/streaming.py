@@ -58,3 +58,10 @@ def stream_weights(g: TrainingGraph, streamed: list[str]) -> TrainingGraph:
         nodes.append(replace(n, streamed=mine, workspace_bytes=n.workspace_bytes + sum(g.params[p].bytes for p in mine))
                      if mine else n)
     return replace(g, nodes=nodes)
+
+
+def unstream(g: TrainingGraph) -> TrainingGraph:
+    """`g` with every weight back in flash: no node streams, workspaces without the streamed weights."""
+    nodes = [replace(n, streamed=(), workspace_bytes=n.workspace_bytes - sum(g.params[p].bytes for p in n.streamed))
+             if n.streamed else n for n in g.nodes]
+    return replace(g, nodes=nodes)

@@ -14,9 +14,10 @@ the schedule, the graph's FLOP counts) and instructions per FLOP; and the same f
 (--host-steps, 0 to skip). Prints a table and writes JSON.
 
 `--finetune`: the fine-tuning models at the device's own budget (`auto`), each with its default trainable set
-and the alternatives in FINETUNE, with RAM, flash, paged bytes and instructions per step, the predicted time and
-energy per step on the target, and beside each the same model with full backprop: its smallest feasible budget
-and how far that is from the device's budget.
+and the alternatives in FINETUNE, with RAM, flash, the frozen weights streamed from storage (not in flash),
+paged bytes (streamed weights included) and instructions per step, the predicted time and energy per step on
+the target, and beside each the same model with full backprop: its smallest feasible budget and how far that
+is from the device's budget.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from edgetrain.compiler.workbench.run_c import run_firmware  # noqa: E402
 
 
 # (model, --train): the fine-tuning rows; None is the model's own trainable set.
-FINETUNE = (("mcu_mobilenetv2", None), ("mcu_mobilenetv2", "biases"), ("mcu_mobilenetv3", None))
+FINETUNE = (("mcu_mobilenetv2", None), ("mcu_mobilenetv2", "biases"), ("mcu_mobilenetv3", None), ("mcu_wide_mlp", None))
 
 
 def bench(model: str, budget: str, target: str, steps: int, work: str, host_steps: int = 0,
@@ -60,6 +61,8 @@ def bench(model: str, budget: str, target: str, steps: int, work: str, host_step
                                   "total_params")})
     row["schedule_activation_bytes"] = c["peak_bytes"] - c["state_bytes"]
     row["flops_per_step"] = step_flops(out)
+    with open(os.path.join(out, "firmware.json")) as f:
+        row["streamed_bytes"] = json.load(f).get("streamed_bytes", 0)  # frozen weights kept in storage, not flash
     r = run_firmware(out, qemu=True, steps=steps, data="random")
     row.update(ok=r["ok"], error=r.get("error"), paged_bytes_per_step=r.get("paged_bytes_per_step"),
                instructions_per_step=r.get("instructions_per_step"), flash_bytes=r.get("flash_bytes"),
@@ -191,7 +194,8 @@ def _write(rows: list[dict], path: str) -> None:
 def _finetune_table(rows: list[dict], a) -> int:
     _write(rows, a.json)
     t = Table(title=f"Fine-tuning C firmware on a Cortex-M4F (QEMU mps2-an386, {a.target}), batch 1, budget auto")
-    cols = ("model", "trains", "params", "budget B", "arena B", "RAM B", "flash B", "paged B/step", "instr/step",
+    cols = ("model", "trains", "params", "budget B", "arena B", "RAM B", "flash B", "streamed B", "paged B/step",
+            "instr/step",
             "pred. s/step", "pred. J/step", "full backprop: min B", "over budget B", "ok")
     for col in cols:
         t.add_column(col, justify="right")
@@ -201,7 +205,7 @@ def _finetune_table(rows: list[dict], a) -> int:
             continue
         t.add_row(r["model"], r["train"] or "own", f"{r['trainable_params']:,} of {r['total_params']:,}",
                   str(r["budget_bytes"]), str(r["arena_bytes"]), str(r.get("ram_bytes", "-")),
-                  str(r.get("flash_bytes", "-")),
+                  str(r.get("flash_bytes", "-")), str(r.get("streamed_bytes", 0)),
                   f"{r['paged_bytes_per_step']:.0f}" if r.get("paged_bytes_per_step") is not None else "-",
                   f"{r['instructions_per_step']:.4g}" if r.get("instructions_per_step") else "-",
                   f"{r['time_s']:.3g}", f"{r['energy_j']:.3g}", str(r["full_min_feasible_bytes"]),

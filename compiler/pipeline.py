@@ -82,6 +82,8 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         from .graph.c_ops import lower_for_c
 
         graph = lower_for_c(graph)
+        if device_check:
+            graph = stream_beyond_flash(graph, target)
     measured = None
     if getattr(target, "measured", False):
         from .graph.profiler import profile_nodes
@@ -89,6 +91,55 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         measured = profile_nodes(graph)
     apply_costs(graph, target, measured)
     return resolved, model, graph
+
+
+def _stream_figures(graph, target) -> tuple[dict[str, int], int, int]:
+    """The frozen weights (name -> bytes), the flash left for them and the RAM left for one paged in."""
+    from edgetrain.codegen.c.device_fit import device_budget, flash_room_for_frozen
+
+    trained = set(graph.trainable_params)
+    frozen = {p: s.bytes for p, s in graph.params.items() if p not in trained}
+    tb = sum(s.bytes for p, s in graph.params.items() if p in trained)
+    # Code estimated at 3 steps a node (each computed, freed, sometimes recomputed); the built image is checked.
+    return (frozen, flash_room_for_frozen(target, tb, 3 * len(graph.nodes)),
+            device_budget(target, io_bytes(graph)) - graph.state_bytes)
+
+
+def stream_beyond_flash(graph, target):
+    """A microcontroller graph whose frozen weights overflow the flash: the largest streamed from storage."""
+    from edgetrain.codegen.c.device_fit import applies
+
+    if not applies(target) or target.flash_bytes is None or len(graph.trainable_params) == len(graph.params):
+        return graph
+    from .graph.streaming import choose_streamed, stream_weights
+
+    frozen, room, ram_room = _stream_figures(graph, target)
+    return stream_weights(graph, choose_streamed(frozen, room, ram_room, target.storage_bytes, target.name))
+
+
+def restream_by_milp(opts: CompileOptions, graph, target, budget_bytes: int, progress=None):
+    """The graph with the frozen weights in storage that the POET MILP chooses (the rule's choice when the MILP
+    finds none); and what was chosen, by which, for the output."""
+    from .graph.streaming import stream_weights, unstream
+    from .scheduling.stream_choice import choose_streamed
+
+    rule = list(graph.streamed_params)
+    plain = unstream(graph)
+    apply_costs(plain, target)
+    frozen, room, ram_room = _stream_figures(plain, target)
+    candidates = {p: b for p, b in frozen.items() if b <= ram_room}
+    if progress:
+        progress(f"choosing which of {len(candidates)} frozen weights to stream from storage")
+    chosen, solver = choose_streamed(plain, target, budget_bytes, candidates, sum(frozen.values()) - room, rule,
+                                     time_limit=opts.time_limit, solver=opts.solver)
+    info = {"rule": rule, "milp": chosen, "solver_status": solver["free"].get("status"),
+            "objective_j": solver["free"].get("objective"),
+            "rule_objective_j": solver.get("proposed", solver["free"]).get("objective")}
+    if chosen is None or set(chosen) == set(rule):
+        return graph, info
+    out = stream_weights(plain, chosen)
+    apply_costs(out, target)
+    return out, info
 
 
 def example_labels(loss: str, seed: int, resolved, model, example: torch.Tensor) -> torch.Tensor:
@@ -174,6 +225,8 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         out["arena_bytes"] = firmware["arena_bytes"]
         out["paged_bytes_per_step"] = firmware["paged_bytes_per_step"]
         out["pages"] = len(firmware["pages"])
+        out["streamed"] = [w["param"] for w in firmware["streamed"]]
+        out["streamed_bytes"] = firmware["streamed_bytes"]
     out.update(extra)
     return out
 
@@ -239,6 +292,11 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
     sa = anchor.store_all
     budget_bytes = _device_budget(opts, budget, graph, target, anchor) if budget.device else budget.resolve(anchor)
     extra: dict = {"train": opts.train, **selection_summary(graph), "all_trainable": None}
+    if graph.streamed_params and opts.scheduler == "poet":  # the MILP decides what the rule proposed
+        graph, extra["streaming"] = restream_by_milp(opts, graph, target, budget_bytes, progress)
+        lv = analyze(graph)
+        anchor = anchors(graph, lv, target)
+        sa = anchor.store_all
     if opts.train is not None and extra["trainable_tensors"] < extra["param_tensors"]:
         if progress:
             progress("capturing the all-trainable graph for comparison")

@@ -36,8 +36,8 @@ MEASURED = "measured"
 MEASURABLE_FIELDS = frozenset({"ram_bytes", "storage_bytes", "flops_per_s"})
 
 # Byte counts are whole numbers; everything else is a float. Latencies may be zero (an idealised
-# store); sizes, rates and powers must be positive, or a cost formula divides by zero or makes
-# paging free.
+# store), and so may storage; other sizes, rates and powers must be positive, or a cost formula divides
+# by zero or makes paging free.
 _INT_FIELDS = ("ram_bytes", "storage_bytes")
 _FLOAT_FIELDS = (
     "flops_per_s",
@@ -48,7 +48,8 @@ _FLOAT_FIELDS = (
     "page_out_bandwidth_bytes_per_s",
     "memory_power_w",
 )
-_ZERO_ALLOWED = frozenset({"page_in_latency_s", "page_out_latency_s"})
+# storage_bytes = 0: a device without storage (no SD card), from which no weight can be streamed.
+_ZERO_ALLOWED = frozenset({"page_in_latency_s", "page_out_latency_s", "storage_bytes"})
 FIGURE_FIELDS = _INT_FIELDS + _FLOAT_FIELDS
 _TEXT_FIELDS = ("name", "description", "family")
 REQUIRED_FIELDS = _TEXT_FIELDS + FIGURE_FIELDS + ("sources",)

@@ -7,7 +7,7 @@ from torch import nn
 from edgetrain.compiler.frontend import zoo
 from edgetrain.compiler.frontend.zoo import ZOO, ZooEntry, build
 
-MCU = ["mcu_cnn", "mcu_resnet", "mcu_mobilenetv2", "mcu_mobilenetv3"]  # models for --emit c
+MCU = ["mcu_cnn", "mcu_resnet", "mcu_mobilenetv2", "mcu_mobilenetv3", "mcu_wide_mlp"]  # models for --emit c
 EXPECTED = ["mlp", "small_cnn", "vgg11", "vgg16", "vgg19", "resnet10", "resnet18", "resnet50", "mobilenetv2", *MCU]
 TRANSFORMERS = ["bert_base", "gpt_small", "bert_tiny", "gpt_tiny"]  # tests/test_transformer_frontend.py
 
@@ -34,7 +34,7 @@ def test_forward_backward(name):
     assert trained and all(p.grad is not None and torch.isfinite(p.grad).all() for p in trained)
     frozen = [p for p in model.parameters() if not p.requires_grad]  # fine-tuning models: early layers frozen
     assert all(p.grad is None for p in frozen)
-    assert bool(frozen) == name.startswith(("mcu_mobilenet",))
+    assert bool(frozen) == name.startswith(("mcu_mobilenet", "mcu_wide"))
 
 
 @pytest.mark.parametrize("name", MCU)
@@ -44,7 +44,9 @@ def test_mcu_models_have_a_c_kernel_for_every_op(name):
 
     g = build_graph(CompileOptions(model=name, target="nrf52840", budget="auto", out="", batch_size=1, emit="c"),
                     load_target("nrf52840"))[2]
-    assert g.frozen_in_flash and all(n.workspace_bytes == 0 for n in g.nodes)
+    assert g.frozen_in_flash  # the only workspace: frozen weights beyond the flash, paged in by their readers
+    assert all(n.workspace_bytes == sum(g.params[p].bytes for p in n.streamed) for n in g.nodes)
+    assert bool(g.streamed_params) == (name == "mcu_wide_mlp")
 
 
 @pytest.mark.parametrize("name", ["mlp", "small_cnn", "resnet18"])

@@ -1,8 +1,9 @@
 """Does the firmware fit the microcontroller? RAM and flash needs from the firmware's figures, and the refusal.
 
-RAM holds the arena (activations, gradients, labels), the trainable weights, their optimizer state, the
-driver's batch buffers (input, labels, logits), the runtime's statics and the stack. Flash holds the code,
-the trainable weights' initial values (copied to RAM at reset) and frozen weights, which stay const there.
+RAM holds the arena (activations, gradients, labels, streamed weights while they are read), the trainable
+weights, their optimizer state, the driver's batch buffers (input, labels, logits), the runtime's statics
+and the stack. Flash holds the code, the trainable weights' initial values (copied to RAM at reset) and the
+frozen weights, which stay const there - but for those streamed from storage when flash is short.
 The code and statics are estimates measured on the Cortex-M4F build (runtime/c/port/mps2_an386/link.ld);
 after a build, `check_elf` holds arm-none-eabi-size's exact figures against the device.
 
@@ -31,6 +32,7 @@ class FirmwareFigures:
     frozen_bytes: int = 0
     io_bytes: int = 0
     steps: int = 0
+    streamed_bytes: int = 0  # frozen weights kept in storage (not in flash), paged into the arena when read
 
     @property
     def reserve_bytes(self) -> int:
@@ -106,17 +108,33 @@ def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> Devi
         fixes.append(f"freeze more with --train so that the trainable weights and their optimizer state take at most "
                      f"{room} B (about {int(room / per)} B of trainable weights)" if room > 0 else
                      "a smaller model (the stack, runtime and arena alone fill the RAM)")
-        fixes.append("weights streamed from storage (the C runtime keeps every weight in memory)")
         over.append(f"RAM: needs {_kb(fig.ram_bytes)} = {' + '.join(parts)}; the device has {_kb(ram)}; "
                     f"what would fit: {'; '.join(fixes)}.")
     if flash is not None and fig.flash_bytes > flash:
+        streamed = f" (and {fig.streamed_bytes} B streamed from storage)" if fig.streamed_bytes else ""
         over.append(f"Flash: needs {_kb(fig.flash_bytes)} = code about {fig.code_bytes} B + initial trainable "
-                    f"weights {fig.trainable_bytes} B + frozen weights {fig.frozen_bytes} B; the device has "
-                    f"{_kb(flash)}; what would fit: a smaller model, or frozen weights streamed from storage "
-                    "instead of kept in flash.")
+                    f"weights {fig.trainable_bytes} B + frozen weights {fig.frozen_bytes} B{streamed}; the device has "
+                    f"{_kb(flash)}; what would fit: a smaller model or fewer trainable parameters (--train): frozen "
+                    "weights beyond the flash are streamed from storage, trainable ones are not.")
     message = f"{what} does not fit {target.name}. {' '.join(over)}" if over else None
     return DeviceFit(device=target.name, ram_need=fig.ram_bytes, flash_need=fig.flash_bytes, ram_bytes=ram,
                      flash_bytes=flash, message=message)
+
+
+def flash_room_for_frozen(target, trainable_bytes: int, steps: int) -> int:
+    """Flash left for frozen weights by the code of a `steps`-step plan and the trainable weights' initial values."""
+    return target.flash_bytes - FirmwareFigures(trainable_bytes=trainable_bytes, steps=steps).flash_bytes
+
+
+def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int, ram_room: int) -> list[str]:
+    """The frozen weights (name -> bytes) a microcontroller keeps in storage: those beyond its flash
+    (compiler/graph/streaming.py's rule); none elsewhere."""
+    from edgetrain.compiler.graph.streaming import choose_streamed
+
+    if not applies(target) or target.flash_bytes is None:
+        return []
+    return choose_streamed(frozen, flash_room_for_frozen(target, trainable_bytes, steps), ram_room,
+                           target.storage_bytes, target.name)
 
 
 def check_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> DeviceFit:
@@ -127,19 +145,25 @@ def check_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> Devic
     return fit
 
 
-def figures_of_model(model, optimizer) -> FirmwareFigures:
-    """The weights of a torch model as the firmware would hold them (requires_grad: trainable); no arena yet."""
+def figures_of_model(model, optimizer, target=None) -> FirmwareFigures:
+    """The weights of a torch model as the firmware would hold them (requires_grad: trainable); no arena yet.
+    With a microcontroller `target`, frozen weights beyond its flash are counted in storage."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     tb = sum(p.numel() * p.element_size() for p in trainable)
-    frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
-    return FirmwareFigures(trainable_bytes=tb, frozen_bytes=frozen,
-                           optimizer_bytes=optimizer_state_bytes(optimizer.to_json(), tb, len(trainable)))
+    ob = optimizer_state_bytes(optimizer.to_json(), tb, len(trainable))
+    frozen = {k: p.numel() * p.element_size() for k, p in model.named_parameters() if not p.requires_grad}
+    streamed = streamed_of(frozen, target, tb, 0, target.ram_bytes - runtime_reserve_bytes() - tb - ob) \
+        if target is not None else []
+    kept = sum(b for k, b in frozen.items() if k not in streamed)
+    return FirmwareFigures(trainable_bytes=tb, frozen_bytes=kept, optimizer_bytes=ob,
+                           streamed_bytes=sum(frozen.values()) - kept)
 
 
 def check_model_fits(model, target, optimizer, name: str = "the model") -> None:
     """Refuse, before any tracing, a model whose weights and optimizer state alone overflow the device."""
     if applies(target):
-        check_fit(figures_of_model(model, optimizer), target, f"{name} (its weights and optimizer state alone)")
+        check_fit(figures_of_model(model, optimizer, target), target,
+                  f"{name} (its weights and optimizer state alone)")
 
 
 def _numel(shape) -> int:
@@ -153,13 +177,15 @@ def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
     """The figures of a rendered firmware: its arena and batch buffers (firmware.json), its weights (schedule)."""
     g = schedule["graph"]
     trainable = set(g.get("trainable", g["params"]))
+    streamed = {p for n in g["nodes"] for p in n.get("streamed", ())}
     sizes = {k: 4 * _numel(v["shape"]) for k, v in g["params"].items()}  # the C runtime holds float32
     tb = sum(b for k, b in sizes.items() if k in trainable)
     io = 4 * (manifest["input_floats"] + manifest["batch"] + manifest["logits_floats"])  # x, int32 labels, logits
     return FirmwareFigures(arena_bytes=manifest["arena_bytes"], trainable_bytes=tb,
                            optimizer_bytes=optimizer_state_bytes(g["optimizer"], tb, len(trainable)),
-                           frozen_bytes=sum(b for k, b in sizes.items() if k not in trainable), io_bytes=io,
-                           steps=len(schedule["steps"]))
+                           frozen_bytes=sum(b for k, b in sizes.items() if k not in trainable and k not in streamed),
+                           io_bytes=io, steps=len(schedule["steps"]),
+                           streamed_bytes=sum(sizes[k] for k in streamed))
 
 
 def check_elf(sizes: dict, target) -> str | None:

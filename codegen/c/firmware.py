@@ -2,7 +2,9 @@
 
 Everything comes from schedule.json and weights.safetensors; no solver runs here. The steps of the
 schedule become straight-line kernel calls at literal offsets of one static arena, whose offsets the
-planner in `arena.py` packs from the steps' lifetimes. If the packed arena plus the parameters and
+planner in `arena.py` packs from the steps' lifetimes. Frozen weights the graph streams from storage are
+written as CRC-checked blocks to storage/ (the SD card's files) and paged into the arena before each
+computation that reads them. If the packed arena plus the parameters and
 momentum buffers would exceed the budget, rendering fails with the figures: no firmware that can
 overflow is ever written.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
+import zlib
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -31,6 +35,9 @@ from .names import Namer, c_comment, c_float
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
 VENDORED = "et_runtime"  # the runtime's copy inside the firmware folder
 FIRMWARE_FILES = ("plan.c", "plan.h", "main_host.c", "main_qemu.c", "Makefile", "firmware.json")
+STORAGE_DIR = "storage"  # the streamed weights' blocks, to be copied onto the device's page store
+WEIGHT_PAGE_BASE = 0x10000  # page ids of streamed weights: above any activation page's
+BLOCK_MAGIC = 0x47505445  # runtime/c/storage.h: "ETPG"
 # Runtime sources every build compiles. Both builds keep pages in files (storage_file.c); each adds the
 # raw-I/O back end under it (storage_stdio.c on the host, storage_semihost.c under QEMU).
 RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c") + tuple(
@@ -91,6 +98,8 @@ class _Emitter:
         self._layer = ""
         self.ctx = Context({**self.pident, **self.bident}, self.mident, self._struct)
         self.state = state_shapes(self.graph)
+        # Streamed weights: a page id each; they have no array, a reader finds them where they were paged in.
+        self.streamed = {p: WEIGHT_PAGE_BASE + k for k, p in enumerate(self.graph.streamed_params)}
 
     def _struct(self, ctype: str, param: str | None, fields: dict | None) -> str:
         """One const struct per distinct shape; a backward without the shapes at hand (fields None) takes the
@@ -108,20 +117,27 @@ class _Emitter:
             self.by_param.setdefault(param, entry)
         return "&" + entry["ident"]
 
-    def call(self, name: str, offsets: dict[str, int], first: bool, predict: bool = False) -> list[str]:
+    def call(self, name: str, offsets: dict[str, int], first: bool, predict: bool = False,
+             paged: dict[str, int] | None = None) -> list[str]:
         """The statements of one computation of node `name`, its tensors at the arena `offsets` (in words);
-        `first`: its first computation in the step (buffer updates happen then), `predict`: inference."""
+        `first`: its first computation in the step (buffer updates happen then), `predict`: inference;
+        `paged`: the arena offsets its streamed weights were paged in at."""
         node = self.node_objs[name]
         self._layer = name
         self.ctx.first, self.ctx.predict = first, predict
         cases = node_cases(node, self.node_objs, self.state, offsets)
         lines: list[str] = []
-        for i, case in enumerate(cases):
-            out = case.out if i == 0 else None
-            try:
-                lines += emit(case, self.ctx, out, f"node `{name}`")
-            except EmitError as e:
-                raise CodegenError(f"node `{c_comment(name)}` ({case.op}): {e}; recompile with --emit c") from None
+        held = {p: self.ctx.pident[p] for p in paged or {}}
+        self.ctx.pident.update({p: f"ET_F({off})" for p, off in (paged or {}).items()})
+        try:
+            for i, case in enumerate(cases):
+                out = case.out if i == 0 else None
+                try:
+                    lines += emit(case, self.ctx, out, f"node `{name}`")
+                except EmitError as e:
+                    raise CodegenError(f"node `{c_comment(name)}` ({case.op}): {e}; recompile with --emit c") from None
+        finally:
+            self.ctx.pident.update(held)
         if first and "loss_item" in node.attrs:  # the step's loss, as computed (not as recomputed)
             held = holder_meta(node, offsets[name])
             loss = held[node.attrs["loss_item"]] if isinstance(held, tuple) else held
@@ -152,7 +168,8 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
     by_name = em.by_name
     lifetimes: list[Lifetime] = []
     current: dict[str, Lifetime] = {}
-    plan: list[tuple[dict, dict, Lifetime | None]] = []  # step, operand lifetimes, output lifetime
+    # step, operand lifetimes, output lifetime, the streamed weights' lifetimes (only while the node runs)
+    plan: list[tuple[dict, dict, Lifetime | None, dict[str, Lifetime]]] = []
     for k, st in enumerate(steps):
         a, name = st["action"], st["tensor"]
         node = by_name.get(name)
@@ -172,20 +189,23 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
                 stats = Lifetime(f"{name}.aux", k, -1, node["aux_bytes"] // 4)
                 lifetimes.append(stats)
                 current[stats.name] = lts[stats.name] = stats
-            plan.append((st, lts, out))
+            streams = {p: Lifetime(f"{p} (streamed)", k, k, _numel(em.params[p]["shape"]))
+                       for p in node.get("streamed", ())}
+            lifetimes += streams.values()
+            plan.append((st, lts, out, streams))
         elif a == "page_in":
             out = Lifetime(name, k, -1, _words(node))
             lifetimes.append(out)
             current[name] = out
-            plan.append((st, {}, out))
+            plan.append((st, {}, out, {}))
         elif a == "page_out":
             if name not in by_name:
                 raise CodegenError(f"the schedule pages out `{c_comment(name)}`, which the C runtime keeps in place")
-            plan.append((st, {}, current[name]))
+            plan.append((st, {}, current[name], {}))
         elif a == "free":
             lt = current.pop(name)
             lt.end = k
-            plan.append((st, {}, lt))
+            plan.append((st, {}, lt, {}))
         else:
             raise CodegenError(f"unknown step action {a!r}")
     if current:
@@ -193,13 +213,18 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
     return plan, lifetimes
 
 
-def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, predict: bool = False) -> list[str]:
-    """The statements that compute a node: the batch copied in, or its ops."""
+def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, predict: bool = False,
+             streams: dict[str, Lifetime] | None = None) -> list[str]:
+    """The statements that compute a node: the batch copied in, or its streamed weights paged in (stopping
+    the step if a block fails its check) and its ops."""
     if node["kind"] in ("input", "labels"):
         src = "x" if node["kind"] == "input" else "y"
         return [f"memcpy({'ET_I' if node['dtype'] == 'int32' else 'ET_F'}({offsets[node['name']]}), {src}, "
                 f"{4 * _words(node)}u);"]
-    return em.call(node["name"], offsets, first, predict)
+    streams = streams or {}
+    lines = [f"ET_TRY(et_page_in({em.streamed[p]}u, ET_F({lt.offset}), {4 * lt.words}u)); /* {c_comment(p)} */"
+             for p, lt in streams.items()]
+    return lines + em.call(node["name"], offsets, first, predict, {p: lt.offset for p, lt in streams.items()})
 
 
 def _render_train(em: _Emitter, plan) -> tuple[list[Block], list[dict]]:
@@ -207,7 +232,7 @@ def _render_train(em: _Emitter, plan) -> tuple[list[Block], list[dict]]:
     page_ids: dict[str, int] = {}
     pages: list[dict] = []
     stage = -1
-    for st, lts, lt in plan:
+    for st, lts, lt, streams in plan:
         node = em.by_name.get(st["tensor"], {"name": st["tensor"]})  # or a batch norm's statistics (free)
         a = st["action"]
         comments = []
@@ -223,7 +248,10 @@ def _render_train(em: _Emitter, plan) -> tuple[list[Block], list[dict]]:
             what = f"{a} {node['name']} ({node['op']})"
             why = _why(st, f"{a} {node['name']}: ")
             comments.append(f"{what}: {why}" if why else what)
-            blocks.append(Block(comments, _compute(em, node, offsets, a == "compute")))
+            if streams:
+                comments.append("its frozen weights streamed from storage: " + ", ".join(
+                    f"{p} (page {em.streamed[p]}, {4 * t.words} B)" for p, t in streams.items()))
+            blocks.append(Block(comments, _compute(em, node, offsets, a == "compute", streams=streams)))
         elif a == "page_out":
             if node["name"] not in page_ids:
                 page_ids[node["name"]] = len(page_ids) + 1
@@ -258,8 +286,8 @@ def _logits(em: _Emitter) -> dict:
 
 
 def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str, int]:
-    """A forward pass only, no paging, no buffer updates: every forward tensor freed after its last forward
-    reader, up to the logits."""
+    """A forward pass only, no paging but of streamed weights, no buffer updates: every forward tensor freed
+    after its last forward reader, up to the logits."""
     fwd = [n for n in em.nodes if n["kind"] in ("input", "forward")]
     end = next(i for i, n in enumerate(fwd) if n["name"] == logits_ref["t"]) + 1
     fwd = fwd[:end]
@@ -269,12 +297,14 @@ def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str,
             last[r["t"]] = max(last[r["t"]], i)
     last[logits_ref["t"]] = len(fwd)
     lts = {n["name"]: Lifetime(n["name"], i, last[n["name"]], _words(n)) for i, n in enumerate(fwd)}
-    packing = pack(list(lts.values()))
+    streams = {n["name"]: {p: Lifetime(f"{p} (streamed)", i, i, _numel(em.params[p]["shape"]))
+                           for p in n.get("streamed", ())} for i, n in enumerate(fwd)}
+    packing = pack(list(lts.values()) + [lt for s in streams.values() for lt in s.values()])
     offsets = {name: lt.offset for name, lt in lts.items()}
     blocks = []
     for n in fwd:
         blocks.append(Block([f"{n['name']} ({n['op']})" + (f" -- {n['source']}" if n["source"] else "")],
-                            _compute(em, n, offsets, False, predict=True)))
+                            _compute(em, n, offsets, False, predict=True, streams=streams[n["name"]])))
     logits = operand_meta(em.node_objs, TensorRef.from_json(logits_ref), offsets)
     if not logits.is_contiguous():
         raise CodegenError("the model's output is not contiguous in the arena")
@@ -316,8 +346,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
                            "gradient buffers); compile with --emit c for C firmware")
     g = schedule["graph"]
     em = _Emitter(schedule)
-    for n in em.nodes:
-        if n["workspace_bytes"]:
+    for n in em.nodes:  # the only workspace the C runtime has: the weights a node pages in
+        if n["workspace_bytes"] != sum(4 * _numel(em.params[p]["shape"]) for p in n.get("streamed", ())):
             raise CodegenError(f"node `{c_comment(n['name'])}` holds a workspace the C runtime does not have; "
                                "compile with --emit c")
     steps = schedule["steps"]
@@ -345,6 +375,7 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
             state_bytes + 4 * arena_words - budget)
 
     weights = _weights(os.path.join(out_dir, weights_file), g["params"])
+    streamed = _write_storage(out_dir, em, weights)
     buffer_values = _weights(os.path.join(out_dir, weights_file), g["buffers"], "buffer")
     for name, spec in g["buffers"].items():
         if spec["dtype"] not in ("float32", "int64"):
@@ -356,7 +387,7 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
                for name, spec in g["buffers"].items()]
     params = [{"name": name, "ident": em.pident[name], "mident": em.mident.get(name), "trainable": name in em.trainable,
                "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": _rows(weights[name])}
-              for name, spec in g["params"].items()]
+              for name, spec in g["params"].items() if name not in em.streamed]
     input_node = em.nodes[0]
     ctx = {
         "s": schedule,
@@ -381,6 +412,7 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "param_floats": sum(p["floats"] for p in params + buffers if p.get("ctype", "float") == "float"),
         "budget_bytes": budget,
         "pages": pages,
+        "streamed": streamed,
         "paged_bytes": schedule["predicted"]["paged_bytes"],
         "batch": input_node["shape"][0],
         "input_floats": _numel(input_node["shape"]),
@@ -401,7 +433,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "format": "edgetrain.firmware", "version": 1, "schedule_content": ctx["content"],
         "params": [{"name": p["name"], "ident": p["ident"], "floats": p["floats"], "shape": p["shape"],
                     **({} if "mident" in p else {"kind": "buffer"})} for p in ctx["dumped"]],
-        "pages": pages, "arena_bytes": 4 * arena_words, "train_arena_bytes": packing.bytes,
+        "pages": pages, "streamed": streamed, "storage_dir": STORAGE_DIR,
+        "streamed_bytes": sum(w["bytes"] for w in streamed), "arena_bytes": 4 * arena_words, "train_arena_bytes": packing.bytes,
         "predict_arena_bytes": predict_packing.bytes, "activation_peak_bytes": predicted_activation,
         "arena_strategy": packing.strategy, "state_bytes": state_bytes, "budget_bytes": budget,
         "predicted_peak_bytes": schedule["predicted"]["peak_bytes"], "paged_bytes_per_step": ctx["paged_bytes"],
@@ -414,6 +447,29 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
             f.write(text)
     _vendor_runtime(os.path.join(out_dir, VENDORED))
     return manifest
+
+
+def _block(page: int, payload: bytes) -> bytes:
+    """A page-store block (runtime/c/storage.h): magic, id, size, CRC-32 of those 12 bytes and the payload."""
+    head = struct.pack("<3I", BLOCK_MAGIC, page, len(payload))
+    return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
+
+
+def _write_storage(out_dir: str, em: _Emitter, weights: dict[str, np.ndarray]) -> list[dict]:
+    """The streamed weights as blocks in OUT/storage/ (one file per page, the page store's names); their table."""
+    table = []
+    readers = {p: [n["name"] for n in em.nodes if p in n.get("streamed", ())] for p in em.streamed}
+    for p, page in em.streamed.items():
+        data = np.ascontiguousarray(weights[p], dtype="<f4").tobytes()
+        rel = f"{STORAGE_DIR}/et_page_{page:08x}.bin"
+        path = os.path.join(out_dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "wb") as f:
+            f.write(_block(page, data))
+        os.replace(path + ".tmp", path)
+        table.append({"param": p, "page": page, "bytes": len(data), "file": rel, "shape": em.params[p]["shape"],
+                      "readers": readers[p]})
+    return table
 
 
 def _vendor_runtime(dest: str) -> None:

@@ -3,7 +3,8 @@
 `mcu_cnn` and `mcu_resnet` train every parameter. `mcu_mobilenetv2` and `mcu_mobilenetv3` are fine-tuning
 models: their early layers come frozen (requires_grad=False, the weights kept in flash by the C firmware) and
 their last blocks and classifier train, the way on-device training adapts a pretrained network within a few
-hundred KB of RAM. `--train` chooses otherwise (`--train all` trains everything).
+hundred KB of RAM. `--train` chooses otherwise (`--train all` trains everything). `mcu_wide_mlp` has more
+frozen float32 weights than a 1 MB flash holds: the C firmware streams some of them from storage.
 """
 from __future__ import annotations
 
@@ -172,6 +173,26 @@ class McuMobileNetV3(nn.Module):
         return self.classifier(self.features(x).mean((2, 3)))
 
 
+class McuWideMLP(nn.Module):
+    """A trainable conv stem (conv3x3 stride 2 + ReLU + max-pool: 4x7x7 = 196 features), eight frozen
+    Linear(196, 196)+ReLU layers (1,235,584 B of float32 weights and biases, more than a 1 MB flash holds) and
+    a trainable linear classifier. The stem trains, so the backward runs through every frozen layer: each
+    frozen weight is read by its forward and by its input-gradient backward."""
+
+    def __init__(self, num_classes: int = 10, width: int = 196, depth: int = 8) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        layers: list[nn.Module] = [nn.Flatten()]
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        self.body = nn.Sequential(*layers)
+        self.classifier = nn.Linear(width, num_classes)
+        init_weights(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.body(self.stem(x)))
+
+
 def _freeze_but(model: nn.Module, trained: tuple[str, ...]) -> nn.Module:
     """Fine-tuning's default: only the parameters under the `trained` module prefixes train."""
     for name, p in model.named_parameters():
@@ -182,6 +203,7 @@ def _freeze_but(model: nn.Module, trained: tuple[str, ...]) -> nn.Module:
 # The modules a fine-tuning model trains by default: its last blocks and its classifier.
 MOBILENETV2_TRAINED = ("features.5.", "features.6.", "classifier.")
 MOBILENETV3_TRAINED = ("features.4.", "features.5.", "classifier.")
+WIDE_MLP_TRAINED = ("stem.", "classifier.")
 
 
 def mcu_cnn(num_classes: int = 10) -> nn.Module:
@@ -200,6 +222,10 @@ def mcu_mobilenetv3(num_classes: int = 10) -> nn.Module:
     return _freeze_but(McuMobileNetV3(num_classes), MOBILENETV3_TRAINED)
 
 
+def mcu_wide_mlp(num_classes: int = 10) -> nn.Module:
+    return _freeze_but(McuWideMLP(num_classes), WIDE_MLP_TRAINED)
+
+
 def mcu_entries(entry, shape: tuple[int, ...]) -> list:
     """The registry's entries for these models (`entry`: the zoo's entry class)."""
     return [
@@ -210,4 +236,6 @@ def mcu_entries(entry, shape: tuple[int, ...]) -> list:
               "Cortex-M MobileNetV2 (BN, ReLU6, inverted residuals); fine-tunes its last blocks and classifier"),
         entry("mcu_mobilenetv3", mcu_mobilenetv3, shape, 10,
               "Cortex-M MobileNetV3-small (hardswish, squeeze-excitation); fine-tunes its last blocks and head"),
+        entry("mcu_wide_mlp", mcu_wide_mlp, shape, 10,
+              "Cortex-M wide MLP: 1.2 MB of frozen weights (more than its flash), trainable conv stem and classifier"),
     ]

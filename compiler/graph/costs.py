@@ -1,11 +1,20 @@
-"""A node's time and energy on a target: from its FLOPs, or from seconds measured on the device."""
+"""A node's time and energy on a target: from its FLOPs, or from seconds measured on the device, plus the
+page-in of the frozen weights it streams from storage."""
 from __future__ import annotations
 
-from .ir import TrainingGraph
+from .ir import Node, TrainingGraph
+
+
+def stream_in(g: TrainingGraph, n: Node, target) -> tuple[int, float, float]:
+    """Bytes, seconds and joules of paging node `n`'s streamed weights in (one page-in each), per computation."""
+    sizes = [g.params[p].bytes for p in n.streamed]
+    return (sum(sizes), sum(target.page_in_time_s(b) for b in sizes),
+            sum(target.page_in_energy_j(b) for b in sizes))
 
 
 def apply_costs(graph: TrainingGraph, target, measured_s: dict[str, float] | None = None) -> None:
-    """Annotate each node with time and energy on `target` (from FLOPs, or measured seconds when given)."""
+    """Annotate each node with time and energy on `target` (from FLOPs, or measured seconds when given); a node
+    that streams weights pays their page-in with every computation, so recomputing it pays it again."""
     for n in graph.nodes:
         if measured_s is not None and n.name in measured_s:
             n.time_s = measured_s[n.name]
@@ -13,3 +22,7 @@ def apply_costs(graph: TrainingGraph, target, measured_s: dict[str, float] | Non
         else:
             n.time_s = target.compute_time_s(n.flops)
             n.energy_j = target.compute_energy_j(n.flops)
+        if n.streamed:
+            _, seconds, joules = stream_in(graph, n, target)
+            n.time_s += seconds
+            n.energy_j += joules

@@ -73,6 +73,8 @@ class Node:
     # order readers see them through ("item", k) views; `shape` is then None.
     items: tuple["TensorSpec", ...] | None = None
     updates: tuple[str, ...] = ()  # parameters whose optimizer step runs right after this node
+    # Frozen parameters this node reads from storage: paged into its workspace before each (re)computation.
+    streamed: tuple[str, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -97,6 +99,10 @@ class Node:
         d["buffers"] = list(self.buffers)
         d["items"] = [{"shape": list(s.shape), "dtype": s.dtype} for s in self.items] if self.items is not None else None
         d["updates"] = list(self.updates)
+        if self.streamed:
+            d["streamed"] = list(self.streamed)
+        else:  # graphs without streamed weights serialise as they always have
+            del d["streamed"]
         return d
 
     @staticmethod
@@ -109,6 +115,7 @@ class Node:
         if d.get("items") is not None:
             d["items"] = tuple(TensorSpec(tuple(s["shape"]), s["dtype"]) for s in d["items"])
         d["updates"] = tuple(d.get("updates", ()))
+        d["streamed"] = tuple(d.get("streamed", ()))
         d.pop("forward_of", None)  # a recorded graph of the earlier format names it; nothing reads it now
         return Node(**d)
 
@@ -187,6 +194,12 @@ class TrainingGraph:
         """Parameter bytes the budget holds: all of them, or the trainable ones where frozen ones stay in flash."""
         trained = set(self.trainable_params)
         return sum(s.bytes for p, s in self.params.items() if not self.frozen_in_flash or p in trained)
+
+    @property
+    def streamed_params(self) -> tuple[str, ...]:
+        """Frozen parameters kept in storage instead of flash (paged in by the nodes that read them)."""
+        read = {p for n in self.nodes for p in n.streamed}
+        return tuple(p for p in self.params if p in read)
 
     @property
     def trainable_params(self) -> tuple[str, ...]:

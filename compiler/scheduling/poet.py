@@ -10,6 +10,10 @@ its node runs, and frees happen at the end.
 
 Energy = sum R*E_comp + PO*E_out + P*E_in (+ the constant energy of computing every node once).
 Deadline: the same with times, paging included.
+
+With `stream` (frozen weights that may stay in flash or go to storage, and how many bytes flash cannot hold),
+F[w] says weight w is in storage: every node that reads it then holds it as workspace and pays its page-in
+(a recompute too: Z[t,i,w] = R[t,i] and F[w]), and at least the bytes flash cannot hold are in storage.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ class PoetModel:
     base_energy_j: float
     base_time_s: float
     free: dict[int, float] = field(default_factory=dict)  # backward stage -> bytes its memory row allows
+    F: dict[str, int] = field(default_factory=dict)  # frozen weight -> "kept in storage" (with `stream`)
 
     def entering(self, t: int, i: str, B0: int) -> int | None:
         """The variable "i held entering backward stage t": K at the first backward stage B0, then S."""
@@ -107,7 +112,7 @@ def reads(lv: Liveness, can_recompute: dict[str, bool]) -> dict[str, set[int]]:
 
 def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s: float | None = None, *,
           paging: bool = True, recompute: bool = True, prune: bool = True, held_once: str = "needs",
-          sources: bool = True) -> PoetModel:
+          sources: bool = True, stream: dict[str, int] | None = None, stream_need: int = 0) -> PoetModel:
     """The MILP. `prune` leaves out dominated page-ins; `held_once` ("none", "needs", "all") says where rows
     say a tensor is held at most once (see below); `sources` adds, per tensor, "held at its first reader only
     if kept, recomputed by then, or stored". All keep the optimum; the switches exist to measure them."""
@@ -131,6 +136,24 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
             # costs the same and holds less memory at every instant in between.
             if paging and (t in read_at[i] or not prune):
                 P[t, i] = m.add_var(f"P[{t},{i}]", cost=target.page_in_energy_j(size))
+
+    # Frozen weights in storage or flash: paged in by each reader (its first computation: energy in F's cost).
+    F: dict[str, int] = {}
+    reads_of = {t: [w for w in dict.fromkeys(n.params) if w in (stream or {})] for t, n in enumerate(g.nodes)}
+    for w, size in (stream or {}).items():
+        readers = sum(w in ws for ws in reads_of.values())
+        F[w] = m.add_var(f"F[{w}]", cost=readers * target.page_in_energy_j(size))
+    if F:
+        m.add_row([(F[w], float(size)) for w, size in stream.items()], lo=float(stream_need))
+    Z: dict[tuple[int, str, str], int] = {}
+    for (t, i), r in R.items():
+        for w in reads_of[g.index(i)]:
+            Z[t, i, w] = m.add_var(f"Z[{t},{i},{w}]", cost=target.page_in_energy_j(stream[w]))
+            m.add_row([(Z[t, i, w], 1.0), (r, -1.0), (F[w], -1.0)], lo=-1.0)
+
+    def streamed(t: int) -> list[tuple[int, float]]:
+        """Node t's weights in storage: its workspace while it runs."""
+        return [(F[w], float(stream[w])) for w in reads_of[t]]
 
     def held(t: int, i: str) -> list[tuple[int, float]]:
         """Terms of 'i is resident during stage t' (entering, recomputed, or paged in)."""
@@ -175,22 +198,23 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
         terms = [(K[i], float(lv.size[i])) for i in lv.decision if lv.end[i] < t]
         # Always a row, even with no variable: a stage whose fixed memory alone exceeds the budget makes the
         # model infeasible for anyone calling build() directly, as the validator would.
-        m.add_row(terms, hi=float(budget_bytes - lv.static[t]))
+        m.add_row(terms + streamed(t), hi=float(budget_bytes - lv.static[t]))
     free = {t: float(budget_bytes - lv.static[t]) for t in range(B0, lv.T)}
     for t in range(B0, lv.T):
         terms = []
         for i in lv.decision:
             if t <= lv.window_end[i]:
                 terms += [(j, float(lv.size[i]) * v) for j, v in held(t, i)]
-        m.add_row(terms, hi=free[t])
+        m.add_row(terms + streamed(t), hi=free[t])
     # A recompute with a workspace (max-pool's pooled values) peaks while it runs, before node t does: one
     # more row for that instant (page-ins, then recomputes in forward order, are already resident).
     order = {name: k for k, name in enumerate(lv.decision)}
     for (t, i), r in R.items():
         w = node[i].workspace_bytes
-        if not w:
+        pulled = [(z, float(stream[v])) for (s, k, v), z in Z.items() if s == t and k == i]
+        if not w and not pulled:
             continue
-        terms = [(r, float(w))]
+        terms = [(r, float(w))] + pulled
         for k in lv.decision:
             if t <= lv.window_end[k]:
                 terms += [(j, float(lv.size[k])) for j, v in held(t, k)
@@ -202,6 +226,8 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
         terms = [(j, node[i].time_s) for (t, i), j in R.items()]
         terms += [(j, target.page_out_time_s(lv.size[i])) for i, j in PO.items()]
         terms += [(j, target.page_in_time_s(lv.size[i])) for (t, i), j in P.items()]
+        terms += [(F[w], sum(w in ws for ws in reads_of.values()) * target.page_in_time_s(stream[w])) for w in F]
+        terms += [(z, target.page_in_time_s(stream[w])) for (t, i, w), z in Z.items()]
         # Seconds can be ~1e-11 per recompute on a Jetson, far below a solver's feasibility tolerance (~1e-7):
         # scale the row (by a power of two, exactly) so its smallest time is about 1.
         positive = [v for _, v in terms if v > 0]
@@ -212,7 +238,7 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
         m.add_row([(j, v * scale) for j, v in terms], hi=(deadline_s - base_time) * scale)
     m.offset = base_energy
     return PoetModel(milp=m, K=K, PO=PO, S=S, R=R, P=P, base_energy_j=base_energy, base_time_s=base_time,
-                     free=free)
+                     free=free, F=F)
 
 
 def without_redundant_holds(pm: PoetModel, lv: Liveness, x: np.ndarray) -> np.ndarray:

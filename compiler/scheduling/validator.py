@@ -4,13 +4,15 @@ It knows only the graph, the steps and the target: every operand must be residen
 must come before the SGD update of the node's own parameters (else it would use new weights), a page-in
 needs a stored copy (and, strict, every stored copy is paged in), memory (state + resident tensors + the
 running node's output and workspace) must never exceed the budget, and every tensor must be freed by the
-end. It returns peak, time and energy.
+end. It returns peak, time and energy. A node's streamed weights are its workspace, and their page-in is
+in its time and energy and in the paged bytes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from edgetrain.compiler.errors import ValidationError
+from edgetrain.compiler.graph.costs import stream_in
 from edgetrain.compiler.graph.ir import TrainingGraph
 
 
@@ -94,8 +96,12 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
             live += new
             computed.add(n.name)
             updated_params.update(n.updates)
-            time_s += n.time_s
+            time_s += n.time_s  # with the page-in of its streamed weights, which paging_time also counts
             energy += n.energy_j
+            if n.streamed:
+                streamed, dt, _ = stream_in(g, n, target)
+                paged += streamed
+                paging_time += dt
             recomputes += st.action == "recompute"
         elif st.action == "page_out":
             if st.tensor not in resident:

@@ -80,8 +80,11 @@ def print_human(cmd: str, r: dict) -> None:
             con.print(f"static arena {r['arena_bytes']} B (schedule's activation peak "
                       f"{r['peak_bytes'] - r['state_bytes']} B) + parameters and momentum {r['state_bytes']} B, "
                       f"budget {r['budget_bytes']} B; {r['paged_bytes_per_step']} B paged per step")
+            if r.get("streamed"):
+                con.print(f"{len(r['streamed'])} frozen weights ({r['streamed_bytes']} B) streamed from storage, "
+                          f"paged in before each reader: {escape(', '.join(r['streamed']))}")
             con.print(f"wrote {r['out']}/schedule.json, plan.c, plan.h, main_host.c, main_qemu.c, Makefile, "
-                      "firmware.json, et_runtime/")
+                      f"firmware.json, {'storage/, ' if r.get('streamed') else ''}et_runtime/")
         else:
             con.print(f"wrote {r['out']}/schedule.json, plan.py, weights.safetensors")
     elif cmd == "run" and "build" in r:  # C firmware

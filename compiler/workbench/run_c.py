@@ -17,6 +17,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import zlib
 from contextlib import contextmanager
 
 import numpy as np
@@ -75,11 +76,30 @@ def page_file(work: str, page_id: int) -> str:
 
 
 def _missing_page(work: str, manifest: dict) -> str | None:
-    """The first page the schedule pages in whose file is not on the medium."""
-    for p in manifest["pages"]:
-        if p.get("paged_in") and not os.path.exists(page_file(work, p["id"])):
-            return page_file(work, p["id"])
-    return None
+    """The first page the schedule pages in (an activation's or a streamed weight's) whose file is not on the
+    medium."""
+    ids = [p["id"] for p in manifest["pages"] if p.get("paged_in")] + [w["page"] for w in manifest.get("streamed", ())]
+    return next((page_file(work, i) for i in ids if not os.path.exists(page_file(work, i))), None)
+
+
+def load_streamed(out_dir: str, work: str, manifest: dict) -> None:
+    """Put the streamed weights' blocks (compile's storage/) on the medium the firmware pages from."""
+    for w in manifest.get("streamed", ()):
+        shutil.copyfile(os.path.join(out_dir, w["file"]), page_file(work, w["page"]))
+
+
+def read_streamed(work: str, manifest: dict) -> dict[str, torch.Tensor]:
+    """The streamed weights as they are on the medium after the run, each block's header and CRC checked."""
+    out = {}
+    for w in manifest.get("streamed", ()):
+        with open(page_file(work, w["page"]), "rb") as f:
+            raw = f.read()
+        magic, page, size, crc = struct.unpack_from("<4I", raw)
+        if (magic, page, size, len(raw)) != (0x47505445, w["page"], w["bytes"], 16 + w["bytes"]) or \
+                zlib.crc32(raw[16:], zlib.crc32(raw[:12])) != crc:
+            raise FirmwareError(f"{page_file(work, w['page'])}: the block of streamed weight `{w['param']}` is damaged")
+        out[w["param"]] = torch.from_numpy(np.frombuffer(raw, dtype="<f4", offset=16).copy()).reshape(w["shape"])
+    return out
 
 
 def _need(*tools: str) -> None:
@@ -217,6 +237,7 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
         work = os.path.join(out_dir, f"run-{where}")
         shutil.rmtree(work, ignore_errors=True)
         os.makedirs(os.path.join(work, "pages"))
+        load_streamed(out_dir, work, manifest)
         write_data(os.path.join(work, "data.bin"), manifest, batches,
                    corrupt_step if corrupt_page is not None else None, corrupt_page)
         cmd = ["qemu-system-arm", *QEMU_ARGS, "-kernel", os.path.abspath(program)] if qemu else [
@@ -229,6 +250,8 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
             raise FirmwareError(f"the firmware ran past {timeout_s:.0f} s ({where}) and was stopped") from None
         r = read_result(work, manifest) if p.returncode in (0, 3) else None
         missing = _missing_page(work, manifest) if r is not None and r["status"] == -3 else None
+        if r is not None and p.returncode == 0:
+            r["params"].update(read_streamed(work, manifest))  # the frozen weights the device streamed
         shutil.rmtree(os.path.join(work, "pages"), ignore_errors=True)  # pages live only within a step
     result: dict = {
         "ok": p.returncode == 0, "build": where, "exit_code": p.returncode, "steps": len(batches), "data": data,

@@ -11,7 +11,8 @@
  * register-blocked kernels - forward: 4 output channels x 2 output pixels (8 accumulators; each tap loads 2
  * inputs and 4 weights for 8 multiply-adds), input gradient: 4 input channels x 2 input pixels, weight
  * gradient: 4 output channels x 2 input channels - with no bounds check, `%` or division in their loops.
- * Borders and leftover channels or pixels go through one-element loops over the same precomputed ranges.
+ * Border pixels, an odd pixel and a group's last input channel run 4 x 1 blocks over the same precomputed
+ * (clipped) ranges; only channels left over from blocks of 4 (depthwise convolutions) go one by one.
  * Blocking changes which outputs are computed together, never the order of one output's sum, so every
  * path gives the same bits.
  *
@@ -153,6 +154,46 @@ static void fwd_block_4x2(const et_conv2d_shape *s, const float *x, const float 
     y[3 * plane + 1] = a31;
 }
 
+/* One pixel of 4 output channels (oc .. oc+3, one group) at any column, its kernel columns clipped to the
+ * image as fwd_point clips them (the borders and an odd interior pixel). y points at y[n][oc][oh][ow]. */
+static void fwd_block_4x1(const et_conv2d_shape *s, const float *x, const float *w, const float *b, int n, int oc,
+                          int oh, int ow, int kh0, int kh1, float *y)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    const int ic0 = (oc / cout_g) * cin_g, iw0 = ow * s->stride_w - s->pad_w, dw = s->dil_w;
+    const long wst = (long)cin_g * s->k_h * s->k_w; /* from one output channel's weights to the next */
+    const long plane = (long)s->h_out * s->w_out;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int icl, kh, kw, kw0, kw1;
+
+    tap_range(iw0, dw, s->k_w, s->w_in, &kw0, &kw1);
+    for (icl = 0; icl < cin_g; ++icl) {
+        const float *xp = x + ((long)n * s->c_in + ic0 + icl) * s->h_in * s->w_in + iw0;
+        const float *wp = w + ((long)oc * cin_g + icl) * s->k_h * s->k_w;
+        for (kh = kh0; kh < kh1; ++kh) {
+            const float *xr = xp + (long)(oh * s->stride_h - s->pad_h + kh * s->dil_h) * s->w_in;
+            const float *w0 = wp + kh * s->k_w, *w1 = w0 + wst, *w2 = w1 + wst, *w3 = w2 + wst;
+            for (kw = kw0; kw < kw1; ++kw) {
+                const float v = xr[kw * dw];
+                a0 = fmaf(v, w0[kw], a0);
+                a1 = fmaf(v, w1[kw], a1);
+                a2 = fmaf(v, w2[kw], a2);
+                a3 = fmaf(v, w3[kw], a3);
+            }
+        }
+    }
+    if (b != NULL) {
+        a0 += b[oc];
+        a1 += b[oc + 1];
+        a2 += b[oc + 2];
+        a3 += b[oc + 3];
+    }
+    y[0] = a0;
+    y[plane] = a1;
+    y[2 * plane] = a2;
+    y[3 * plane] = a3;
+}
+
 void et_conv2d_forward(const et_conv2d_shape *s, const float *x, const float *w, const float *b, float *y)
 {
     const int cout_g = s->c_out / s->groups;
@@ -168,13 +209,14 @@ void et_conv2d_forward(const et_conv2d_shape *s, const float *x, const float *w,
                 ow = 0;
                 if (nb == 4) {
                     tap_range(oh * s->stride_h - s->pad_h, s->dil_h, s->k_h, s->h_in, &kh0, &kh1);
-                    for (; ow < ow_lo; ++ow) /* left border */
-                        for (j = 0; j < 4; ++j)
-                            yr[j * plane + ow] = fwd_point(s, x, w, b, n, oc + j, oh, ow);
+                    for (; ow < ow_lo; ++ow) /* left border: the columns clipped */
+                        fwd_block_4x1(s, x, w, b, n, oc, oh, ow, kh0, kh1, yr + ow);
                     for (; ow + 1 < ow_hi; ow += 2) /* interior, two pixels at a time */
                         fwd_block_4x2(s, x, w, b, n, oc, oh, ow, kh0, kh1, yr + ow);
+                    for (; ow < s->w_out; ++ow) /* an odd interior pixel, the right border */
+                        fwd_block_4x1(s, x, w, b, n, oc, oh, ow, kh0, kh1, yr + ow);
                 }
-                for (; ow < s->w_out; ++ow) /* an odd interior pixel, the right border, single channels */
+                for (; ow < s->w_out; ++ow) /* single channels (a group's leftover, depthwise) */
                     for (j = 0; j < nb; ++j)
                         yr[j * plane + ow] = fwd_point(s, x, w, b, n, oc + j, oh, ow);
             }
@@ -289,6 +331,42 @@ static void bwd_in_block_4x2(const et_conv2d_shape *s, const float *gy, const fl
     gx[3 * plane_in + s->stride_w] = a31;
 }
 
+/* One input pixel of 4 input channels (ic .. ic+3, one group) with its own column taps `cols` (the borders, a
+ * pixel without a partner): bwd_in_point's sums for four channels at once. gx points at gx[n][ic][ih][iw]. */
+static void bwd_in_block_4x1(const et_conv2d_shape *s, const float *gy, const float *w, int n, int ic,
+                             const tap_set *rows, const tap_set *cols, float *gx)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    const int g = ic / cin_g, icl = ic - g * cin_g, khw = s->k_h * s->k_w;
+    const long plane = (long)s->h_out * s->w_out, plane_in = (long)s->h_in * s->w_in;
+    const long wst = (long)cin_g * khw; /* from one output channel's weights to the next */
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int kh, kw, oh, ow, ocl;
+
+    for (kh = rows->first, oh = rows->o_first; kh <= rows->last; kh += rows->step, oh -= rows->o_step) {
+        for (kw = cols->first, ow = cols->o_first; kw <= cols->last; kw += cols->step, ow -= cols->o_step) {
+            const float *gp = gy + ((long)n * s->c_out + (long)g * cout_g) * plane + (long)oh * s->w_out + ow;
+            const float *wp = w + (((long)g * cout_g * cin_g + icl) * s->k_h + kh) * s->k_w + kw;
+            float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+            for (ocl = 0; ocl < cout_g; ++ocl, gp += plane, wp += wst) {
+                const float v = gp[0];
+                t0 = fmaf(v, wp[0], t0);
+                t1 = fmaf(v, wp[khw], t1);
+                t2 = fmaf(v, wp[2 * khw], t2);
+                t3 = fmaf(v, wp[3 * khw], t3);
+            }
+            a0 += t0;
+            a1 += t1;
+            a2 += t2;
+            a3 += t3;
+        }
+    }
+    gx[0] = a0;
+    gx[plane_in] = a1;
+    gx[2 * plane_in] = a2;
+    gx[3 * plane_in] = a3;
+}
+
 /* Whether input pixels iw and iw + stride_w see the same kernel columns, the second's outputs one to the right
  * of the first's (true inside the image; at the borders a tap may fall off one of them). */
 static int same_column_taps(const et_conv2d_shape *s, int iw, tap_set *cols)
@@ -304,7 +382,7 @@ void et_conv2d_backward_input(const et_conv2d_shape *s, const float *gy, const f
 {
     const int cin_g = s->c_in / s->groups;
     const long plane_in = (long)s->h_in * s->w_in;
-    int n, ic, ih, iw, p, j, nb;
+    int n, ic, ih, iw, p, nb;
     tap_set cols;
 
     for (n = 0; n < s->n; ++n) {
@@ -322,8 +400,10 @@ void et_conv2d_backward_input(const et_conv2d_shape *s, const float *gy, const f
                             iw += 2 * s->stride_w;
                             continue;
                         }
-                        for (j = 0; j < nb; ++j)
-                            gr[j * plane_in + iw] = bwd_in_point(s, gy, w, n, ic + j, &rows, iw);
+                        if (nb == 4) /* cols holds this pixel's own taps (same_column_taps computed them) */
+                            bwd_in_block_4x1(s, gy, w, n, ic, &rows, &cols, gr + iw);
+                        else
+                            gr[iw] = bwd_in_point(s, gy, w, n, ic, &rows, iw);
                         iw += s->stride_w;
                     }
                 }
@@ -412,6 +492,35 @@ static void wgrad_block_4x2(const et_conv2d_shape *s, const float *gy, const flo
     g[3][1] = a31;
 }
 
+/* The blocked gradients of one tap for output channels (oc .. oc+3) and one input channel: g[j][0]. */
+static void wgrad_block_4x1(const et_conv2d_shape *s, const float *gy, const float *x, int oc, int ic,
+                            const tap_box *b, float g[4][2])
+{
+    const long plane = (long)s->h_out * s->w_out, plane_in = (long)s->h_in * s->w_in;
+    const int sw = s->stride_w;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int n, oh, ow;
+
+    for (n = 0; n < s->n; ++n) {
+        for (oh = b->oh0; oh < b->oh1; ++oh) {
+            const float *g0 = gy + ((long)n * s->c_out + oc) * plane + (long)oh * s->w_out;
+            const float *g1 = g0 + plane, *g2 = g1 + plane, *g3 = g2 + plane;
+            const float *x0 = x + ((long)n * s->c_in + ic) * plane_in + (long)(oh * s->stride_h + b->dh) * s->w_in + b->dw;
+            for (ow = b->ow0; ow < b->ow1; ++ow) {
+                const float v = x0[ow * sw];
+                a0 = fmaf(g0[ow], v, a0);
+                a1 = fmaf(g1[ow], v, a1);
+                a2 = fmaf(g2[ow], v, a2);
+                a3 = fmaf(g3[ow], v, a3);
+            }
+        }
+    }
+    g[0][0] = a0;
+    g[1][0] = a1;
+    g[2][0] = a2;
+    g[3][0] = a3;
+}
+
 /* dL/db[oc] = sum over (n, oh, ow) of gy[n][oc][oh][ow]. */
 static float conv2d_bias_grad(const et_conv2d_shape *s, const float *gy, int oc)
 {
@@ -460,6 +569,8 @@ static void wgrad_all(const et_conv2d_shape *s, const float *gy, const float *x,
                     const long i = ((long)oc * cin_g + icl) * khw + kh * s->k_w + kw;
                     if (nb_ic == 2) {
                         wgrad_block_4x2(s, gy, x, oc, ic0 + icl, &b, g);
+                    } else if (nb_oc == 4) { /* a group's last input channel (or its only one) */
+                        wgrad_block_4x1(s, gy, x, oc, ic0 + icl, &b, g);
                     } else {
                         for (j = 0; j < nb_oc; ++j)
                             g[j][0] = wgrad_point(s, gy, x, oc + j, ic0 + icl, &b);

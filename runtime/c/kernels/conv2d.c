@@ -12,7 +12,9 @@
  * inputs and 4 weights for 8 multiply-adds), input gradient: 4 input channels x 2 input pixels, weight
  * gradient: 4 output channels x 2 input channels - with no bounds check, `%` or division in their loops.
  * Border pixels, an odd pixel and a group's last input channel run 4 x 1 blocks over the same precomputed
- * (clipped) ranges; only channels left over from blocks of 4 (depthwise convolutions) go one by one.
+ * (clipped) ranges. Channels left over from blocks of 4 (all of a depthwise convolution's) run 1 channel x 4
+ * pixels in the interior of the forward and the input gradient, and one element at a time elsewhere; their
+ * weight gradient is one pass over the plane per weight, which is already a long plain loop.
  * Blocking changes which outputs are computed together, never the order of one output's sum, so every
  * path gives the same bits.
  *
@@ -194,11 +196,49 @@ static void fwd_block_4x1(const et_conv2d_shape *s, const float *x, const float 
     y[3 * plane] = a3;
 }
 
+/* The interior block of one output channel: pixels ow .. ow+3 of row oh, every kernel column inside the
+ * image (single channels: depthwise convolutions, a group's leftover channels). y points at y[n][oc][oh][ow]. */
+static void fwd_block_1x4(const et_conv2d_shape *s, const float *x, const float *w, const float *b, int n, int oc,
+                          int oh, int ow, int kh0, int kh1, float *y)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    const int ic0 = (oc / cout_g) * cin_g, sw = s->stride_w, dw = s->dil_w, kw_n = s->k_w;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int icl, kh, kw;
+
+    for (icl = 0; icl < cin_g; ++icl) {
+        const float *xp = x + ((long)n * s->c_in + ic0 + icl) * s->h_in * s->w_in + (ow * sw - s->pad_w);
+        const float *wp = w + ((long)oc * cin_g + icl) * s->k_h * s->k_w;
+        for (kh = kh0; kh < kh1; ++kh) {
+            const float *xr = xp + (long)(oh * s->stride_h - s->pad_h + kh * s->dil_h) * s->w_in;
+            const float *wr = wp + kh * kw_n;
+            for (kw = 0; kw < kw_n; ++kw) {
+                const float *xk = xr + kw * dw;
+                const float v = wr[kw];
+                a0 = fmaf(xk[0], v, a0);
+                a1 = fmaf(xk[sw], v, a1);
+                a2 = fmaf(xk[2 * sw], v, a2);
+                a3 = fmaf(xk[3 * sw], v, a3);
+            }
+        }
+    }
+    if (b != NULL) {
+        a0 += b[oc];
+        a1 += b[oc];
+        a2 += b[oc];
+        a3 += b[oc];
+    }
+    y[0] = a0;
+    y[1] = a1;
+    y[2] = a2;
+    y[3] = a3;
+}
+
 void et_conv2d_forward(const et_conv2d_shape *s, const float *x, const float *w, const float *b, float *y)
 {
     const int cout_g = s->c_out / s->groups;
     const long plane = (long)s->h_out * s->w_out;
-    int n, oc, oh, ow, j, nb, ow_lo, ow_hi, kh0, kh1;
+    int n, oc, oh, ow, nb, ow_lo, ow_hi, kh0, kh1;
 
     interior(-s->pad_w, (s->k_w - 1) * s->dil_w - s->pad_w, s->stride_w, s->w_in, s->w_out, &ow_lo, &ow_hi);
     for (n = 0; n < s->n; ++n) {
@@ -216,9 +256,15 @@ void et_conv2d_forward(const et_conv2d_shape *s, const float *x, const float *w,
                     for (; ow < s->w_out; ++ow) /* an odd interior pixel, the right border */
                         fwd_block_4x1(s, x, w, b, n, oc, oh, ow, kh0, kh1, yr + ow);
                 }
-                for (; ow < s->w_out; ++ow) /* single channels (a group's leftover, depthwise) */
-                    for (j = 0; j < nb; ++j)
-                        yr[j * plane + ow] = fwd_point(s, x, w, b, n, oc + j, oh, ow);
+                if (nb == 1) { /* a single channel (a group's leftover, depthwise): 4 interior pixels at once */
+                    tap_range(oh * s->stride_h - s->pad_h, s->dil_h, s->k_h, s->h_in, &kh0, &kh1);
+                    for (; ow < ow_lo; ++ow) /* left border */
+                        yr[ow] = fwd_point(s, x, w, b, n, oc, oh, ow);
+                    for (; ow + 3 < ow_hi; ow += 4)
+                        fwd_block_1x4(s, x, w, b, n, oc, oh, ow, kh0, kh1, yr + ow);
+                    for (; ow < s->w_out; ++ow) /* leftover interior pixels, the right border */
+                        yr[ow] = fwd_point(s, x, w, b, n, oc, oh, ow);
+                }
             }
         }
     }
@@ -367,15 +413,60 @@ static void bwd_in_block_4x1(const et_conv2d_shape *s, const float *gy, const fl
     gx[3 * plane_in] = a3;
 }
 
-/* Whether input pixels iw and iw + stride_w see the same kernel columns, the second's outputs one to the right
- * of the first's (true inside the image; at the borders a tap may fall off one of them). */
-static int same_column_taps(const et_conv2d_shape *s, int iw, tap_set *cols)
+/* Whether input pixels iw, iw + stride_w, ..., iw + (m-1)*stride_w see the same kernel columns, each one's
+ * outputs one to the right of the previous one's (true inside the image; at the borders a tap may fall off
+ * one of them). The taps of one phase form one progression clipped by the output range, so the first and
+ * the last pixel sharing a tap and agreeing means all do (with no tap, a pixel between them may still have
+ * one). *cols receives the first pixel's taps either way. */
+static int same_column_taps(const et_conv2d_shape *s, int iw, int m, tap_set *cols)
 {
-    const tap_set next = taps_of(iw + s->stride_w, s->pad_w, s->dil_w, s->stride_w, s->k_w, s->w_out);
+    const int last = iw + (m - 1) * s->stride_w;
+    tap_set next;
 
     *cols = taps_of(iw, s->pad_w, s->dil_w, s->stride_w, s->k_w, s->w_out);
-    return iw + s->stride_w < s->w_in && cols->first == next.first && cols->last == next.last &&
-           (cols->first > cols->last || next.o_first == cols->o_first + 1);
+    if (last >= s->w_in)
+        return 0;
+    next = taps_of(last, s->pad_w, s->dil_w, s->stride_w, s->k_w, s->w_out);
+    if (cols->first > cols->last)
+        return m <= 2 && next.first > next.last;
+    return cols->first == next.first && cols->last == next.last && next.o_first == cols->o_first + m - 1;
+}
+
+/* The interior block of one input channel: pixels iw, iw + stride_w, ..., iw + 3*stride_w, which share their
+ * column taps `cols` (single channels: depthwise convolutions, a group's leftover). gx points at
+ * gx[n][ic][ih][iw]. */
+static void bwd_in_block_1x4(const et_conv2d_shape *s, const float *gy, const float *w, int n, int ic,
+                             const tap_set *rows, const tap_set *cols, float *gx)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    const int g = ic / cin_g, icl = ic - g * cin_g, sw = s->stride_w;
+    const long plane = (long)s->h_out * s->w_out;
+    const long wst = (long)cin_g * s->k_h * s->k_w; /* from one output channel's weights to the next */
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int kh, kw, oh, ow, ocl;
+
+    for (kh = rows->first, oh = rows->o_first; kh <= rows->last; kh += rows->step, oh -= rows->o_step) {
+        for (kw = cols->first, ow = cols->o_first; kw <= cols->last; kw += cols->step, ow -= cols->o_step) {
+            const float *gp = gy + ((long)n * s->c_out + (long)g * cout_g) * plane + (long)oh * s->w_out + ow;
+            const float *wp = w + (((long)g * cout_g * cin_g + icl) * s->k_h + kh) * s->k_w + kw;
+            float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+            for (ocl = 0; ocl < cout_g; ++ocl, gp += plane, wp += wst) {
+                const float v = wp[0];
+                t0 = fmaf(gp[0], v, t0);
+                t1 = fmaf(gp[1], v, t1);
+                t2 = fmaf(gp[2], v, t2);
+                t3 = fmaf(gp[3], v, t3);
+            }
+            a0 += t0;
+            a1 += t1;
+            a2 += t2;
+            a3 += t3;
+        }
+    }
+    gx[0] = a0;
+    gx[sw] = a1;
+    gx[2 * sw] = a2;
+    gx[3 * sw] = a3;
 }
 
 void et_conv2d_backward_input(const et_conv2d_shape *s, const float *gy, const float *w, float *gx)
@@ -395,9 +486,12 @@ void et_conv2d_backward_input(const et_conv2d_shape *s, const float *gy, const f
                  * interior), else one pixel alone (the borders, single channels). */
                 for (p = 0; p < s->stride_w && p < s->w_in; ++p) {
                     for (iw = p; iw < s->w_in;) {
-                        if (nb == 4 && same_column_taps(s, iw, &cols)) {
-                            bwd_in_block_4x2(s, gy, w, n, ic, &rows, &cols, gr + iw);
-                            iw += 2 * s->stride_w;
+                        if (same_column_taps(s, iw, nb == 4 ? 2 : 4, &cols)) {
+                            if (nb == 4)
+                                bwd_in_block_4x2(s, gy, w, n, ic, &rows, &cols, gr + iw);
+                            else
+                                bwd_in_block_1x4(s, gy, w, n, ic, &rows, &cols, gr + iw);
+                            iw += (nb == 4 ? 2 : 4) * s->stride_w;
                             continue;
                         }
                         if (nb == 4) /* cols holds this pixel's own taps (same_column_taps computed them) */

@@ -310,10 +310,12 @@ def test_every_source_compiles_for_cortex_m4f(tmp_path):
             return {line.split()[-1] for line in out.stdout.splitlines()}
         assert defined("storage_stdio") == defined("storage_semihost") == {"et_file_write", "et_file_read"}
         assert defined("storage_file") == {"et_storage_init", "et_storage_counters", "et_page_out", "et_page_in"}
-    if objdump:  # fmaf must be the VFMA instruction, not a call into newlib's (double-rounding) fmaf
-        for stem in ("sgd", "batch_norm"):
+    if objdump:  # fmaf must be a fused VFP instruction, not a call into newlib's (double-rounding) fmaf
+        fused = [src.stem for src in SOURCES if re.search(r"\bfmaf\s*\(", src.read_text())]
+        assert {"sgd", "batch_norm", "conv2d", "linear"} <= set(fused), fused
+        for stem in fused:
             dis = subprocess.run([objdump, "-d", str(tmp_path / f"{stem}.o")], capture_output=True, text=True).stdout
-            assert "vfma" in dis and "fmaf" not in dis, dis
+            assert re.search(r"\bvfn?m[as]\.f32", dis) and "fmaf" not in dis, (stem, dis[-2000:])
 
 
 # -- exp, log, CRC ------------------------------------------------------------------------------------

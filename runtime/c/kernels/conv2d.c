@@ -10,7 +10,8 @@
  * border, an interior where every kernel column is inside, and a right border. The interior runs
  * register-blocked kernels - forward: 4 output channels x 2 output pixels (8 accumulators; each tap loads 2
  * inputs and 4 weights for 8 multiply-adds), input gradient: 4 input channels x 2 input pixels, weight
- * gradient: 4 output channels x 2 input channels - with no bounds check, `%` or division in their loops.
+ * gradient: 4 output channels x 2 input channels - with no bounds check, `%` or division in their loops;
+ * the forward's 3-wide stride-1 rows (3x3 convolutions) are unrolled, the two pixels sharing 4 input loads.
  * Border pixels, an odd pixel and a group's last input channel run 4 x 1 blocks over the same precomputed
  * (clipped) ranges. Channels left over from blocks of 4 (all of a depthwise convolution's) run 1 channel x 4
  * pixels in the interior of the forward and the input gradient, and one element at a time elsewhere; their
@@ -105,6 +106,13 @@ static float fwd_point(const et_conv2d_shape *s, const float *x, const float *w,
     return b != NULL ? acc + b[oc] : acc;
 }
 
+/* One kernel row of 3 taps for two neighbouring pixels (stride 1, dilation 1) from inputs x0..x3. */
+static inline void taps3_x2(float x0, float x1, float x2, float x3, const float *wr, float *a, float *b)
+{
+    *a = fmaf(x2, wr[2], fmaf(x1, wr[1], fmaf(x0, wr[0], *a)));
+    *b = fmaf(x3, wr[2], fmaf(x2, wr[1], fmaf(x1, wr[0], *b)));
+}
+
 /* The interior block: outputs (oc .. oc+3) x (ow, ow+1) of row oh, every kernel column inside the image,
  * kernel rows [kh0, kh1). y points at y[n][oc][oh][ow]. */
 static void fwd_block_4x2(const et_conv2d_shape *s, const float *x, const float *w, const float *b, int n, int oc,
@@ -114,6 +122,7 @@ static void fwd_block_4x2(const et_conv2d_shape *s, const float *x, const float 
     const int ic0 = (oc / cout_g) * cin_g, sw = s->stride_w, dw = s->dil_w, kw_n = s->k_w;
     const long wst = (long)cin_g * s->k_h * s->k_w; /* from one output channel's weights to the next */
     const long plane = (long)s->h_out * s->w_out;
+    const int row3 = kw_n == 3 && dw == 1 && sw == 1; /* the common 3x3 convolution, unrolled */
     float a00 = 0.0f, a01 = 0.0f, a10 = 0.0f, a11 = 0.0f, a20 = 0.0f, a21 = 0.0f, a30 = 0.0f, a31 = 0.0f;
     int icl, kh, kw;
 
@@ -123,6 +132,14 @@ static void fwd_block_4x2(const et_conv2d_shape *s, const float *x, const float 
         for (kh = kh0; kh < kh1; ++kh) {
             const float *xr = xp + (long)(oh * s->stride_h - s->pad_h + kh * s->dil_h) * s->w_in;
             const float *w0 = wp + kh * kw_n, *w1 = w0 + wst, *w2 = w1 + wst, *w3 = w2 + wst;
+            if (row3) { /* 3 taps, stride 1: the two pixels read 4 inputs, each sum in tap order */
+                const float x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
+                taps3_x2(x0, x1, x2, x3, w0, &a00, &a01);
+                taps3_x2(x0, x1, x2, x3, w1, &a10, &a11);
+                taps3_x2(x0, x1, x2, x3, w2, &a20, &a21);
+                taps3_x2(x0, x1, x2, x3, w3, &a30, &a31);
+                continue;
+            }
             for (kw = 0; kw < kw_n; ++kw) {
                 const float x0 = xr[kw * dw], x1 = xr[kw * dw + sw];
                 a00 = fmaf(x0, w0[kw], a00);

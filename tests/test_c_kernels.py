@@ -374,6 +374,10 @@ CONV_CASES = [
     (1, 3, 4, 11, 11, (3, 3), (1, 1), (2, 2), (2, 2), 1, True),    # dilation
     (3, 2, 3, 5, 6, (1, 1), (1, 1), (0, 0), (1, 1), 1, False),     # pointwise
     (1, 8, 16, 14, 14, (5, 5), (2, 2), (2, 2), (1, 1), 1, True),   # a 25*8-term reduction
+    (1, 8, 8, 5, 6, (1, 1), (1, 1), (1, 1), (1, 1), 1, True),      # pointwise in blocks of 4, padding rows
+    (1, 5, 8, 7, 7, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),      # unrolled 3x3 rows, odd pixel and channel
+    (2, 8, 8, 9, 12, (3, 3), (1, 1), (1, 1), (1, 1), 8, False),    # depthwise, 4 pixels at a time
+    (1, 4, 4, 13, 13, (3, 3), (2, 2), (1, 1), (1, 1), 4, True),    # depthwise, stride 2
 ]
 
 

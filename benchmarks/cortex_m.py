@@ -10,8 +10,8 @@ step; bytes paged per step as the firmware counted them; instructions per traini
 `qemu-system-arm -M mps2-an386 -icount shift=0` (the board timer, 40 instructions a tick); flash
 (text + data) and RAM (.data + .bss) from arm-none-eabi-size; FLOPs per step (every compute and recompute of
 the schedule, the graph's FLOP counts) and instructions per FLOP; and the same firmware built for the host
-(the generated Makefile's flags), seconds per step against a plain PyTorch step at batch 1 on one thread
-(--host-steps, 0 to skip). Prints a table and writes JSON.
+(the generated Makefile's flags), seconds per step against a plain PyTorch step at batch 1 on one thread, run
+side by side in alternating rounds, medians of both (--host-steps, 0 to skip). Prints a table and writes JSON.
 
 `--finetune`: the fine-tuning models at the device's own budget (`auto`), each with its default trainable set
 and the alternatives in FINETUNE, with RAM, flash, the frozen weights streamed from storage (not in flash),
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -75,34 +76,42 @@ def bench(model: str, budget: str, target: str, steps: int, work: str, host_step
     return row
 
 
-def host_vs_pytorch(out: str, model: str, steps: int) -> dict:
-    """The same firmware built for the host (the generated Makefile's flags): seconds per training step of its
-    program over `steps` steps (the best of 3 runs, process start included), against a plain PyTorch step of
-    the model at batch 1 on one thread (median of `steps` after 5)."""
+def host_vs_pytorch(out: str, model: str, steps: int, rounds: int = 5) -> dict:
+    """The same firmware built for the host (the generated Makefile's flags) against a plain PyTorch training
+    step of the model at batch 1 on one thread, side by side: `rounds` rounds, each one run of the program
+    (`steps` steps, process start included) then `steps` PyTorch steps; the medians of the rounds' seconds
+    per step, and the load average before the first round (a shared machine skews both sides alike)."""
     r = run_firmware(out, qemu=False, steps=steps, data="random")
     if not r["ok"]:
         return {"host_error": r.get("error")}
     work = os.path.join(out, "run-host")
     program = os.path.abspath(os.path.join(out, "build", "host", "fw"))
-    c_runs = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        subprocess.run([program], cwd=work, check=True, capture_output=True)
-        c_runs.append((time.perf_counter() - t0) / steps)
     torch.set_num_threads(1)
     m = zoo.build(model).train()
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(1, *zoo.ZOO[model].input_shape), torch.tensor([1])
-    pt = []
-    for k in range(steps + 5):
+
+    def torch_steps(k: int) -> float:
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(m(x), y).backward()
-        opt.step()
-        if k >= 5:
-            pt.append(time.perf_counter() - t0)
-    c, p = min(c_runs), statistics.median(pt)
-    return {"host_c_step_s": c, "pytorch_step_s": p, "host_c_over_pytorch": c / p}
+        for _ in range(k):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x), y).backward()
+            opt.step()
+        return (time.perf_counter() - t0) / max(k, 1)
+
+    torch_steps(5)  # warm-up: the first steps allocate
+    load = os.getloadavg()[0]
+    c_runs, pt_runs = [], []
+    for _ in range(rounds):
+        os.makedirs(os.path.join(work, "pages"), exist_ok=True)  # run_firmware removes it; paging rows need it
+        t0 = time.perf_counter()
+        subprocess.run([program], cwd=work, check=True, capture_output=True)
+        c_runs.append((time.perf_counter() - t0) / steps)
+        shutil.rmtree(os.path.join(work, "pages"))  # pages live only within a step
+        pt_runs.append(torch_steps(steps))
+    c, p = statistics.median(c_runs), statistics.median(pt_runs)
+    return {"host_c_step_s": c, "pytorch_step_s": p, "host_c_over_pytorch": c / p, "host_rounds": rounds,
+            "host_load_avg": load}
 
 
 def full_backprop(model: str, target: str, device_budget: int) -> dict:
@@ -172,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['instructions_per_flop']:.2f}" if r.get("instructions_per_flop") else "-",
                   f"{r['host_c_over_pytorch']:.2f}x" if r.get("host_c_over_pytorch") else "-",
                   str(r.get("flash_bytes", "-")), str(r.get("ram_bytes", "-")), "yes" if r.get("ok") else "NO")
-    return _report(rows, t, a.json, "budget")
+    rc = _report(rows, t, a.json, "budget")
+    loads = [r["host_load_avg"] for r in rows if "host_load_avg" in r]
+    if loads:  # the host ratios are side by side, but a busy machine still adds noise to both
+        print(f"host C vs PyTorch: medians of {rows[0].get('host_rounds', 0)} alternating rounds; 1-minute load "
+              f"average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
+    return rc
 
 
 def _report(rows: list[dict], table: Table, path: str, label: str) -> int:

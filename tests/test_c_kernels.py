@@ -315,10 +315,12 @@ def test_every_source_compiles_for_cortex_m4f(tmp_path):
             return {line.split()[-1] for line in out.stdout.splitlines()}
         assert defined("storage_stdio") == defined("storage_semihost") == {"et_file_write", "et_file_read"}
         assert defined("storage_file") == {"et_storage_init", "et_storage_counters", "et_page_out", "et_page_in"}
-    if objdump:  # fmaf must be the VFMA instruction, not a call into newlib's (double-rounding) fmaf
-        for stem in ("sgd", "batch_norm"):
+    if objdump:  # fmaf must be a fused VFP instruction, not a call into newlib's (double-rounding) fmaf
+        fused = [src.stem for src in SOURCES if re.search(r"\bfmaf\s*\(", src.read_text())]
+        assert {"sgd", "batch_norm", "conv2d", "linear"} <= set(fused), fused
+        for stem in fused:
             dis = subprocess.run([objdump, "-d", str(tmp_path / f"{stem}.o")], capture_output=True, text=True).stdout
-            assert "vfma" in dis and "fmaf" not in dis, dis
+            assert re.search(r"\bvfn?m[as]\.f32", dis) and "fmaf" not in dis, (stem, dis[-2000:])
 
 
 # -- exp, log, CRC ------------------------------------------------------------------------------------
@@ -377,6 +379,10 @@ CONV_CASES = [
     (1, 3, 4, 11, 11, (3, 3), (1, 1), (2, 2), (2, 2), 1, True),    # dilation
     (3, 2, 3, 5, 6, (1, 1), (1, 1), (0, 0), (1, 1), 1, False),     # pointwise
     (1, 8, 16, 14, 14, (5, 5), (2, 2), (2, 2), (1, 1), 1, True),   # a 25*8-term reduction
+    (1, 8, 8, 5, 6, (1, 1), (1, 1), (1, 1), (1, 1), 1, True),      # pointwise in blocks of 4, padding rows
+    (1, 5, 8, 7, 7, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),      # unrolled 3x3 rows, odd pixel and channel
+    (2, 8, 8, 9, 12, (3, 3), (1, 1), (1, 1), (1, 1), 8, False),    # depthwise, 4 pixels at a time
+    (1, 4, 4, 13, 13, (3, 3), (2, 2), (1, 1), (1, 1), 4, True),    # depthwise, stride 2
 ]
 
 

@@ -10,8 +10,13 @@
  * border, an interior where every kernel column is inside, and a right border. The interior runs
  * register-blocked kernels - forward: 4 output channels x 2 output pixels (8 accumulators; each tap loads 2
  * inputs and 4 weights for 8 multiply-adds), input gradient: 4 input channels x 2 input pixels, weight
- * gradient: 4 output channels x 2 input channels - with no bounds check, `%` or division in their loops.
- * Borders and leftover channels or pixels go through one-element loops over the same precomputed ranges.
+ * gradient: 4 output channels x 2 input channels - with no bounds check, `%` or division in their loops;
+ * the forward's 3-wide stride-1 rows (3x3 convolutions) are unrolled, the two pixels sharing 4 input loads,
+ * and a pointwise (1x1) forward runs one loop over input channels instead of three nested ones.
+ * Border pixels, an odd pixel and a group's last input channel run 4 x 1 blocks over the same precomputed
+ * (clipped) ranges. Channels left over from blocks of 4 (all of a depthwise convolution's) run 1 channel x 4
+ * pixels in the interior of the forward and the input gradient, and one element at a time elsewhere; their
+ * weight gradient is one pass over the plane per weight, which is already a long plain loop.
  * Blocking changes which outputs are computed together, never the order of one output's sum, so every
  * path gives the same bits.
  *
@@ -102,6 +107,13 @@ static float fwd_point(const et_conv2d_shape *s, const float *x, const float *w,
     return b != NULL ? acc + b[oc] : acc;
 }
 
+/* One kernel row of 3 taps for two neighbouring pixels (stride 1, dilation 1) from inputs x0..x3. */
+static inline void taps3_x2(float x0, float x1, float x2, float x3, const float *wr, float *a, float *b)
+{
+    *a = fmaf(x2, wr[2], fmaf(x1, wr[1], fmaf(x0, wr[0], *a)));
+    *b = fmaf(x3, wr[2], fmaf(x2, wr[1], fmaf(x1, wr[0], *b)));
+}
+
 /* The interior block: outputs (oc .. oc+3) x (ow, ow+1) of row oh, every kernel column inside the image,
  * kernel rows [kh0, kh1). y points at y[n][oc][oh][ow]. */
 static void fwd_block_4x2(const et_conv2d_shape *s, const float *x, const float *w, const float *b, int n, int oc,
@@ -111,25 +123,52 @@ static void fwd_block_4x2(const et_conv2d_shape *s, const float *x, const float 
     const int ic0 = (oc / cout_g) * cin_g, sw = s->stride_w, dw = s->dil_w, kw_n = s->k_w;
     const long wst = (long)cin_g * s->k_h * s->k_w; /* from one output channel's weights to the next */
     const long plane = (long)s->h_out * s->w_out;
+    const int row3 = kw_n == 3 && dw == 1 && sw == 1; /* the common 3x3 convolution, unrolled */
     float a00 = 0.0f, a01 = 0.0f, a10 = 0.0f, a11 = 0.0f, a20 = 0.0f, a21 = 0.0f, a30 = 0.0f, a31 = 0.0f;
     int icl, kh, kw;
 
-    for (icl = 0; icl < cin_g; ++icl) {
-        const float *xp = x + ((long)n * s->c_in + ic0 + icl) * s->h_in * s->w_in + (ow * sw - s->pad_w);
-        const float *wp = w + ((long)oc * cin_g + icl) * s->k_h * s->k_w;
-        for (kh = kh0; kh < kh1; ++kh) {
-            const float *xr = xp + (long)(oh * s->stride_h - s->pad_h + kh * s->dil_h) * s->w_in;
-            const float *w0 = wp + kh * kw_n, *w1 = w0 + wst, *w2 = w1 + wst, *w3 = w2 + wst;
-            for (kw = 0; kw < kw_n; ++kw) {
-                const float x0 = xr[kw * dw], x1 = xr[kw * dw + sw];
-                a00 = fmaf(x0, w0[kw], a00);
-                a01 = fmaf(x1, w0[kw], a01);
-                a10 = fmaf(x0, w1[kw], a10);
-                a11 = fmaf(x1, w1[kw], a11);
-                a20 = fmaf(x0, w2[kw], a20);
-                a21 = fmaf(x1, w2[kw], a21);
-                a30 = fmaf(x0, w3[kw], a30);
-                a31 = fmaf(x1, w3[kw], a31);
+    if (s->k_h == 1 && kw_n == 1 && kh0 < kh1) { /* pointwise (1x1): a sum over input channels alone */
+        const long plane_in = (long)s->h_in * s->w_in;
+        const float *xp = x + ((long)n * s->c_in + ic0) * plane_in + (long)(oh * s->stride_h - s->pad_h) * s->w_in +
+                          (ow * sw - s->pad_w);
+        const float *w0 = w + (long)oc * cin_g, *w1 = w0 + wst, *w2 = w1 + wst, *w3 = w2 + wst;
+        for (icl = 0; icl < cin_g; ++icl, xp += plane_in) {
+            const float x0 = xp[0], x1 = xp[sw];
+            a00 = fmaf(x0, w0[icl], a00);
+            a01 = fmaf(x1, w0[icl], a01);
+            a10 = fmaf(x0, w1[icl], a10);
+            a11 = fmaf(x1, w1[icl], a11);
+            a20 = fmaf(x0, w2[icl], a20);
+            a21 = fmaf(x1, w2[icl], a21);
+            a30 = fmaf(x0, w3[icl], a30);
+            a31 = fmaf(x1, w3[icl], a31);
+        }
+    } else {
+        for (icl = 0; icl < cin_g; ++icl) {
+            const float *xp = x + ((long)n * s->c_in + ic0 + icl) * s->h_in * s->w_in + (ow * sw - s->pad_w);
+            const float *wp = w + ((long)oc * cin_g + icl) * s->k_h * s->k_w;
+            for (kh = kh0; kh < kh1; ++kh) {
+                const float *xr = xp + (long)(oh * s->stride_h - s->pad_h + kh * s->dil_h) * s->w_in;
+                const float *w0 = wp + kh * kw_n, *w1 = w0 + wst, *w2 = w1 + wst, *w3 = w2 + wst;
+                if (row3) { /* 3 taps, stride 1: the two pixels read 4 inputs, each sum in tap order */
+                    const float x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
+                    taps3_x2(x0, x1, x2, x3, w0, &a00, &a01);
+                    taps3_x2(x0, x1, x2, x3, w1, &a10, &a11);
+                    taps3_x2(x0, x1, x2, x3, w2, &a20, &a21);
+                    taps3_x2(x0, x1, x2, x3, w3, &a30, &a31);
+                    continue;
+                }
+                for (kw = 0; kw < kw_n; ++kw) {
+                    const float x0 = xr[kw * dw], x1 = xr[kw * dw + sw];
+                    a00 = fmaf(x0, w0[kw], a00);
+                    a01 = fmaf(x1, w0[kw], a01);
+                    a10 = fmaf(x0, w1[kw], a10);
+                    a11 = fmaf(x1, w1[kw], a11);
+                    a20 = fmaf(x0, w2[kw], a20);
+                    a21 = fmaf(x1, w2[kw], a21);
+                    a30 = fmaf(x0, w3[kw], a30);
+                    a31 = fmaf(x1, w3[kw], a31);
+                }
             }
         }
     }
@@ -153,11 +192,89 @@ static void fwd_block_4x2(const et_conv2d_shape *s, const float *x, const float 
     y[3 * plane + 1] = a31;
 }
 
+/* One pixel of 4 output channels (oc .. oc+3, one group) at any column, its kernel columns clipped to the
+ * image as fwd_point clips them (the borders and an odd interior pixel). y points at y[n][oc][oh][ow]. */
+static void fwd_block_4x1(const et_conv2d_shape *s, const float *x, const float *w, const float *b, int n, int oc,
+                          int oh, int ow, int kh0, int kh1, float *y)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    const int ic0 = (oc / cout_g) * cin_g, iw0 = ow * s->stride_w - s->pad_w, dw = s->dil_w;
+    const long wst = (long)cin_g * s->k_h * s->k_w; /* from one output channel's weights to the next */
+    const long plane = (long)s->h_out * s->w_out;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int icl, kh, kw, kw0, kw1;
+
+    tap_range(iw0, dw, s->k_w, s->w_in, &kw0, &kw1);
+    for (icl = 0; icl < cin_g; ++icl) {
+        const float *xp = x + ((long)n * s->c_in + ic0 + icl) * s->h_in * s->w_in + iw0;
+        const float *wp = w + ((long)oc * cin_g + icl) * s->k_h * s->k_w;
+        for (kh = kh0; kh < kh1; ++kh) {
+            const float *xr = xp + (long)(oh * s->stride_h - s->pad_h + kh * s->dil_h) * s->w_in;
+            const float *w0 = wp + kh * s->k_w, *w1 = w0 + wst, *w2 = w1 + wst, *w3 = w2 + wst;
+            for (kw = kw0; kw < kw1; ++kw) {
+                const float v = xr[kw * dw];
+                a0 = fmaf(v, w0[kw], a0);
+                a1 = fmaf(v, w1[kw], a1);
+                a2 = fmaf(v, w2[kw], a2);
+                a3 = fmaf(v, w3[kw], a3);
+            }
+        }
+    }
+    if (b != NULL) {
+        a0 += b[oc];
+        a1 += b[oc + 1];
+        a2 += b[oc + 2];
+        a3 += b[oc + 3];
+    }
+    y[0] = a0;
+    y[plane] = a1;
+    y[2 * plane] = a2;
+    y[3 * plane] = a3;
+}
+
+/* The interior block of one output channel: pixels ow .. ow+3 of row oh, every kernel column inside the
+ * image (single channels: depthwise convolutions, a group's leftover channels). y points at y[n][oc][oh][ow]. */
+static void fwd_block_1x4(const et_conv2d_shape *s, const float *x, const float *w, const float *b, int n, int oc,
+                          int oh, int ow, int kh0, int kh1, float *y)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    const int ic0 = (oc / cout_g) * cin_g, sw = s->stride_w, dw = s->dil_w, kw_n = s->k_w;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int icl, kh, kw;
+
+    for (icl = 0; icl < cin_g; ++icl) {
+        const float *xp = x + ((long)n * s->c_in + ic0 + icl) * s->h_in * s->w_in + (ow * sw - s->pad_w);
+        const float *wp = w + ((long)oc * cin_g + icl) * s->k_h * s->k_w;
+        for (kh = kh0; kh < kh1; ++kh) {
+            const float *xr = xp + (long)(oh * s->stride_h - s->pad_h + kh * s->dil_h) * s->w_in;
+            const float *wr = wp + kh * kw_n;
+            for (kw = 0; kw < kw_n; ++kw) {
+                const float *xk = xr + kw * dw;
+                const float v = wr[kw];
+                a0 = fmaf(xk[0], v, a0);
+                a1 = fmaf(xk[sw], v, a1);
+                a2 = fmaf(xk[2 * sw], v, a2);
+                a3 = fmaf(xk[3 * sw], v, a3);
+            }
+        }
+    }
+    if (b != NULL) {
+        a0 += b[oc];
+        a1 += b[oc];
+        a2 += b[oc];
+        a3 += b[oc];
+    }
+    y[0] = a0;
+    y[1] = a1;
+    y[2] = a2;
+    y[3] = a3;
+}
+
 void et_conv2d_forward(const et_conv2d_shape *s, const float *x, const float *w, const float *b, float *y)
 {
     const int cout_g = s->c_out / s->groups;
     const long plane = (long)s->h_out * s->w_out;
-    int n, oc, oh, ow, j, nb, ow_lo, ow_hi, kh0, kh1;
+    int n, oc, oh, ow, nb, ow_lo, ow_hi, kh0, kh1;
 
     interior(-s->pad_w, (s->k_w - 1) * s->dil_w - s->pad_w, s->stride_w, s->w_in, s->w_out, &ow_lo, &ow_hi);
     for (n = 0; n < s->n; ++n) {
@@ -168,15 +285,22 @@ void et_conv2d_forward(const et_conv2d_shape *s, const float *x, const float *w,
                 ow = 0;
                 if (nb == 4) {
                     tap_range(oh * s->stride_h - s->pad_h, s->dil_h, s->k_h, s->h_in, &kh0, &kh1);
-                    for (; ow < ow_lo; ++ow) /* left border */
-                        for (j = 0; j < 4; ++j)
-                            yr[j * plane + ow] = fwd_point(s, x, w, b, n, oc + j, oh, ow);
+                    for (; ow < ow_lo; ++ow) /* left border: the columns clipped */
+                        fwd_block_4x1(s, x, w, b, n, oc, oh, ow, kh0, kh1, yr + ow);
                     for (; ow + 1 < ow_hi; ow += 2) /* interior, two pixels at a time */
                         fwd_block_4x2(s, x, w, b, n, oc, oh, ow, kh0, kh1, yr + ow);
+                    for (; ow < s->w_out; ++ow) /* an odd interior pixel, the right border */
+                        fwd_block_4x1(s, x, w, b, n, oc, oh, ow, kh0, kh1, yr + ow);
                 }
-                for (; ow < s->w_out; ++ow) /* an odd interior pixel, the right border, single channels */
-                    for (j = 0; j < nb; ++j)
-                        yr[j * plane + ow] = fwd_point(s, x, w, b, n, oc + j, oh, ow);
+                if (nb == 1) { /* a single channel (a group's leftover, depthwise): 4 interior pixels at once */
+                    tap_range(oh * s->stride_h - s->pad_h, s->dil_h, s->k_h, s->h_in, &kh0, &kh1);
+                    for (; ow < ow_lo; ++ow) /* left border */
+                        yr[ow] = fwd_point(s, x, w, b, n, oc, oh, ow);
+                    for (; ow + 3 < ow_hi; ow += 4)
+                        fwd_block_1x4(s, x, w, b, n, oc, oh, ow, kh0, kh1, yr + ow);
+                    for (; ow < s->w_out; ++ow) /* leftover interior pixels, the right border */
+                        yr[ow] = fwd_point(s, x, w, b, n, oc, oh, ow);
+                }
             }
         }
     }
@@ -289,22 +413,103 @@ static void bwd_in_block_4x2(const et_conv2d_shape *s, const float *gy, const fl
     gx[3 * plane_in + s->stride_w] = a31;
 }
 
-/* Whether input pixels iw and iw + stride_w see the same kernel columns, the second's outputs one to the right
- * of the first's (true inside the image; at the borders a tap may fall off one of them). */
-static int same_column_taps(const et_conv2d_shape *s, int iw, tap_set *cols)
+/* One input pixel of 4 input channels (ic .. ic+3, one group) with its own column taps `cols` (the borders, a
+ * pixel without a partner): bwd_in_point's sums for four channels at once. gx points at gx[n][ic][ih][iw]. */
+static void bwd_in_block_4x1(const et_conv2d_shape *s, const float *gy, const float *w, int n, int ic,
+                             const tap_set *rows, const tap_set *cols, float *gx)
 {
-    const tap_set next = taps_of(iw + s->stride_w, s->pad_w, s->dil_w, s->stride_w, s->k_w, s->w_out);
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    const int g = ic / cin_g, icl = ic - g * cin_g, khw = s->k_h * s->k_w;
+    const long plane = (long)s->h_out * s->w_out, plane_in = (long)s->h_in * s->w_in;
+    const long wst = (long)cin_g * khw; /* from one output channel's weights to the next */
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int kh, kw, oh, ow, ocl;
+
+    for (kh = rows->first, oh = rows->o_first; kh <= rows->last; kh += rows->step, oh -= rows->o_step) {
+        for (kw = cols->first, ow = cols->o_first; kw <= cols->last; kw += cols->step, ow -= cols->o_step) {
+            const float *gp = gy + ((long)n * s->c_out + (long)g * cout_g) * plane + (long)oh * s->w_out + ow;
+            const float *wp = w + (((long)g * cout_g * cin_g + icl) * s->k_h + kh) * s->k_w + kw;
+            float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+            for (ocl = 0; ocl < cout_g; ++ocl, gp += plane, wp += wst) {
+                const float v = gp[0];
+                t0 = fmaf(v, wp[0], t0);
+                t1 = fmaf(v, wp[khw], t1);
+                t2 = fmaf(v, wp[2 * khw], t2);
+                t3 = fmaf(v, wp[3 * khw], t3);
+            }
+            a0 += t0;
+            a1 += t1;
+            a2 += t2;
+            a3 += t3;
+        }
+    }
+    gx[0] = a0;
+    gx[plane_in] = a1;
+    gx[2 * plane_in] = a2;
+    gx[3 * plane_in] = a3;
+}
+
+/* Whether input pixels iw, iw + stride_w, ..., iw + (m-1)*stride_w see the same kernel columns, each one's
+ * outputs one to the right of the previous one's (true inside the image; at the borders a tap may fall off
+ * one of them). The taps of one phase form one progression clipped by the output range, so the first and
+ * the last pixel sharing a tap and agreeing means all do (with no tap, a pixel between them may still have
+ * one). *cols receives the first pixel's taps either way. */
+static int same_column_taps(const et_conv2d_shape *s, int iw, int m, tap_set *cols)
+{
+    const int last = iw + (m - 1) * s->stride_w;
+    tap_set next;
 
     *cols = taps_of(iw, s->pad_w, s->dil_w, s->stride_w, s->k_w, s->w_out);
-    return iw + s->stride_w < s->w_in && cols->first == next.first && cols->last == next.last &&
-           (cols->first > cols->last || next.o_first == cols->o_first + 1);
+    if (last >= s->w_in)
+        return 0;
+    next = taps_of(last, s->pad_w, s->dil_w, s->stride_w, s->k_w, s->w_out);
+    if (cols->first > cols->last)
+        return m <= 2 && next.first > next.last;
+    return cols->first == next.first && cols->last == next.last && next.o_first == cols->o_first + m - 1;
+}
+
+/* The interior block of one input channel: pixels iw, iw + stride_w, ..., iw + 3*stride_w, which share their
+ * column taps `cols` (single channels: depthwise convolutions, a group's leftover). gx points at
+ * gx[n][ic][ih][iw]. */
+static void bwd_in_block_1x4(const et_conv2d_shape *s, const float *gy, const float *w, int n, int ic,
+                             const tap_set *rows, const tap_set *cols, float *gx)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    const int g = ic / cin_g, icl = ic - g * cin_g, sw = s->stride_w;
+    const long plane = (long)s->h_out * s->w_out;
+    const long wst = (long)cin_g * s->k_h * s->k_w; /* from one output channel's weights to the next */
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int kh, kw, oh, ow, ocl;
+
+    for (kh = rows->first, oh = rows->o_first; kh <= rows->last; kh += rows->step, oh -= rows->o_step) {
+        for (kw = cols->first, ow = cols->o_first; kw <= cols->last; kw += cols->step, ow -= cols->o_step) {
+            const float *gp = gy + ((long)n * s->c_out + (long)g * cout_g) * plane + (long)oh * s->w_out + ow;
+            const float *wp = w + (((long)g * cout_g * cin_g + icl) * s->k_h + kh) * s->k_w + kw;
+            float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+            for (ocl = 0; ocl < cout_g; ++ocl, gp += plane, wp += wst) {
+                const float v = wp[0];
+                t0 = fmaf(gp[0], v, t0);
+                t1 = fmaf(gp[1], v, t1);
+                t2 = fmaf(gp[2], v, t2);
+                t3 = fmaf(gp[3], v, t3);
+            }
+            a0 += t0;
+            a1 += t1;
+            a2 += t2;
+            a3 += t3;
+        }
+    }
+    gx[0] = a0;
+    gx[sw] = a1;
+    gx[2 * sw] = a2;
+    gx[3 * sw] = a3;
 }
 
 void et_conv2d_backward_input(const et_conv2d_shape *s, const float *gy, const float *w, float *gx)
 {
     const int cin_g = s->c_in / s->groups;
     const long plane_in = (long)s->h_in * s->w_in;
-    int n, ic, ih, iw, p, j, nb;
+    int n, ic, ih, iw, p, nb;
     tap_set cols;
 
     for (n = 0; n < s->n; ++n) {
@@ -317,13 +522,18 @@ void et_conv2d_backward_input(const et_conv2d_shape *s, const float *gy, const f
                  * interior), else one pixel alone (the borders, single channels). */
                 for (p = 0; p < s->stride_w && p < s->w_in; ++p) {
                     for (iw = p; iw < s->w_in;) {
-                        if (nb == 4 && same_column_taps(s, iw, &cols)) {
-                            bwd_in_block_4x2(s, gy, w, n, ic, &rows, &cols, gr + iw);
-                            iw += 2 * s->stride_w;
+                        if (same_column_taps(s, iw, nb == 4 ? 2 : 4, &cols)) {
+                            if (nb == 4)
+                                bwd_in_block_4x2(s, gy, w, n, ic, &rows, &cols, gr + iw);
+                            else
+                                bwd_in_block_1x4(s, gy, w, n, ic, &rows, &cols, gr + iw);
+                            iw += (nb == 4 ? 2 : 4) * s->stride_w;
                             continue;
                         }
-                        for (j = 0; j < nb; ++j)
-                            gr[j * plane_in + iw] = bwd_in_point(s, gy, w, n, ic + j, &rows, iw);
+                        if (nb == 4) /* cols holds this pixel's own taps (same_column_taps computed them) */
+                            bwd_in_block_4x1(s, gy, w, n, ic, &rows, &cols, gr + iw);
+                        else
+                            gr[iw] = bwd_in_point(s, gy, w, n, ic, &rows, iw);
                         iw += s->stride_w;
                     }
                 }
@@ -412,6 +622,35 @@ static void wgrad_block_4x2(const et_conv2d_shape *s, const float *gy, const flo
     g[3][1] = a31;
 }
 
+/* The blocked gradients of one tap for output channels (oc .. oc+3) and one input channel: g[j][0]. */
+static void wgrad_block_4x1(const et_conv2d_shape *s, const float *gy, const float *x, int oc, int ic,
+                            const tap_box *b, float g[4][2])
+{
+    const long plane = (long)s->h_out * s->w_out, plane_in = (long)s->h_in * s->w_in;
+    const int sw = s->stride_w;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int n, oh, ow;
+
+    for (n = 0; n < s->n; ++n) {
+        for (oh = b->oh0; oh < b->oh1; ++oh) {
+            const float *g0 = gy + ((long)n * s->c_out + oc) * plane + (long)oh * s->w_out;
+            const float *g1 = g0 + plane, *g2 = g1 + plane, *g3 = g2 + plane;
+            const float *x0 = x + ((long)n * s->c_in + ic) * plane_in + (long)(oh * s->stride_h + b->dh) * s->w_in + b->dw;
+            for (ow = b->ow0; ow < b->ow1; ++ow) {
+                const float v = x0[ow * sw];
+                a0 = fmaf(g0[ow], v, a0);
+                a1 = fmaf(g1[ow], v, a1);
+                a2 = fmaf(g2[ow], v, a2);
+                a3 = fmaf(g3[ow], v, a3);
+            }
+        }
+    }
+    g[0][0] = a0;
+    g[1][0] = a1;
+    g[2][0] = a2;
+    g[3][0] = a3;
+}
+
 /* dL/db[oc] = sum over (n, oh, ow) of gy[n][oc][oh][ow]. */
 static float conv2d_bias_grad(const et_conv2d_shape *s, const float *gy, int oc)
 {
@@ -460,6 +699,8 @@ static void wgrad_all(const et_conv2d_shape *s, const float *gy, const float *x,
                     const long i = ((long)oc * cin_g + icl) * khw + kh * s->k_w + kw;
                     if (nb_ic == 2) {
                         wgrad_block_4x2(s, gy, x, oc, ic0 + icl, &b, g);
+                    } else if (nb_oc == 4) { /* a group's last input channel (or its only one) */
+                        wgrad_block_4x1(s, gy, x, oc, ic0 + icl, &b, g);
                     } else {
                         for (j = 0; j < nb_oc; ++j)
                             g[j][0] = wgrad_point(s, gy, x, oc + j, ic0 + icl, &b);

@@ -73,6 +73,9 @@ static const et_conv2d_shape kBlk = {1, 8, 7, 8, 9, 7, 8, 3, 3, 1, 1, 1, 1, 1, 1
 static const et_conv2d_shape kBlk2 = {1, 4, 9, 9, 4, 5, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1};
 static float bx[8 * 7 * 8], bw[9 * 8 * 9], bb[9], by[9 * 7 * 8], bgx[8 * 7 * 8], bgw[9 * 8 * 9], bgb[9];
 static float b2x[4 * 9 * 9], b2w[4 * 4 * 9], b2y[4 * 5 * 5], b2gx[4 * 9 * 9], b2gw[4 * 4 * 9];
+/* pointwise: n 1, 8 -> 8 channels, 5x6, kernel 1x1, pad 1 (padding rows and columns) -> 7x8 */
+static const et_conv2d_shape kPw = {1, 8, 5, 6, 8, 7, 8, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+static float pwx[8 * 5 * 6], pww[8 * 8], pwb[8], pwy[8 * 7 * 8], pwgx[8 * 5 * 6], pwgw[8 * 8], pwgb[8];
 
 /* pools on a 2 x 3 x 7 x 7 input: max 3x3 stride 2 pad 1 -> 4x4, avg 2x2 stride 2 -> 3x3 */
 static const et_pool2d_shape kMax = {2, 3, 7, 7, 4, 4, 3, 3, 2, 2, 1, 1, 1, 1, 0};
@@ -154,6 +157,16 @@ int main(void)
     PUT(b2gx);
     et_conv2d_backward_weight(&kBlk2, b2y, b2x, b2gw, NULL);
     PUT(b2gw);
+    fill(pwx, 8 * 5 * 6, 1.0f);
+    fill(pww, 8 * 8, 0.3f);
+    fill(pwb, 8, 0.3f);
+    et_conv2d_forward(&kPw, pwx, pww, pwb, pwy);
+    PUT(pwy);
+    et_conv2d_backward_input(&kPw, pwy, pww, pwgx);
+    PUT(pwgx);
+    et_conv2d_backward_weight(&kPw, pwy, pwx, pwgw, pwgb);
+    PUT(pwgw);
+    PUT(pwgb);
 
     /* pooling */
     fill(px, 2 * 3 * 7 * 7, 3.0f);

@@ -18,7 +18,9 @@ from .phased import solve_phased
 from .milp.registry import solve_with
 from .poet import build as build_poet
 from .validator import Report, validate
-from .warmstart import greedy_keep
+from .warmstart import best_start
+
+START_SHARE = 0.15  # the most share of a solve's time limit the greedy starts may take (counted inside it)
 
 # Every scheduler, with what it does in a line (the CLI's help reads it).
 SCHEDULERS = {
@@ -105,9 +107,11 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     greedy = dtr(g, lv, budget_bytes)  # budget-aware, so often the best start when the others do not fit
     if greedy is not None:
         options["dtr"] = greedy
-    kept = greedy_keep(g, lv, target, budget_bytes, paging=paging, retain=True)  # pages too, where DTR cannot
+    # Pages too, where DTR cannot; several drop orders (see warmstart.best_start), inside the time limit.
+    kept, starts = best_start(g, lv, target, budget_bytes, paging=paging, retain=True,
+                              seconds=START_SHARE * time_limit)
     if kept is not None:
-        options["greedy-keep"] = kept
+        options["greedy-keep"] = kept.decisions
     for name, d in options.items():
         try:
             s = _finish(g, lv, name, d, target, budget_bytes, none)
@@ -127,14 +131,16 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     warm = model.vector(best.decisions) if best is not None else None
     if warm is not None and not model.milp.is_feasible(warm):
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
+    left = max(time_limit - starts["seconds"], 0.5 * time_limit)  # the starts' time counts in the limit
     if lns > 0:
-        res = solve_phased(solver, model, lv, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm,
+        res = solve_phased(solver, model, lv, time_limit=left, mip_gap=mip_gap, warm_start=warm,
                            threads=threads, lns=lns, cuts=cuts)
     else:
-        res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap,
+        res = solve_with(solver, model.milp, time_limit=left, warm_start=warm, mip_gap=mip_gap,
                          threads=threads)
     info = res.to_json()  # the backend that ran, the one requested, and after a fallback a one-line notice
     info["warm_start"] = best.name if warm is not None else None
+    info["greedy_starts"] = {k: (round(v, 3) if k == "seconds" else v) for k, v in starts.items()}
     chosen = None
     if res.values is not None:
         useless = model.useless_page_outs(res.values, lv)

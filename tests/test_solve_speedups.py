@@ -245,6 +245,24 @@ def test_greedy_starts_count_inside_the_time_limit(small_cnn):
     assert starts["starts"] >= 1 and starts["seconds"] >= 0 and starts["evaluations"] > 0
 
 
+def test_a_page_in_of_a_held_tensor_is_dropped_with_its_page_out(small_cnn):
+    """A time-limited incumbent may page in a tensor it already holds (build_steps skips that page-in, so its
+    page-out is never used and strict validation refuses it): the scheduler's clean-up drops both."""
+    from edgetrain.compiler.scheduling.poet import without_redundant_holds
+
+    G = small_cnn
+    model = build_poet(G.g, G.lv, TARGET, G.sa.peak_bytes)
+    x = model.vector(store_all(G.g, G.lv))
+    (t, i), j = next(((t, i), j) for (t, i), j in model.P.items() if x[model.entering(t, i, G.lv.B0)] > 0.5)
+    x[j] = x[model.PO[i]] = 1.0
+    with pytest.raises(Exception, match="never paged in"):
+        validate(G.g, build_steps(G.g, G.lv, model.decisions(x, G.lv)), TARGET, None, strict=True)
+    clean = without_redundant_holds(model, G.lv, x)
+    assert clean[j] == 0 and clean[model.PO[i]] == 0
+    rep = validate(G.g, build_steps(G.g, G.lv, model.decisions(clean, G.lv)), TARGET, None, strict=True)
+    assert rep.energy_j == pytest.approx(G.sa.energy_j, rel=1e-12)
+
+
 def test_lns_only_improves_and_stays_feasible(mcu_resnet):
     from edgetrain.compiler.scheduling.heuristics import page_all
     from edgetrain.compiler.scheduling.search import improve

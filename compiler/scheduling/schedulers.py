@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .steps import Decisions, Step, build_steps
 from .budget import min_budget
 from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
@@ -16,7 +18,7 @@ from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import Liveness
 from .phased import solve_phased
 from .milp.registry import solve_with
-from .poet import build as build_poet
+from .poet import build as build_poet, without_redundant_holds
 from .validator import Report, validate
 from .warmstart import best_start
 
@@ -143,15 +145,17 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     info["greedy_starts"] = {k: (round(v, 3) if k == "seconds" else v) for k, v in starts.items()}
     chosen = None
     if res.values is not None:
-        useless = model.useless_page_outs(res.values, lv)
-        if useless:  # dropped from the schedule (see PoetModel.useless_page_outs): its objective drops too
-            d = model.decisions(res.values, lv)
-            info["objective"] = model.milp.objective(model.vector(d))
+        # A time-limited incumbent may page in or recompute a tensor already held (then its page-out is never
+        # used): dropped from the schedule (see poet.without_redundant_holds), and its objective drops too.
+        x = without_redundant_holds(model, lv, res.values)
+        changed = int(np.sum(x != np.round(res.values)))
+        if changed:
+            info["objective"] = model.milp.objective(x)
             if info.get("bound") is not None and info["objective"]:
                 info["gap"] = max(0.0, (info["objective"] - info["bound"]) / abs(info["objective"]))
-            info["note"] = (f"dropped {len(useless)} page-outs of tensors the solution never pages in "
+            info["note"] = (f"dropped {changed} page-ins, recomputes or page-outs the solution does not need "
                             "(within the solver's gap)")
-        chosen = _finish(g, lv, "milp", model.decisions(res.values, lv), target, budget_bytes, info)
+        chosen = _finish(g, lv, "milp", model.decisions(x, lv), target, budget_bytes, info)
         if deadline_s is not None and chosen.report.time_s > deadline_s * (1 + 1e-9):
             # Within the solver's tolerances but over the deadline as the validator counts it: not kept.
             info["note"] = (f"the solver's schedule takes {chosen.report.time_s:.6g} s, over the deadline "

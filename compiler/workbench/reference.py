@@ -1,6 +1,6 @@
 """The exactness reference: the user's model trained by plain PyTorch autograd from the same weights and data.
 
-Dropout modules are swapped for ones that draw the runtime's mask (same seed, step and module), and the
+Every dropout, an nn.Dropout module's or an F.dropout call's, draws the runtime's mask (same seed, step and key), and the
 parameters the schedule lists as trainable are the ones with requires_grad (so a `--train` selection holds),
 the only changes to the model; everything else is the model as the user wrote it, with its loss and the torch.optim
 optimizer the plan's updates match.
@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from edgetrain.compiler.frontend.capture import load_loss, objective, swap_dropout
+from edgetrain.compiler.frontend.capture import KeyedDropout, load_loss, objective
 from edgetrain.compiler.frontend.modelspec import resolve
 
 
@@ -45,7 +45,6 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     load_weights(model, weights_path)
     model.to(device).train()
     clock = [schedule["seed"], first_step, {}]
-    swap_dropout(model, clock=clock)
     graph = schedule["graph"]
     if "trainable" in graph:  # the schedule's choice (the model's flags or --train) decides what trains
         trainable = set(graph["trainable"])
@@ -59,7 +58,8 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     for k, (x, y) in enumerate(batches):
         clock[1], clock[2] = first_step + k, {}
         opt.zero_grad(set_to_none=True)
-        value = fn(model, x.to(device), y.to(device))
+        with KeyedDropout(model, clock=clock):
+            value = fn(model, x.to(device), y.to(device))
         value.backward()
         opt.step()
         losses.append(float(value.detach()))

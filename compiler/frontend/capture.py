@@ -284,6 +284,8 @@ class _Where(torch.utils._python_dispatch.TorchDispatchMode):
         self.modules: list[str] = []  # the modules being run, outermost first
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "namespace", "aten") != "aten":  # prim.device: fake tensors ask it, the graph has none
+            return func(*args, **(kwargs or {}))
         line = _user_line(_stack()) or (f"module {self.modules[-1]}" if self.modules else "")
         self.calls.append((_base_name(func), line))
         return func(*args, **(kwargs or {}))

@@ -345,6 +345,21 @@ def _sources(step: nn.Module, gm: fx.GraphModule, x, y, fake) -> dict[str, str]:
     return out
 
 
+def _unmasked(gm: fx.GraphModule) -> None:
+    """A fake kernel makes every output of a backward op; the real one makes none where its output_mask is
+    False (batch-norm's input gradient under a frozen first layer): the values say what the runtime gets."""
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        names = [a.name for a in schema.arguments] if schema is not None else []
+        if n.op != "call_function" or "output_mask" not in names:
+            continue
+        i = names.index("output_mask")
+        mask = n.kwargs.get("output_mask", n.args[i] if i < len(n.args) else None)
+        val = n.meta.get("val")
+        if isinstance(mask, (list, tuple)) and isinstance(val, (list, tuple)) and len(val) == len(mask):
+            n.meta["val"] = type(val)(v if m else None for v, m in zip(val, mask))
+
+
 def _real(value, name: str) -> torch.Tensor:
     """A constant torch lifted out of the code, as real data (it becomes a buffer of the plan)."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -401,6 +416,7 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
             raise UnsupportedModelError(_guard_message(e)) from None
         raise UnsupportedModelError(f"torch could not trace the training step{user_frame(e)}: {name}: "
                                     f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
+    _unmasked(gm)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     # A tied parameter is named as named_parameters() names it (its first name) everywhere.
     params = {ph: tied.get(_strip(p), _strip(p)) for ph, p in sig.inputs_to_parameters.items()}

@@ -146,20 +146,7 @@ def example_labels(loss: str, seed: int, resolved, model, example: torch.Tensor)
     """Labels shaped as `loss` ("cross_entropy", "mse" or "model") expects them: class ids (B, ...) for
     cross-entropy, the output's shape for mse, the model's `labels_shape` for a model that computes its loss."""
     gen = torch.Generator().manual_seed(seed + 1)
-    saved = {k: b.clone() for k, b in model.named_buffers()}  # a forward in training mode moves BN statistics
-    try:
-        with torch.no_grad():
-            out = model(example) if loss != "model" else None
-    except Exception as e:
-        from .frontend.capture import user_frame
-
-        raise UnsupportedModelError(f"the model cannot take an input of shape {tuple(example.shape)}{user_frame(e)}: "
-                                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
-                                    "Check --input-shape (C,H,W without the batch)") from None
-    finally:
-        with torch.no_grad():
-            for k, b in model.named_buffers():
-                b.copy_(saved[k])
+    out = None if loss == "model" else _output_like(model, example)
     if loss == "model":
         labels_shape = getattr(resolved.module, "labels_shape", None)
         high = resolved.num_classes or resolved.input_high or 2
@@ -178,6 +165,32 @@ def example_labels(loss: str, seed: int, resolved, model, example: torch.Tensor)
         raise UnsupportedModelError(f"cross-entropy needs (B, C, ...) outputs; the model returns shape {tuple(out.shape)}")
     shape = out.shape[:-1] if token else (out.shape[0], *out.shape[2:])
     return torch.randint(0, classes, tuple(shape), generator=gen)
+
+
+def _output_like(model, example: torch.Tensor):
+    """The model's output on `example`, from a forward on fake tensors (shapes only: BERT-base's real forward
+    took seconds); a model that fails there runs for real, for its own error or its output."""
+    from .frontend.capture import on_fakes
+
+    try:
+        with on_fakes(model) as fake, fake, torch.no_grad():
+            return model(fake.from_tensor(example))
+    except Exception:
+        pass
+    saved = {k: b.clone() for k, b in model.named_buffers()}  # a forward in training mode moves BN statistics
+    try:
+        with torch.no_grad():
+            return model(example)
+    except Exception as e:
+        from .frontend.capture import user_frame
+
+        raise UnsupportedModelError(f"the model cannot take an input of shape {tuple(example.shape)}{user_frame(e)}: "
+                                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
+                                    "Check --input-shape (C,H,W without the batch)") from None
+    finally:
+        with torch.no_grad():
+            for k, b in model.named_buffers():
+                b.copy_(saved[k])
 
 
 def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor):

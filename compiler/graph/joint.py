@@ -481,7 +481,7 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
             if mine:
                 attrs["updates"] = [{k: ([list(v) for v in u[k]] if k == "view" else u[k]) for k in u
                                      if not (k == "view" and not u[k])} for u in mine]
-            if any(r in opname for r in _RANDOM):
+            if any(r in opname for r in _RANDOM) and "backward" not in opname:  # a backward draws nothing
                 attrs["seed_key"] = seed_keys.get(name, name)
             if name == loss_ref.node:
                 attrs["loss_item"] = loss_ref.k

@@ -20,7 +20,9 @@ the smallest feasible budget (`min_budget`) and store-all's peak. The properties
    meets it, or BudgetError says it cannot (only when no heuristic meets budget and deadline); the MILP's own
    answer meets it as the validator counts time;
 6. no schedule pages out a tensor it never pages in (heuristics, every scheduler, the MILP at a loose gap); a
-   MILP solution that does loses those page-outs when it becomes decisions.
+   MILP solution that does loses those page-outs when it becomes decisions;
+7. reading page-ins ahead (Python plans) keeps the steps, the peak, energy and time, and moves page-ins only
+   earlier, never before their tensor's last earlier step.
 
 Regressions: the smallest examples the properties found (each failed before its fix in compiler/).
 
@@ -59,6 +61,7 @@ from edgetrain.compiler.scheduling.poet import build as build_poet
 from edgetrain.compiler.scheduling.poet import without_redundant_holds
 from edgetrain.compiler.workbench.run import run_plan
 from edgetrain.compiler.scheduling.budget import min_budget
+from edgetrain.compiler.scheduling.prefetch import prefetch
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS, run_scheduler
 from edgetrain.compiler.scheduling.validator import Report, validate
 from model_gen import FAMILIES, build, gen_spec, spec_from_seed
@@ -355,6 +358,48 @@ def test_a_solution_with_a_useless_page_out_loses_it(spec, target):
     assert not d.page_out and not _paged_out_never_in(build_steps(c.g, c.lv, d))
     assert replay(c, d, None).energy_j < model.milp.objective(x) or not model.PO
     assert not model.useless_page_outs(without_redundant_holds(model, c.lv, x), c.lv)
+
+
+# -- 7. prefetch keeps the memory model ---------------------------------------------------------------------
+def _page_in_stages(steps) -> dict[tuple[str, int], int]:
+    """(tensor, its n-th page-in) -> stage."""
+    seen: dict[str, int] = {}
+    out = {}
+    for s in steps:
+        if s.action == "page_in":
+            seen[s.tensor] = seen.get(s.tensor, 0) + 1
+            out[s.tensor, seen[s.tensor]] = s.stage
+    return out
+
+
+@PROPS
+@given(spec=specs(), percent=fractions, target=targets)
+def test_prefetched_page_ins_keep_peak_energy_and_time(spec, percent, target):
+    """Reading page-ins ahead (the Python plans' schedules) changes only where page-ins start: the same steps
+    otherwise, each page-in no later and after its tensor's last earlier step, and the strict validator gives
+    the same peak, energy and time, within the budget; a tighter limit is never exceeded."""
+    c = case_of(spec, target)
+    budget = c.budget(percent)
+    options = dict(candidates(c.g, c.lv, paging=True))
+    try:
+        options["kept"] = run_scheduler(c.g, c.lv, c.target, budget, time_limit=TIME_LIMIT).decisions
+    except BudgetError:
+        pass
+    for name, d in options.items():
+        steps = build_steps(c.g, c.lv, d)
+        before = validate(c.g, steps, c.target, None)
+        for limit in (None, before.peak_bytes - 1):
+            out = prefetch(c.g, steps, c.target, limit)
+            after = validate(c.g, out, c.target, None, strict=True)
+            assert after.peak_bytes == before.peak_bytes, name
+            assert rel_close(after.energy_j, before.energy_j) and rel_close(after.time_s, before.time_s), name
+            assert all(a <= max(b, limit or before.peak_bytes) for a, b in zip(after.stage_peaks, before.stage_peaks))
+            key = lambda s: (s.action, s.tensor, s.stage if s.action != "page_in" else -1)  # noqa: E731
+            assert sorted(map(key, out)) == sorted(map(key, steps)), name
+            where, moved = _page_in_stages(steps), _page_in_stages(out)
+            assert where.keys() == moved.keys() and all(moved[k] <= where[k] for k in where), name
+        if before.peak_bytes <= budget:
+            validate(c.g, prefetch(c.g, steps, c.target), c.target, budget, strict=True)
 
 
 # -- regressions: the smallest examples the properties above found ---------------------------------------------

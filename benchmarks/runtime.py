@@ -1,7 +1,7 @@
 """Runtime benchmark: a compiled plan's training step against a plain PyTorch step of the same model.
 
     .venv/bin/python benchmarks/runtime.py [--models resnet18,mobilenetv2,gpt_small] [--budgets 100%,50%]
-                                           [--threads 1] [--prefetch on,off] [--target rpi4] [--batch-size 8]
+                                           [--threads 1] [--overlap on,off] [--target rpi4] [--batch-size 8]
                                            [--steps 5] [--warmup 2] [--time-limit 30] [--json build/bench/runtime.json]
 
 Per (model, budget, threads): the model is compiled for the target at the budget (POET, Python plan); the
@@ -13,8 +13,8 @@ torch runs with --threads intra-op threads. Rows also carry the schedule's predi
 `--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's) and the
 time the runtime's step stood still for the page store (`Runtime.paging_wait_s`: page-outs handed to the writer,
 waits for writes before frees, page-in headers, waits for read-ahead bytes and their checksums), as a median per step
-and as a share of the step. `--prefetch on,off` compiles each plan twice, with page-ins read ahead (the default
-of compile) and without, one row each. Prints a table and writes JSON rows with at least model, budget (as given),
+and as a share of the step. `--overlap on,off` compiles each plan twice, with paging overlapped (page-ins read ahead, frees
+of paged-out tensors written behind: the default of compile) and without, one row each. Prints a table and writes JSON rows with at least model, budget (as given),
 threads and ratio.
 """
 from __future__ import annotations
@@ -58,15 +58,15 @@ def _torch_step(model, opt, x, y) -> None:
     opt.step()
 
 
-def bench(model: str, budget: str, threads: int, prefetch: str, args, work: str) -> dict:
-    row: dict = {"model": model, "budget": budget, "threads": threads, "prefetch": prefetch, "target": args.target,
+def bench(model: str, budget: str, threads: int, overlap: str, args, work: str) -> dict:
+    row: dict = {"model": model, "budget": budget, "threads": threads, "overlap": overlap, "target": args.target,
                  "batch_size": args.batch_size}
-    out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}-{prefetch}")
+    out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}-{overlap}")
     torch.set_num_threads(threads)
-    if not os.path.exists(os.path.join(out, "plan.py")):  # one compile per (model, budget, prefetch)
+    if not os.path.exists(os.path.join(out, "plan.py")):  # one compile per (model, budget, overlap)
         compile_model(CompileOptions(model=model, target=args.target, budget=budget, out=out,
                                      batch_size=args.batch_size, time_limit=args.time_limit,
-                                     prefetch=prefetch == "on"))
+                                     overlap_paging=overlap == "on"))
     body = schedule_format.load(out)
     for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
         row[key] = sum(st["action"] == action for st in body["steps"])
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="resnet18,mobilenetv2,gpt_small")
     ap.add_argument("--budgets", default="100%,50%")
     ap.add_argument("--threads", default="1", help="comma-separated intra-op thread counts")
-    ap.add_argument("--prefetch", default="on", help="on, off or on,off: page-ins read ahead (one row each)")
+    ap.add_argument("--overlap", default="on", help="on, off or on,off: paging overlapped with compute (one row each)")
     ap.add_argument("--target", default="rpi4")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5, help="timed steps of each, after the warm-up")
@@ -127,11 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         for model in a.models.split(","):
             for budget in a.budgets.split(","):
                 for threads in (int(t) for t in a.threads.split(",")):
-                    for pf in a.prefetch.split(","):
+                    for pf in a.overlap.split(","):
                         try:
                             rows.append(bench(model, budget, threads, pf, a, work))
                         except Exception as e:  # noqa: BLE001 - a benchmark row records the failure
-                            rows.append({"model": model, "budget": budget, "threads": threads, "prefetch": pf,
+                            rows.append({"model": model, "budget": budget, "threads": threads, "overlap": pf,
                                          "error": str(e)})
     load_after = os.getloadavg()
     for r in rows:
@@ -141,22 +141,22 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(rows, f, indent=1)
     t = Table(title=f"runtime step vs plain PyTorch step ({a.target} plans, batch {a.batch_size}, medians of "
                     f"{a.steps} steps after {a.warmup}; load {load[0]:.2f} -> {load_after[0]:.2f})")
-    for col in ("model", "budget", "threads", "prefetch", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio",
+    for col in ("model", "budget", "threads", "overlap", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio",
                 "paged MB/step", "paging wait ms", "paging share", "predicted ms"):
         t.add_column(col, justify="right")
     for r in rows:
         if "ratio" not in r:
-            t.add_row(r["model"], r["budget"], str(r["threads"]), r["prefetch"], "-", "-", "-", "error", "-", "-", "-",
+            t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"], "-", "-", "-", "error", "-", "-", "-",
                       "-")
             continue
-        t.add_row(r["model"], r["budget"], str(r["threads"]), r["prefetch"],
+        t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"],
                   f"{r['recomputes']}/{r['page_ins']}/{r['page_outs']}", f"{r['runtime_s'] * 1e3:.1f}",
                   f"{r['pytorch_s'] * 1e3:.1f}", f"{r['ratio']:.2f}x", f"{r['paged_bytes_per_step'] / 1e6:.1f}",
                   f"{r['paging_wait_s'] * 1e3:.1f}", f"{r['paging_share']:.1%}", f"{r['predicted_s'] * 1e3:.1f}")
     Console(width=160).print(t)
     for r in rows:
         if r.get("error"):
-            print(f"{r['model']} {r['budget']} {r['threads']} prefetch {r['prefetch']}: {r['error']}", file=sys.stderr)
+            print(f"{r['model']} {r['budget']} {r['threads']} overlap {r['overlap']}: {r['error']}", file=sys.stderr)
     print(f"wrote {a.json}")
     return 0 if all("ratio" in r for r in rows) else 1
 

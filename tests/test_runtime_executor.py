@@ -347,23 +347,25 @@ def test_page_in_reads_ahead_counted_at_once_and_verified_at_use(mlp_rt, monkeyp
         mlp_train_step(rt, hook=corrupt_then_free)
 
 
-def test_compiled_plan_reads_page_ins_ahead_and_stays_exact(tmp_path):
-    """small_cnn at 40%: compile moves page-ins ahead of their readers within the schedule's peak; the plan
+def test_compiled_plan_overlaps_paging_and_stays_exact(tmp_path):
+    """small_cnn at 40%: compile moves page-ins ahead of their readers and frees of paged-out tensors after
+    their writes, within the schedule's peak; the plan
     trains exactly like autograd and the ledger's peak equals the prediction."""
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
     from edgetrain.compiler.workbench.run import run_plan
 
     out = str(tmp_path / "plan")
     c = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="40%", out=out, time_limit=20.0))
-    ahead = [line for line in open(f"{out}/plan.py") if "rt.page_in(" in line and "read ahead" in line]
-    assert ahead and c["page_ins"] > 0
+    plan = open(f"{out}/plan.py").read().splitlines()
+    assert any("rt.page_in(" in line and "read ahead" in line for line in plan) and c["page_ins"] > 0
+    assert any("rt.free(" in line and "while its page-out is written" in line for line in plan)
     r = run_plan(out, steps=2, check=True)
     assert r["ok"] and r["max_abs_err"] == 0, r.get("error")
     assert r["measured_peak_bytes"] == r["predicted_peak_bytes"] == c["peak_bytes"] <= c["budget_bytes"]
     flat = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="40%", out=str(tmp_path / "flat"),
-                                        time_limit=20.0, prefetch=False))
+                                        time_limit=20.0, overlap_paging=False))
     assert flat["peak_bytes"] == c["peak_bytes"] and flat["page_ins"] == c["page_ins"]
-    assert not any("read ahead" in line for line in open(tmp_path / "flat" / "plan.py"))
+    assert not any("read ahead" in line or "page-out is written" in line for line in open(tmp_path / "flat" / "plan.py"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])

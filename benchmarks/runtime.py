@@ -14,8 +14,9 @@ torch runs with --threads intra-op threads. Rows also carry the schedule's predi
 time the runtime's step stood still for the page store (`Runtime.paging_wait_s`: page-outs handed to the writer,
 waits for writes before frees, page-in headers, waits for read-ahead bytes and their checksums), as a median per step
 and as a share of the step. `--overlap on,off` compiles each plan twice, with paging overlapped (page-ins read ahead, frees
-of paged-out tensors written behind: the default of compile) and without, one row each. Prints a table and writes JSON rows with at least model, budget (as given),
-threads and ratio.
+of paged-out tensors written behind: the default of compile) and without, one row each, their steps
+alternating with PyTorch's in one loop. Prints a table and writes JSON rows with at least model, budget (as
+given), threads and ratio.
 """
 from __future__ import annotations
 
@@ -58,54 +59,67 @@ def _torch_step(model, opt, x, y) -> None:
     opt.step()
 
 
-def bench(model: str, budget: str, threads: int, overlap: str, args, work: str) -> dict:
-    row: dict = {"model": model, "budget": budget, "threads": threads, "overlap": overlap, "target": args.target,
-                 "batch_size": args.batch_size}
+def _plan(model: str, budget: str, overlap: str, args, work: str) -> tuple[dict, str]:
     out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}-{overlap}")
-    torch.set_num_threads(threads)
     if not os.path.exists(os.path.join(out, "plan.py")):  # one compile per (model, budget, overlap)
         compile_model(CompileOptions(model=model, target=args.target, budget=budget, out=out,
                                      batch_size=args.batch_size, time_limit=args.time_limit,
                                      overlap_paging=overlap == "on"))
-    body = schedule_format.load(out)
-    for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
-        row[key] = sum(st["action"] == action for st in body["steps"])
-    row["predicted_s"] = body["predicted"]["time_s"]  # the target's figure: a step's time on that device
-    opt_cfg = body["graph"]["optimizer"]
-    weights = os.path.join(out, "weights.safetensors")
-    plan = load_plan(out)
-    rt = Runtime(weights, os.path.join(work, "pages"), device="cpu", lr=opt_cfg["lr"],
-                 momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"], seed=body["seed"])
+    return schedule_format.load(out), out
+
+
+def bench(model: str, budget: str, threads: int, overlaps: list[str], args, work: str) -> list[dict]:
+    """One row per overlap setting; their runtime steps and the PyTorch step alternate in one loop (the order
+    rotating each step), so every row sees the same load."""
+    torch.set_num_threads(threads)
+    rows, runs = [], []
+    for overlap in overlaps:
+        body, out = _plan(model, budget, overlap, args, work)
+        row = {"model": model, "budget": budget, "threads": threads, "overlap": overlap, "target": args.target,
+               "batch_size": args.batch_size}
+        for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
+            row[key] = sum(st["action"] == action for st in body["steps"])
+        row["predicted_s"] = body["predicted"]["time_s"]  # the target's figure: a step's time on that device
+        opt_cfg = body["graph"]["optimizer"]
+        rt = Runtime(os.path.join(out, "weights.safetensors"), os.path.join(work, f"pages-{overlap}"), device="cpu",
+                     lr=opt_cfg["lr"], momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"],
+                     seed=body["seed"])
+        rows.append(row)
+        runs.append((load_plan(out), rt, [], []))
     torch.manual_seed(body["seed"])
     spec = body["model"]
     ref = resolve(spec["spec"], **spec["kwargs"]).module
-    load_weights(ref, weights)
+    load_weights(ref, os.path.join(out, "weights.safetensors"))
     ref.train()
     opt = torch.optim.SGD(ref.parameters(), lr=opt_cfg["lr"], momentum=opt_cfg["momentum"],
                           weight_decay=opt_cfg["weight_decay"])
-    t_rt, t_pt, waits = [], [], []
+    t_pt = []
     for k, (x, y) in enumerate(_batches(body, args.warmup + args.steps)):
-        w0 = rt.paging_wait_s
-        t0 = time.perf_counter()
-        rt.begin_step(x, y)
-        plan.train_step(rt)
-        t1 = time.perf_counter()
-        w1 = rt.paging_wait_s
-        _torch_step(ref, opt, x, y)
-        t2 = time.perf_counter()
-        if k >= args.warmup:
-            t_rt.append(t1 - t0)
-            t_pt.append(t2 - t1)
-            waits.append(w1 - w0)
-    row["runtime_s"] = statistics.median(t_rt)
-    row["pytorch_s"] = statistics.median(t_pt)
-    row["ratio"] = row["runtime_s"] / row["pytorch_s"]
-    row["paging_wait_s"] = statistics.median(waits)
-    row["paging_share"] = row["paging_wait_s"] / row["runtime_s"]
-    row["predicted_over_measured"] = row["predicted_s"] / row["runtime_s"]  # meaningful for --target host
-    row["paged_bytes_per_step"] = rt.paged_bytes // (args.warmup + args.steps)
-    row["runtime_steps_s"], row["pytorch_steps_s"] = t_rt, t_pt
-    return row
+        turn = [*range(len(runs)), None]
+        for which in turn[k % len(turn):] + turn[:k % len(turn)]:
+            t0 = time.perf_counter()
+            if which is None:
+                _torch_step(ref, opt, x, y)
+                if k >= args.warmup:
+                    t_pt.append(time.perf_counter() - t0)
+                continue
+            plan, rt, times, waits = runs[which]
+            w0 = rt.paging_wait_s
+            rt.begin_step(x, y)
+            plan.train_step(rt)
+            if k >= args.warmup:
+                times.append(time.perf_counter() - t0)
+                waits.append(rt.paging_wait_s - w0)
+    for row, (_, rt, times, waits) in zip(rows, runs):
+        row["runtime_s"] = statistics.median(times)
+        row["pytorch_s"] = statistics.median(t_pt)
+        row["ratio"] = row["runtime_s"] / row["pytorch_s"]
+        row["paging_wait_s"] = statistics.median(waits)
+        row["paging_share"] = row["paging_wait_s"] / row["runtime_s"]
+        row["predicted_over_measured"] = row["predicted_s"] / row["runtime_s"]  # meaningful for --target host
+        row["paged_bytes_per_step"] = rt.paged_bytes // (args.warmup + args.steps)
+        row["runtime_steps_s"], row["pytorch_steps_s"] = times, t_pt
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,12 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         for model in a.models.split(","):
             for budget in a.budgets.split(","):
                 for threads in (int(t) for t in a.threads.split(",")):
-                    for pf in a.overlap.split(","):
-                        try:
-                            rows.append(bench(model, budget, threads, pf, a, work))
-                        except Exception as e:  # noqa: BLE001 - a benchmark row records the failure
-                            rows.append({"model": model, "budget": budget, "threads": threads, "overlap": pf,
-                                         "error": str(e)})
+                    try:
+                        rows += bench(model, budget, threads, a.overlap.split(","), a, work)
+                    except Exception as e:  # noqa: BLE001 - a benchmark row records the failure
+                        rows.append({"model": model, "budget": budget, "threads": threads, "overlap": a.overlap,
+                                     "error": str(e)})
     load_after = os.getloadavg()
     for r in rows:
         r["loadavg_1min_before_after"] = [load[0], load_after[0]]

@@ -10,13 +10,13 @@ torch.optim.SGD with the plan's hyper-parameters) start from the same weights an
 batches. Their steps alternate in one process, so both see the same machine load; after --warmup steps of
 each, --steps steps of each are timed, and the row gives both medians and their ratio (runtime / PyTorch).
 torch runs with --threads intra-op threads. Rows also carry the schedule's predicted step time (with
-`--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's) and the
-time the runtime's step stood still for the page store (`Runtime.paging_wait_s`: page-outs handed to the writer,
-waits for writes before frees, page-in headers, waits for read-ahead bytes and their checksums), as a median per step
-and as a share of the step. `--overlap on,off` compiles each plan twice, with paging overlapped (page-ins read ahead, frees
-of paged-out tensors written behind: the default of compile) and without, one row each, their steps
-alternating with PyTorch's in one loop. Prints a table and writes JSON rows with at least model, budget (as
-given), threads and ratio.
+`--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's) and
+the time the runtime's step stood still for the page store (`Runtime.paging_wait_s`: page-outs handed to
+the writer, waits for writes before frees, page-in headers, waits for read-ahead bytes and their
+checksums), as a median per step and as a share of the step. `--overlap on,off` compiles each plan twice,
+with paging overlapped (page-ins read ahead, frees of paged-out tensors written behind: the default of
+compile) and without, one row each, their steps alternating with PyTorch's in one loop. Prints a table and
+writes JSON rows with at least model, budget (as given), threads and ratio.
 """
 from __future__ import annotations
 

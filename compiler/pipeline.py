@@ -42,7 +42,7 @@ class CompileOptions:
     emit: str = "python"  # the runtime the plan is generated for: "python" (torch) or "c" (runtime/c firmware)
     lns: float = 0.0  # share of time_limit for neighbourhood search when its first 20% does not prove the gap
     cuts: float = 0.0  # most share of time_limit for window and memory cuts before the last solve (with lns)
-    overlap_paging: bool = True  # Python plans: reads ahead, writes behind, within the schedule's peak (scheduling/overlap.py)
+    overlap_paging: bool = True  # Python plans: read ahead, write behind, within the peak (scheduling/overlap.py)
     train: str | None = None  # `--train`: which parameters train (compiler/frontend/train_select.py); None: the model's flags
 
 

@@ -396,7 +396,8 @@ def test_overlapped_paging_keeps_peak_energy_and_time(spec, percent, target):
             assert rel_close(after.energy_j, before.energy_j) and rel_close(after.time_s, before.time_s), name
             cap = before.peak_bytes if limit is None else limit
             assert all(a <= max(b, cap) for a, b in zip(after.stage_peaks, before.stage_peaks)), name
-            order = lambda ss: {t: [x.action for x in ss if x.tensor == t] for t in {x.tensor for x in ss}}  # noqa: E731
+            order = lambda ss: {t: [x.action for x in ss if x.tensor == t]  # noqa: E731
+                                for t in {x.tensor for x in ss}}
             assert order(out) == order(steps), name
             assert sorted((x.action, x.tensor) for x in out) == sorted((x.action, x.tensor) for x in steps), name
             for action, sign in (("page_in", -1), ("free", 1)):

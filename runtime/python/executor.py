@@ -262,7 +262,8 @@ class Runtime:
     def free(self, name: str) -> None:
         self._begin_op(f"free '{name}'")
         self._require(name)
-        self._waited(lambda: self.store.wait(name))  # a page-out still writing it lets go first: the bytes go when the ledger's do
+        # A page-out still writing it lets go first: the bytes go when the ledger's do.
+        self._waited(lambda: self.store.wait(name))
         self.ledger.release(name)
         del self._live[name]
         self._freed_at[name] = f"op #{self._op}"

@@ -15,7 +15,9 @@ from .graph.ir import EMITS, OptimizerConfig
 from .graph.liveness import analyze
 from .schedule_file import format as schedule_format
 from .scheduling.budget import anchors, parse_budget, parse_deadline
-from .scheduling.schedulers import run_scheduler
+from .scheduling.overlap import overlap_paging
+from .scheduling.schedulers import Scheduled, run_scheduler
+from .scheduling.validator import validate
 
 
 FRAGMENTATION_RETRIES = 3  # solves for less when the C arena's packing leaves gaps over the budget
@@ -40,6 +42,7 @@ class CompileOptions:
     emit: str = "python"  # the runtime the plan is generated for: "python" (torch) or "c" (runtime/c firmware)
     lns: float = 0.0  # share of time_limit for neighbourhood search when its first 20% does not prove the gap
     cuts: float = 0.0  # most share of time_limit for window and memory cuts before the last solve (with lns)
+    overlap_paging: bool = True  # Python plans: read ahead, write behind, within the peak (scheduling/overlap.py)
     train: str | None = None  # `--train`: which parameters train (compiler/frontend/train_select.py); None: the model's flags
 
 
@@ -294,6 +297,14 @@ def _device_budget(opts: CompileOptions, budget, graph, target, anchor) -> int:
     return budget_bytes
 
 
+def _overlapped(graph, result: Scheduled, target, budget_bytes: int) -> Scheduled:
+    """`result` with its paging overlapped with compute, revalidated (its peak, energy and time stay as they were)."""
+    import dataclasses
+
+    steps = overlap_paging(graph, result.steps, target)
+    return dataclasses.replace(result, steps=steps, report=validate(graph, steps, target, budget_bytes, strict=True))
+
+
 def _compile_into(opts: CompileOptions, target, budget, work: str, progress, stage):
     """Trace, solve and write every output into the staging folder `work`."""
     from edgetrain.codegen import render_python_plan, write_weights
@@ -324,6 +335,8 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
                      + (f" for {solve_budget} B (the arena's fragmentation)" if solve_budget != budget_bytes else ""))
         result = run_scheduler(graph, lv, target, solve_budget, scheduler=opts.scheduler, deadline_s=deadline_s,
                                time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
+        if opts.emit != "c" and opts.overlap_paging:  # the C runtime pages synchronously: overlap would only hold RAM
+            result = _overlapped(graph, result, target, solve_budget)
         rep = result.report
         body = schedule_format.backprop_body(
             spec=resolved.spec, kwargs=resolved.kwargs, graph=graph, target=target, budget_text=budget.text,

@@ -4,8 +4,9 @@ The graph is walked in execution order with the runtime's own op call, so every 
 the right shape and dtype: max-pool indices come from a real argmax, a batch-norm backward gets the aux (saved
 mean and inverse std) of a real forward, labels are in range. A walk is a whole store-all step, made `warmup`
 untimed and `repeats` timed times, so each op is timed where a step runs it: among the step's live tensors, its
-outputs in freshly allocated memory (an op repeated at once on the same operands reuses the memory it just
-freed, and ran 1.5-4x faster than inside a step). A node's cost is the minimum of its timed runs (the least a
+outputs in freshly allocated memory, and with the frees that follow it (what it drops, the operands it reads
+last); an op repeated at once on the same operands reuses the memory it just freed, and ran 1.5-4x faster
+than inside a step. A node's cost is the minimum of its timed runs (the least a
 busy machine adds; a median carries other processes' load into the plan) plus the runtime's own cost per plan
 step (`op_overhead_s`: the executor's bookkeeping around an op and the free that follows it, which dominates
 small models). torch runs with `threads` intra-op threads while profiling (the runtime's `PLAN_THREADS` by
@@ -117,16 +118,18 @@ def _walk(graph: TrainingGraph, state, last_use: dict[str, int], gen: torch.Gene
             for u in sub.get("updates", ()):
                 if "param" in u:
                     optim.update(u["param"], params[u["param"]], aten_call.update_value(res, u))
-        if samples is not None:
-            samples[n.name].append(time.perf_counter() - start)
         if kept is not None:
             values[n.name] = kept
         if n.attrs.get("aux"):
             values[f"{n.name}.aux"] = tuple(outs[k] for k in n.attrs["aux"])
+        # Returning memory costs time too (large blocks go back to the system): the outputs the step drops and
+        # the operands read for the last time are freed inside the timed span, as the runtime frees them.
         del outs, kept, fused, ins, aux
         for r in {r.name for r in n.inputs} | ({f"{n.aux_of}.aux"} if n.aux_of else set()):
             if last_use.get(r) == t:
                 values.pop(r, None)
+        if samples is not None:
+            samples[n.name].append(time.perf_counter() - start)
 
 
 def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, overhead: float) -> dict[str, float]:

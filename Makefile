@@ -9,7 +9,7 @@ FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
 APT_PACKAGES := gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
 
-.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-runtime figures clean distclean
+.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-runtime bench-host-costs figures clean distclean
 
 venv: $(INSTALL_STAMP)
 
@@ -59,6 +59,9 @@ bench-cortex-m: venv toolchain
 
 bench-runtime: venv
 	$(PY) benchmarks/runtime.py
+
+bench-host-costs: venv
+	$(PY) benchmarks/host_costs.py
 
 # README's and docs/ figures, redrawn from the benchmark data committed in docs/data/ (no solving, no training).
 figures: venv

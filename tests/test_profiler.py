@@ -60,7 +60,7 @@ def test_a_conv_takes_longer_than_a_relu(small_cnn):
 
 
 def test_it_times_the_runtime_op_call(small_cnn, monkeypatch):
-    """An op made 50 ms slower shows up 50 ms slower, and runs once plus `warmup` plus `repeats` times."""
+    """An op made 50 ms slower shows up 50 ms slower, and runs once per walk: `warmup` plus `repeats` times."""
     import time
 
     from edgetrain.runtime.python import aten_call
@@ -77,8 +77,9 @@ def test_it_times_the_runtime_op_call(small_cnn, monkeypatch):
     monkeypatch.setattr(aten_call, "call", slow_relu)
     times = profile_nodes(small_cnn, repeats=3, warmup=2, overhead_s=0.0)
     relus = [n for n in small_cnn.nodes if n.op == RELU]
-    assert len(calls) == 6 * len(relus)
-    assert [tuple(n.shape) for n in relus for _ in range(6)] == calls  # real operands of the right shapes
+    assert len(calls) == 5 * len(relus)
+    # Whole steps in order, real operands of the right shapes: every relu once per walk.
+    assert [tuple(n.shape) for _ in range(5) for n in relus] == calls
     assert all(times[n.name] >= 0.05 for n in relus)
     assert all(times[n.name] < 0.05 for n in small_cnn.nodes if n.name in times and n.op != RELU)
 
@@ -129,18 +130,25 @@ def test_minimum_of_repeats_pinned_threads_and_per_step_overhead(small_cnn, monk
     from edgetrain.runtime.python import aten_call
 
     fast, seen, calls = aten_call.call, [], [0]
+    per_walk = sum(n.op == RELU for n in small_cnn.nodes)
 
     def noisy_relu(op, *rest):
         if op == RELU:
+            walk = calls[0] // per_walk
             calls[0] += 1
             seen.append(torch.get_num_threads())
-            time.sleep(0.05 if calls[0] % 2 else 0.01)  # every other run as if the machine were loaded
+            time.sleep(0.05 if walk % 2 == 0 else 0.01)  # every other step as if the machine were loaded
         return fast(op, *rest)
 
     monkeypatch.setattr(aten_call, "call", noisy_relu)
     before = torch.get_num_threads()
-    times = profile_nodes(small_cnn, repeats=4, threads=1, overhead_s=0.02)
-    assert torch.get_num_threads() == before and set(seen) == {1}
+    torch.set_num_threads(2)  # not the pinned count, so a count left behind shows
+    try:
+        times = profile_nodes(small_cnn, repeats=4, warmup=2, threads=1, overhead_s=0.02)
+        assert torch.get_num_threads() == 2 and set(seen) == {1}
+    finally:
+        torch.set_num_threads(before)
+    assert calls[0] == 6 * per_walk
     relus = [n.name for n in small_cnn.nodes if n.op == RELU]
     assert all(0.03 <= times[r] < 0.045 for r in relus), {r: times[r] for r in relus}  # 10 ms + 20 ms
     assert all(times[k] >= 0.02 for k in times)  # every node carries the overhead
@@ -197,3 +205,46 @@ def test_resnet18_profiles_quickly():
     elapsed = time.perf_counter() - start
     assert set(times) == _computed(g) and all(v > 0 for v in times.values())
     assert elapsed < 20.0, f"profiling ResNet-18 at batch 2 took {elapsed:.1f} s"
+
+
+def test_pinned_threads_sets_and_restores_even_on_error():
+    from edgetrain.runtime.python.threads import PLAN_THREADS, pinned_threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(KeyError), pinned_threads(1):
+            assert torch.get_num_threads() == 1
+            raise KeyError("inside")
+        assert torch.get_num_threads() == 2
+        with pinned_threads() as n:
+            assert n == PLAN_THREADS == torch.get_num_threads()
+        with pytest.raises(ValueError, match="threads"), pinned_threads(0):
+            pass
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_host_plan_runs_at_the_thread_count_it_was_profiled_at(tmp_path, monkeypatch):
+    """The profiler and `run` pin the same number (the runtime's PLAN_THREADS); both set the caller's back."""
+    from edgetrain.runtime.python import aten_call
+    from edgetrain.runtime.python.threads import PLAN_THREADS
+
+    fast, seen = aten_call.call, []
+
+    def spy(op, *rest):
+        seen.append(torch.get_num_threads())
+        return fast(op, *rest)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(PLAN_THREADS + 1)
+    try:
+        out = str(tmp_path / "host")
+        compile_model(CompileOptions(model="small_cnn", target="host", budget="100%", out=out, batch_size=2))
+        monkeypatch.setattr(aten_call, "call", spy)
+        res = run_plan(out, steps=1, device="cpu")
+        assert res["ok"] and seen and set(seen) == {PLAN_THREADS}
+        assert torch.get_num_threads() == PLAN_THREADS + 1
+    finally:
+        torch.set_num_threads(before)

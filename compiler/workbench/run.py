@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 
 import torch
 
 from edgetrain.runtime.python.device_api import Trainer, state_path
 from edgetrain.runtime.python.integrity import verify_folder
+from edgetrain.runtime.python.threads import pinned_threads
 
 from edgetrain.compiler.schedule_file import format as schedule_format
 from .data import fashion_mnist_batches, random_batches
@@ -110,7 +112,9 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     steps = 1 if steps is None else steps
     dev = _device(device)
     resume_from = save if resume and state_path(save).exists() else None
-    with Trainer(out_dir, device=dev, resume=resume_from) as trainer:
+    # A measured (host) plan's times were profiled at the runtime's thread count: it trains at that count.
+    threads = pinned_threads() if body["target"].get("measured") else nullcontext()
+    with threads, Trainer(out_dir, device=dev, resume=resume_from) as trainer:
         if trainer.plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
             raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
         rt = trainer.rt

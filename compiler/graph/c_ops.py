@@ -38,13 +38,20 @@ AUX_ITEMS = 3  # batch norm's statistics in the C runtime: save_mean, save_invst
 
 @dataclass(frozen=True)
 class CKernel:
-    """One aten op the C runtime runs: its kernel (runtime/c/kernels/<kernel>.c), what it covers in words,
-    the arguments whose tensors it reads (None: all), and a check for the cases it leaves out."""
+    """One aten op the C runtime runs: its kernel (runtime/c/kernels/<kernel>.h), what it covers in words,
+    the arguments whose tensors it reads (None: all), a check for the cases it leaves out, and the kernel
+    sources its calls are in (runtime/c/kernels/<source>.c; none given: <kernel>.c)."""
 
     kernel: str
     note: str = ""
     reads: Callable[[dict], set[str]] | None = None  # bound arguments -> names of the arguments read
     refuse: Callable[["OpCase"], str | None] = lambda case: None
+    sources: tuple[str, ...] = ()
+
+    @property
+    def source_files(self) -> tuple[str, ...]:
+        """The runtime/c/kernels sources (no `.c`) that define the functions this op's calls use."""
+        return self.sources or ((self.kernel,) if self.kernel else ())
 
 
 @dataclass
@@ -294,7 +301,8 @@ def _both(*checks):
 C_OPS: dict[str, CKernel] = {
     "aten.convolution.default": CKernel("conv2d", "2-D convolution: stride, padding, dilation, groups, bias",
                                         refuse=_both(_conv_refuse, _no_update)),
-    "aten.convolution_backward.default": CKernel("conv2d", reads=_conv_bwd_reads, refuse=_conv_refuse),
+    "aten.convolution_backward.default": CKernel("conv2d", reads=_conv_bwd_reads, refuse=_conv_refuse,
+                                                 sources=("conv2d_input_grad", "conv2d_weight_grad")),
     "aten.addmm.default": CKernel("linear", "linear layers", refuse=_both(_linear_fwd_refuse, _no_update)),
     "aten.mm.default": CKernel("linear", refuse=_mm_refuse),
     "aten.sum.dim_IntList": CKernel("sum", "sums over H and W", refuse=_sum_refuse),
@@ -355,6 +363,15 @@ C_OPS: dict[str, CKernel] = {
     "aten.add.Scalar": CKernel("add", refuse=_both(_scalar_refuse, _no_update)),
 }
 ALSO = "views (flatten, reshape, channel slices at batch 1); SGD with momentum and weight decay"
+
+
+OPTIMIZER_SOURCE = "sgd"  # every parameter's update, whichever op makes its gradient
+
+
+def kernel_sources() -> tuple[str, ...]:
+    """Every kernel source a C firmware compiles, as paths under runtime/c: each op's, and the optimizer's."""
+    stems = {s for k in C_OPS.values() for s in k.source_files} | {OPTIMIZER_SOURCE}
+    return tuple(f"kernels/{s}.c" for s in sorted(stems))
 
 
 def supported_text() -> str:

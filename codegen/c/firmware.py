@@ -23,8 +23,8 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from edgetrain.compiler.errors import BudgetError, UnsupportedModelError  # messages for the user, not a solver
-from edgetrain.compiler.graph.c_ops import (  # each node's ops, bound; the kernel sources
-    DROPOUT, holder_meta, kernel_sources, node_cases, operand_meta, state_shapes)
+from edgetrain.compiler.graph.c_operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
+from edgetrain.compiler.graph.c_ops import DROPOUT, kernel_sources  # the C op table
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 

@@ -1,8 +1,8 @@
 """Runtime benchmark: a compiled plan's training step against a plain PyTorch step of the same model.
 
     .venv/bin/python benchmarks/runtime.py [--models resnet18,mobilenetv2,gpt_small] [--budgets 100%,50%]
-                                           [--threads 1] [--target rpi4] [--batch-size 8] [--steps 5]
-                                           [--warmup 2] [--time-limit 30] [--json build/bench/runtime.json]
+                                           [--threads 1] [--overlap on,off] [--target rpi4] [--batch-size 8]
+                                           [--steps 5] [--warmup 2] [--time-limit 30] [--json build/bench/runtime.json]
 
 Per (model, budget, threads): the model is compiled for the target at the budget (POET, Python plan); the
 runtime (edgetrain.runtime, pages on local disk) and plain PyTorch (the model as written, loss.backward(),
@@ -10,8 +10,13 @@ torch.optim.SGD with the plan's hyper-parameters) start from the same weights an
 batches. Their steps alternate in one process, so both see the same machine load; after --warmup steps of
 each, --steps steps of each are timed, and the row gives both medians and their ratio (runtime / PyTorch).
 torch runs with --threads intra-op threads. Rows also carry the schedule's predicted step time (with
-`--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's). Prints a table
-and writes JSON rows with at least model, budget (as given), threads and ratio.
+`--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's) and
+the time the runtime's step stood still for the page store (`Runtime.paging_wait_s`: page-outs handed to
+the writer, waits for writes before frees, page-in headers, waits for read-ahead bytes and their
+checksums), as a median per step and as a share of the step. `--overlap on,off` compiles each plan twice,
+with paging overlapped (page-ins read ahead, frees of paged-out tensors written behind: the default of
+compile) and without, one row each, their steps alternating with PyTorch's in one loop. Prints a table and
+writes JSON rows with at least model, budget (as given), threads and ratio.
 """
 from __future__ import annotations
 
@@ -54,48 +59,67 @@ def _torch_step(model, opt, x, y) -> None:
     opt.step()
 
 
-def bench(model: str, budget: str, threads: int, args, work: str) -> dict:
-    row: dict = {"model": model, "budget": budget, "threads": threads, "target": args.target,
-                 "batch_size": args.batch_size}
-    out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}")
-    torch.set_num_threads(threads)
-    if not os.path.exists(os.path.join(out, "plan.py")):  # one compile per (model, budget), whatever the threads
+def _plan(model: str, budget: str, overlap: str, args, work: str) -> tuple[dict, str]:
+    out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}-{overlap}")
+    if not os.path.exists(os.path.join(out, "plan.py")):  # one compile per (model, budget, overlap)
         compile_model(CompileOptions(model=model, target=args.target, budget=budget, out=out,
-                                     batch_size=args.batch_size, time_limit=args.time_limit))
-    body = schedule_format.load(out)
-    for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
-        row[key] = sum(st["action"] == action for st in body["steps"])
-    row["predicted_s"] = body["predicted"]["time_s"]  # the target's figure: a step's time on that device
-    opt_cfg = body["graph"]["optimizer"]
-    weights = os.path.join(out, "weights.safetensors")
-    plan = load_plan(out)
-    rt = Runtime(weights, os.path.join(work, "pages"), device="cpu", lr=opt_cfg["lr"],
-                 momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"], seed=body["seed"])
+                                     batch_size=args.batch_size, time_limit=args.time_limit,
+                                     overlap_paging=overlap == "on"))
+    return schedule_format.load(out), out
+
+
+def bench(model: str, budget: str, threads: int, overlaps: list[str], args, work: str) -> list[dict]:
+    """One row per overlap setting; their runtime steps and the PyTorch step alternate in one loop (the order
+    rotating each step), so every row sees the same load."""
+    torch.set_num_threads(threads)
+    rows, runs = [], []
+    for overlap in overlaps:
+        body, out = _plan(model, budget, overlap, args, work)
+        row = {"model": model, "budget": budget, "threads": threads, "overlap": overlap, "target": args.target,
+               "batch_size": args.batch_size}
+        for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
+            row[key] = sum(st["action"] == action for st in body["steps"])
+        row["predicted_s"] = body["predicted"]["time_s"]  # the target's figure: a step's time on that device
+        opt_cfg = body["graph"]["optimizer"]
+        rt = Runtime(os.path.join(out, "weights.safetensors"), os.path.join(work, f"pages-{overlap}"), device="cpu",
+                     lr=opt_cfg["lr"], momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"],
+                     seed=body["seed"])
+        rows.append(row)
+        runs.append((load_plan(out), rt, [], []))
     torch.manual_seed(body["seed"])
     spec = body["model"]
     ref = resolve(spec["spec"], **spec["kwargs"]).module
-    load_weights(ref, weights)
+    load_weights(ref, os.path.join(out, "weights.safetensors"))
     ref.train()
     opt = torch.optim.SGD(ref.parameters(), lr=opt_cfg["lr"], momentum=opt_cfg["momentum"],
                           weight_decay=opt_cfg["weight_decay"])
-    t_rt, t_pt = [], []
+    t_pt = []
     for k, (x, y) in enumerate(_batches(body, args.warmup + args.steps)):
-        t0 = time.perf_counter()
-        rt.begin_step(x, y)
-        plan.train_step(rt)
-        t1 = time.perf_counter()
-        _torch_step(ref, opt, x, y)
-        t2 = time.perf_counter()
-        if k >= args.warmup:
-            t_rt.append(t1 - t0)
-            t_pt.append(t2 - t1)
-    row["runtime_s"] = statistics.median(t_rt)
-    row["pytorch_s"] = statistics.median(t_pt)
-    row["ratio"] = row["runtime_s"] / row["pytorch_s"]
-    row["predicted_over_measured"] = row["predicted_s"] / row["runtime_s"]  # meaningful for --target host
-    row["paged_bytes_per_step"] = rt.paged_bytes // (args.warmup + args.steps)
-    row["runtime_steps_s"], row["pytorch_steps_s"] = t_rt, t_pt
-    return row
+        turn = [*range(len(runs)), None]
+        for which in turn[k % len(turn):] + turn[:k % len(turn)]:
+            t0 = time.perf_counter()
+            if which is None:
+                _torch_step(ref, opt, x, y)
+                if k >= args.warmup:
+                    t_pt.append(time.perf_counter() - t0)
+                continue
+            plan, rt, times, waits = runs[which]
+            w0 = rt.paging_wait_s
+            rt.begin_step(x, y)
+            plan.train_step(rt)
+            if k >= args.warmup:
+                times.append(time.perf_counter() - t0)
+                waits.append(rt.paging_wait_s - w0)
+    for row, (_, rt, times, waits) in zip(rows, runs):
+        row["runtime_s"] = statistics.median(times)
+        row["pytorch_s"] = statistics.median(t_pt)
+        row["ratio"] = row["runtime_s"] / row["pytorch_s"]
+        row["paging_wait_s"] = statistics.median(waits)
+        row["paging_share"] = row["paging_wait_s"] / row["runtime_s"]
+        row["predicted_over_measured"] = row["predicted_s"] / row["runtime_s"]  # meaningful for --target host
+        row["paged_bytes_per_step"] = rt.paged_bytes // (args.warmup + args.steps)
+        row["runtime_steps_s"], row["pytorch_steps_s"] = times, t_pt
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="resnet18,mobilenetv2,gpt_small")
     ap.add_argument("--budgets", default="100%,50%")
     ap.add_argument("--threads", default="1", help="comma-separated intra-op thread counts")
+    ap.add_argument("--overlap", default="on", help="on, off or on,off: paging overlapped with compute (one row each)")
     ap.add_argument("--target", default="rpi4")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5, help="timed steps of each, after the warm-up")
@@ -117,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             for budget in a.budgets.split(","):
                 for threads in (int(t) for t in a.threads.split(",")):
                     try:
-                        rows.append(bench(model, budget, threads, a, work))
+                        rows += bench(model, budget, threads, a.overlap.split(","), a, work)
                     except Exception as e:  # noqa: BLE001 - a benchmark row records the failure
-                        rows.append({"model": model, "budget": budget, "threads": threads, "error": str(e)})
+                        rows.append({"model": model, "budget": budget, "threads": threads, "overlap": a.overlap,
+                                     "error": str(e)})
     load_after = os.getloadavg()
     for r in rows:
         r["loadavg_1min_before_after"] = [load[0], load_after[0]]
@@ -128,20 +154,22 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(rows, f, indent=1)
     t = Table(title=f"runtime step vs plain PyTorch step ({a.target} plans, batch {a.batch_size}, medians of "
                     f"{a.steps} steps after {a.warmup}; load {load[0]:.2f} -> {load_after[0]:.2f})")
-    for col in ("model", "budget", "threads", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio", "paged MB/step",
-                "predicted ms"):
+    for col in ("model", "budget", "threads", "overlap", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio",
+                "paged MB/step", "paging wait ms", "paging share", "predicted ms"):
         t.add_column(col, justify="right")
     for r in rows:
         if "ratio" not in r:
-            t.add_row(r["model"], r["budget"], str(r["threads"]), "-", "-", "-", "error", "-", "-")
+            t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"], "-", "-", "-", "error", "-", "-", "-",
+                      "-")
             continue
-        t.add_row(r["model"], r["budget"], str(r["threads"]), f"{r['recomputes']}/{r['page_ins']}/{r['page_outs']}",
-                  f"{r['runtime_s'] * 1e3:.1f}", f"{r['pytorch_s'] * 1e3:.1f}", f"{r['ratio']:.2f}x",
-                  f"{r['paged_bytes_per_step'] / 1e6:.1f}", f"{r['predicted_s'] * 1e3:.1f}")
+        t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"],
+                  f"{r['recomputes']}/{r['page_ins']}/{r['page_outs']}", f"{r['runtime_s'] * 1e3:.1f}",
+                  f"{r['pytorch_s'] * 1e3:.1f}", f"{r['ratio']:.2f}x", f"{r['paged_bytes_per_step'] / 1e6:.1f}",
+                  f"{r['paging_wait_s'] * 1e3:.1f}", f"{r['paging_share']:.1%}", f"{r['predicted_s'] * 1e3:.1f}")
     Console(width=160).print(t)
     for r in rows:
         if r.get("error"):
-            print(f"{r['model']} {r['budget']} {r['threads']}: {r['error']}", file=sys.stderr)
+            print(f"{r['model']} {r['budget']} {r['threads']} overlap {r['overlap']}: {r['error']}", file=sys.stderr)
     print(f"wrote {a.json}")
     return 0 if all("ratio" in r for r in rows) else 1
 

@@ -56,10 +56,22 @@ def render_python_plan(schedule: dict, out_dir: str, schedule_file: str = "sched
     return path
 
 
+def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each tensor with a storage of its own, as safetensors needs; copied only where it shares one or views a
+    part of one (a copy of every weight doubled a large model's memory while writing)."""
+    out, seen = {}, set()
+    for k, v in tensors.items():
+        v = v.detach().contiguous()
+        storage = v.untyped_storage()
+        shared = storage.data_ptr() in seen or storage.nbytes() != v.nbytes or v.storage_offset() != 0
+        seen.add(storage.data_ptr())
+        out[k] = v.clone() if shared else v
+    return out
+
+
 def write_weights(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], out_dir: str) -> str:
     """Initial weights as safetensors: `param/<name>` and `buffer/<name>`."""
-    tensors = {f"param/{k}": v.detach().contiguous().clone() for k, v in params.items()}
-    tensors.update({f"buffer/{k}": v.detach().contiguous().clone() for k, v in buffers.items()})
+    tensors = _own({**{f"param/{k}": v for k, v in params.items()}, **{f"buffer/{k}": v for k, v in buffers.items()}})
     path = os.path.join(out_dir, "weights.safetensors")
     save_file(tensors, path)
     return path

@@ -15,7 +15,9 @@ from .graph.ir import EMITS, OptimizerConfig
 from .graph.liveness import analyze
 from .schedule_file import format as schedule_format
 from .scheduling.budget import anchors, parse_budget, parse_deadline
-from .scheduling.schedulers import run_scheduler
+from .scheduling.overlap import overlap_paging
+from .scheduling.schedulers import Scheduled, run_scheduler
+from .scheduling.validator import validate
 
 
 FRAGMENTATION_RETRIES = 3  # solves for less when the C arena's packing leaves gaps over the budget
@@ -40,6 +42,7 @@ class CompileOptions:
     emit: str = "python"  # the runtime the plan is generated for: "python" (torch) or "c" (runtime/c firmware)
     lns: float = 0.0  # share of time_limit for neighbourhood search when its first 20% does not prove the gap
     cuts: float = 0.0  # most share of time_limit for window and memory cuts before the last solve (with lns)
+    overlap_paging: bool = True  # Python plans: read ahead, write behind, within the peak (scheduling/overlap.py)
     train: str | None = None  # `--train`: which parameters train (compiler/frontend/train_select.py); None: the model's flags
 
 
@@ -146,20 +149,7 @@ def example_labels(loss: str, seed: int, resolved, model, example: torch.Tensor)
     """Labels shaped as `loss` ("cross_entropy", "mse" or "model") expects them: class ids (B, ...) for
     cross-entropy, the output's shape for mse, the model's `labels_shape` for a model that computes its loss."""
     gen = torch.Generator().manual_seed(seed + 1)
-    saved = {k: b.clone() for k, b in model.named_buffers()}  # a forward in training mode moves BN statistics
-    try:
-        with torch.no_grad():
-            out = model(example) if loss != "model" else None
-    except Exception as e:
-        from .frontend.capture import user_frame
-
-        raise UnsupportedModelError(f"the model cannot take an input of shape {tuple(example.shape)}{user_frame(e)}: "
-                                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
-                                    "Check --input-shape (C,H,W without the batch)") from None
-    finally:
-        with torch.no_grad():
-            for k, b in model.named_buffers():
-                b.copy_(saved[k])
+    out = None if loss == "model" else _output_like(model, example)
     if loss == "model":
         labels_shape = getattr(resolved.module, "labels_shape", None)
         high = resolved.num_classes or resolved.input_high or 2
@@ -178,6 +168,32 @@ def example_labels(loss: str, seed: int, resolved, model, example: torch.Tensor)
         raise UnsupportedModelError(f"cross-entropy needs (B, C, ...) outputs; the model returns shape {tuple(out.shape)}")
     shape = out.shape[:-1] if token else (out.shape[0], *out.shape[2:])
     return torch.randint(0, classes, tuple(shape), generator=gen)
+
+
+def _output_like(model, example: torch.Tensor):
+    """The model's output on `example`, from a forward on fake tensors (shapes only: BERT-base's real forward
+    took seconds); a model that fails there runs for real, for its own error or its output."""
+    from .frontend.capture import on_fakes
+
+    try:
+        with on_fakes(model) as fake, fake, torch.no_grad():
+            return model(fake.from_tensor(example))
+    except Exception:
+        pass
+    saved = {k: b.clone() for k, b in model.named_buffers()}  # a forward in training mode moves BN statistics
+    try:
+        with torch.no_grad():
+            return model(example)
+    except Exception as e:
+        from .frontend.capture import user_frame
+
+        raise UnsupportedModelError(f"the model cannot take an input of shape {tuple(example.shape)}{user_frame(e)}: "
+                                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
+                                    "Check --input-shape (C,H,W without the batch)") from None
+    finally:
+        with torch.no_grad():
+            for k, b in model.named_buffers():
+                b.copy_(saved[k])
 
 
 def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor):
@@ -281,6 +297,14 @@ def _device_budget(opts: CompileOptions, budget, graph, target, anchor) -> int:
     return budget_bytes
 
 
+def _overlapped(graph, result: Scheduled, target, budget_bytes: int) -> Scheduled:
+    """`result` with its paging overlapped with compute, revalidated (its peak, energy and time stay as they were)."""
+    import dataclasses
+
+    steps = overlap_paging(graph, result.steps, target)
+    return dataclasses.replace(result, steps=steps, report=validate(graph, steps, target, budget_bytes, strict=True))
+
+
 def _compile_into(opts: CompileOptions, target, budget, work: str, progress, stage):
     """Trace, solve and write every output into the staging folder `work`."""
     from edgetrain.codegen import render_python_plan, write_weights
@@ -311,6 +335,8 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
                      + (f" for {solve_budget} B (the arena's fragmentation)" if solve_budget != budget_bytes else ""))
         result = run_scheduler(graph, lv, target, solve_budget, scheduler=opts.scheduler, deadline_s=deadline_s,
                                time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
+        if opts.emit != "c" and opts.overlap_paging:  # the C runtime pages synchronously: overlap would only hold RAM
+            result = _overlapped(graph, result, target, solve_budget)
         rep = result.report
         body = schedule_format.backprop_body(
             spec=resolved.spec, kwargs=resolved.kwargs, graph=graph, target=target, budget_text=budget.text,

@@ -294,6 +294,81 @@ def test_runtime_free_waits_for_the_page_out(mlp_rt, monkeypatch):
     assert done and freed and done[0] <= freed[0]  # written before its first free
 
 
+def test_page_in_reads_ahead_counted_at_once_and_verified_at_use(mlp_rt, monkeypatch):
+    """rt.page_in allocates and counts the tensor at once and returns while the reader thread fills it; the
+    first use waits for the bytes and their CRC-32, so a corrupted page is refused there, naming it, and a
+    page read ahead but freed unused is verified too."""
+    import time
+
+    from edgetrain.runtime.python import storage
+
+    real = storage._read
+
+    def slow_read(*args):
+        time.sleep(0.3)
+        return real(*args)
+
+    monkeypatch.setattr(storage, "_read", slow_read)
+    model, rt = mlp_rt
+    x, y = batches(1)[0]
+    timed = {}
+
+    def hook(rt):
+        before = rt.ledger.live_bytes
+        start = time.perf_counter()
+        rt.page_in("input")
+        timed["page_in"] = time.perf_counter() - start
+        assert rt.ledger.live_bytes - before == B * D * 4  # counted where the schedule counts it
+        rt.page_in = lambda name: None  # the plan's own page_in call below has been made here already
+
+    rt.begin_step(x, y)
+    mlp_train_step(rt, hook=hook)
+    rt.end_step()
+    assert timed["page_in"] < 0.2 and rt.paging_wait_s >= 0.25  # returned at once; the use waited
+    del rt.page_in
+    ref = make_mlp()
+    opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=MOM, weight_decay=WD)
+    F.nll_loss(F.log_softmax(ref(x), 1), y).backward()
+    opt.step()
+    for k, v in ref.named_parameters():
+        assert torch.equal(rt.params[MLP_NAMES[k]], v.detach()), k
+
+    def corrupt_then_free(rt):
+        rt.store.wait("input")
+        path = rt.store.path_of("input")
+        raw = bytearray(path.read_bytes())
+        raw[-3] ^= 0x01
+        path.write_bytes(bytes(raw))
+        rt.page_in("input")
+        rt.free("input")
+
+    rt.begin_step(x, y)
+    with pytest.raises(PageStoreError, match=r"'input'.*checksum mismatch"):
+        mlp_train_step(rt, hook=corrupt_then_free)
+
+
+def test_compiled_plan_overlaps_paging_and_stays_exact(tmp_path):
+    """small_cnn at 40%: compile moves page-ins ahead of their readers and frees of paged-out tensors after
+    their writes, within the schedule's peak; the plan
+    trains exactly like autograd and the ledger's peak equals the prediction."""
+    from edgetrain.compiler.pipeline import CompileOptions, compile_model
+    from edgetrain.compiler.workbench.run import run_plan
+
+    out = str(tmp_path / "plan")
+    c = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="40%", out=out, time_limit=20.0))
+    plan = open(f"{out}/plan.py").read().splitlines()
+    assert any("rt.page_in(" in line and "read ahead" in line for line in plan) and c["page_ins"] > 0
+    assert any("rt.free(" in line and "while its page-out is written" in line for line in plan)
+    r = run_plan(out, steps=2, check=True)
+    assert r["ok"] and r["max_abs_err"] == 0, r.get("error")
+    assert r["measured_peak_bytes"] == r["predicted_peak_bytes"] == c["peak_bytes"] <= c["budget_bytes"]
+    flat = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="40%", out=str(tmp_path / "flat"),
+                                        time_limit=20.0, overlap_paging=False))
+    assert flat["peak_bytes"] == c["peak_bytes"] and flat["page_ins"] == c["page_ins"]
+    flat_plan = open(tmp_path / "flat" / "plan.py").read()
+    assert "read ahead" not in flat_plan and "page-out is written" not in flat_plan
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
 def test_page_store_round_trips_dtypes_and_shapes(tmp_path, dtype):
     store = FileStore(tmp_path)

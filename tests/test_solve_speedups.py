@@ -193,6 +193,76 @@ def test_greedy_keep_beats_paging_everything_on_resnet18():
     assert mine < pages - 2.0, (mine, pages)
 
 
+@pytest.mark.parametrize("frac", [0.0, 0.2, 0.5])
+@pytest.mark.parametrize("name", ["mcu_resnet", "small_cnn"])
+def test_best_start_is_never_worse_than_one_greedy_and_is_deterministic(name, frac, request):
+    """Every drop order and the refill validate within the budget; the best is the cheapest of them, never
+    above the single default-order greedy, and the same on a second run."""
+    from edgetrain.compiler.scheduling import warmstart as W
+
+    G = request.getfixturevalue(name)
+    b = G.budget(frac)
+    for paging in (True, False):
+        one = W.greedy_keep(G.g, G.lv, TARGET, b, paging=paging, retain=True)
+        best, info = W.best_start(G.g, G.lv, TARGET, b, paging=paging)
+        if one is None:
+            assert best is None or validate(G.g, build_steps(G.g, G.lv, best.decisions), TARGET, b)
+            continue
+        single = validate(G.g, build_steps(G.g, G.lv, one), TARGET, b).energy_j
+        rep = validate(G.g, build_steps(G.g, G.lv, best.decisions), TARGET, b)  # raises if over the budget
+        assert rep.energy_j == pytest.approx(best.energy_j, rel=1e-12) == info["energy_j"]
+        assert best.energy_j <= single * (1 + 1e-12)
+        assert info["starts"] == info["of"] == 1 + len(W.JITTER_SEEDS) + len(W.ORDERS) and info["evaluations"] > 0
+        again, info2 = W.best_start(G.g, G.lv, TARGET, b, paging=paging)
+        assert again.energy_j == best.energy_j and again.keep == best.keep and info2["order"] == info["order"]
+        assert again.decisions == best.decisions
+
+
+def test_refill_adds_back_only_what_fits_and_pays(small_cnn):
+    """A start with one droppable tensor dropped needlessly (the budget is store-all's) gets it back."""
+    from edgetrain.compiler.scheduling import warmstart as W
+
+    G = small_cnn
+    b = G.budget(1.0)
+    s = W._greedy(G.g, G.lv, TARGET, b, True, True)
+    assert s is not None and not s.dropped
+    victim = max(s.keep, key=lambda i: G.lv.size[i])
+    d, rep = W._evaluate(G.g, G.lv, TARGET, s.keep - {victim}, True, True)
+    worse = W.Start(d, s.keep - {victim}, rep.energy_j, "by hand", 1, [victim])
+    assert worse.energy_j > s.energy_j
+    back = W.refill(G.g, G.lv, TARGET, b, worse, True, True)
+    assert back.keep == s.keep and back.energy_j == s.energy_j and back.order == "by hand+refill"
+    tight = max(rep.stage_peaks)
+    if tight < max(W._evaluate(G.g, G.lv, TARGET, s.keep, True, True)[1].stage_peaks):
+        assert W.refill(G.g, G.lv, TARGET, tight, worse, True, True).keep == worse.keep  # no room for it
+
+
+def test_greedy_starts_count_inside_the_time_limit(small_cnn):
+    """The solver's report says how many starts ran and how long they took."""
+    G = small_cnn
+    s = run_scheduler(G.g, G.lv, TARGET, G.budget(0.3), time_limit=5.0)
+    starts = s.solver["greedy_starts"]
+    assert starts["starts"] >= 1 and starts["seconds"] >= 0 and starts["evaluations"] > 0
+
+
+def test_a_page_in_of_a_held_tensor_is_dropped_with_its_page_out(small_cnn):
+    """A time-limited incumbent may page in a tensor it already holds (build_steps skips that page-in, so its
+    page-out is never used and strict validation refuses it): the scheduler's clean-up drops both."""
+    from edgetrain.compiler.scheduling.poet import without_redundant_holds
+
+    G = small_cnn
+    model = build_poet(G.g, G.lv, TARGET, G.sa.peak_bytes)
+    x = model.vector(store_all(G.g, G.lv))
+    (t, i), j = next(((t, i), j) for (t, i), j in model.P.items() if x[model.entering(t, i, G.lv.B0)] > 0.5)
+    x[j] = x[model.PO[i]] = 1.0
+    with pytest.raises(Exception, match="never paged in"):
+        validate(G.g, build_steps(G.g, G.lv, model.decisions(x, G.lv)), TARGET, None, strict=True)
+    clean = without_redundant_holds(model, G.lv, x)
+    assert clean[j] == 0 and clean[model.PO[i]] == 0
+    rep = validate(G.g, build_steps(G.g, G.lv, model.decisions(clean, G.lv)), TARGET, None, strict=True)
+    assert rep.energy_j == pytest.approx(G.sa.energy_j, rel=1e-12)
+
+
 def test_lns_only_improves_and_stays_feasible(mcu_resnet):
     from edgetrain.compiler.scheduling.heuristics import page_all
     from edgetrain.compiler.scheduling.search import improve

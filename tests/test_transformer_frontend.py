@@ -185,3 +185,14 @@ def test_bert_base_at_batch_8_builds_a_poet_model():
     assert g.summary()["kinds"]["loss"] == 1
     assert milp.n_vars <= 1.25 * 35_782
     assert seconds < 240
+
+
+@pytest.mark.parametrize("name", ["bert_tiny", "gpt_tiny"])
+def test_every_forward_matmul_and_attention_has_the_models_line(name):
+    """The source lines come from a forward on fake tensors: they must stay aligned with the graph's ops past
+    attention (fake tensors ask torch for devices that the graph never shows)."""
+    g = _graph(name)
+    ops = [n for n in g.nodes if n.kind == "forward" and any(k in n.op for k in ("addmm", "attention"))]
+    assert len(ops) > 8
+    missing = [n.name for n in ops if "zoo_transformers.py:" not in n.source]
+    assert not missing, missing

@@ -7,6 +7,8 @@ the matching torch.optim optimizer from the same weights and batches.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -88,3 +90,31 @@ def test_a_users_own_loss_function_trains_exactly(tmp_path):
 def _compile_plain(out):
     compile_model(_options("squeeze_excite", out, "100%", "adamw"))
     return out
+
+
+def test_module_and_functional_dropout_draw_the_reference_masks(tmp_path):
+    """nn.Dropout modules and F.dropout calls in one model: every mask is the one eager autograd draws, at
+    store-all and in a plan that recomputes the functional dropouts."""
+    opts = CompileOptions(model="tests/user_models.py:mixed_dropout", target="jetson-agx-orin", budget="100%",
+                          out=str(tmp_path / "store_all"), batch_size=32, time_limit=5,
+                          optimizer=OPTIMIZERS["sgd"])
+    smallest, store_all, _ = _halfway(opts)
+    for name, budget in (("store_all", "100%"), ("tight", str(smallest + 2 * (store_all - smallest) // 5))):
+        out = tmp_path / name
+        opts.out, opts.budget = str(out), budget
+        compiled = compile_model(opts)
+        assert compiled["peak_bytes"] <= compiled["budget_bytes"]
+        schedule = json.loads((out / "schedule.json").read_text())
+        keys = {n["name"]: n["attrs"].get("seed_key") for n in schedule["graph"]["nodes"]
+                if "dropout" in n["op"]}
+        # the forward's draws in the order they run (a node per output: the value and the mask); no backward draws
+        assert [keys[f"native_dropout{s}"] for s in ("", "_1", "_2", "_3")] == ["drop", "F.dropout", "F.dropout#2",
+                                                                                "drop#2"], keys
+        assert all(keys[n] is None for n in keys if "backward" in n), keys
+        if name == "tight":  # a functional dropout's value or mask is drawn again in the backward pass
+            recomputed = {s["tensor"] for s in schedule["steps"] if s["action"] == "recompute"}
+            assert {n.split(".")[0] for n in recomputed} & {"native_dropout_1", "native_dropout_2"}, recomputed
+        result = run_plan(str(out), steps=2, check=True)
+        assert result["ok"], f"{name}: {result.get('error')}"
+        assert result["max_abs_err"] <= 1e-6, result
+        assert result["measured_peak_bytes"] == result["predicted_peak_bytes"]

@@ -140,6 +140,23 @@ class TiedLM(nn.Module):
         return self.head(self.ln(x + a))
 
 
+class MixedDropout(nn.Module, _Facts):
+    """nn.Dropout modules (one called twice) beside functional F.dropout calls, each with its own p."""
+
+    input_shape = (12,)
+    num_classes = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(12, 48), nn.Linear(48, 48), nn.Linear(48, 4)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x):
+        h = self.drop(torch.relu(self.fc1(x)))
+        h = F.dropout(torch.relu(self.fc2(h)), 0.25, self.training)
+        return self.fc3(self.drop(F.dropout(h, 0.5, self.training)))
+
+
 def _backbone() -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                          nn.Conv2d(8, 16, 3, padding=1, stride=2), nn.BatchNorm2d(16), nn.ReLU(),
@@ -189,6 +206,10 @@ def encoder():
 
 def tied_lm():
     return TiedLM()
+
+
+def mixed_dropout():
+    return MixedDropout()
 
 
 def backbone():

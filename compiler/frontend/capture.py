@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import linecache
 import os
 import sys
 import traceback
@@ -90,44 +91,72 @@ def load_loss(spec: str):
     return fn
 
 
-class SeededDropout(nn.Module):
-    """nn.Dropout as torch's native_dropout, so that the plan and the exactness reference draw one mask.
+def _dropout_args(func, args, kwargs) -> tuple:
+    """(input, p, training) of an F.dropout(input, p=0.5, training=True, inplace=False) or
+    torch.dropout(input, p, train) call."""
+    names = ("input", "p", "training") if func is F.dropout else ("input", "p", "train")
+    bound = dict(zip(names, args))
+    bound.update({k: v for k, v in kwargs.items() if k in names})
+    return bound.get("input"), bound.get("p", 0.5), bound.get(names[2], True)
 
-    During capture it only records its call; in the reference it draws from the generator the runtime
-    seeds for the same (seed, step, key), or (`hashed`, for C firmware) the C runtime's hashed mask."""
 
-    def __init__(self, key: str, p: float, calls: list | None = None, clock=None, hashed: bool = False) -> None:
+class KeyedDropout(torch.overrides.TorchFunctionMode):
+    """Every dropout of a training step, an nn.Dropout module's or a functional F.dropout call, as torch's
+    native_dropout keyed by the module that draws it: an nn.Dropout by its name, an F.dropout by the module
+    whose forward calls it (`enc:F.dropout`; `F.dropout` in the model's own forward).
+
+    During capture it only records the keys in call order (`calls`); in the exactness reference it draws
+    each mask from the generator the runtime seeds for the same (seed, step, key) (`clock`), or (`hashed`, for C
+    firmware) the C runtime's hashed mask for that key."""
+
+    def __init__(self, model: nn.Module, calls: list | None = None, clock=None, hashed: bool = False) -> None:
         super().__init__()
-        self.key, self.p, self.calls, self.clock, self.hashed = key, p, calls, clock, hashed
+        self.model, self.calls, self.clock, self.hashed = model, calls, clock, hashed
+        self.stack: list[tuple[str, nn.Module]] = []  # the modules running, outermost first
+        self.handles: list = []
 
-    def forward(self, x):
-        if not self.training or self.p == 0:
-            return x
+    def __enter__(self):
+        for name, m in self.model.named_modules():
+            if name:
+                self.handles.append(m.register_forward_pre_hook(
+                    lambda mod, args, name=name: self.stack.append((name, mod))))
+                self.handles.append(m.register_forward_hook(lambda *_: _pop(self.stack), always_call=True))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        return super().__exit__(*exc)
+
+    def _key(self) -> str:
+        name, mod = self.stack[-1] if self.stack else ("", None)
+        return name if isinstance(mod, nn.Dropout) else f"{name}:F.dropout" if name else "F.dropout"
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.dropout and func is not torch.dropout:
+            return func(*args, **kwargs)
+        x, p, training = _dropout_args(func, args, kwargs)
+        if not isinstance(x, torch.Tensor) or not isinstance(p, (int, float)) or not 0 < p < 1 or not training:
+            return func(*args, **kwargs)  # the identity, or torch's own message for a bad p
+        key = self._key()
         if self.calls is not None:
-            self.calls.append(self.key)
-            return torch.ops.aten.native_dropout(x, self.p, True)[0]
+            self.calls.append(key)
+            return torch.ops.aten.native_dropout(x, p, True)[0]
         from edgetrain.runtime.python.aten_call import seeded
 
-        seed, step, counts = self.clock  # counts: calls of each module in this step (reset per step)
-        counts[self.key] = counts.get(self.key, 0) + 1
-        key = self.key if counts[self.key] == 1 else f"{self.key}#{counts[self.key]}"
+        seed, step, counts = self.clock  # counts: draws of each key in this step (reset per step)
+        counts[key] = counts.get(key, 0) + 1
+        key = key if counts[key] == 1 else f"{key}#{counts[key]}"
         if self.hashed:
             from . import dropout_mask
 
-            keep = dropout_mask.keep_mask(seed, step, key, self.p, x.numel())
+            keep = dropout_mask.keep_mask(seed, step, key, p, x.numel())
             m = torch.from_numpy(keep).to(device=x.device, dtype=x.dtype).reshape(x.shape)
-            return x * m * dropout_mask.scale(self.p)  # the kernel's x * keep * scale, rounding for rounding
+            return x * m * dropout_mask.scale(p)  # the kernel's x * keep * scale, rounding for rounding
         with seeded(seed, step, key, x.device):
-            return torch.ops.aten.native_dropout(x, self.p, True)[0]
-
-
-def swap_dropout(model: nn.Module, calls: list | None = None, clock=None, hashed: bool = False) -> None:
-    """Replace each nn.Dropout (p > 0) by a SeededDropout keyed by its module name."""
-    for qual, mod in list(model.named_modules()):
-        if type(mod) is nn.Dropout and mod.p > 0:
-            parent_name, _, leaf = qual.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, leaf, SeededDropout(qual, mod.p, calls, clock, hashed))
+            return torch.ops.aten.native_dropout(x, p, True)[0]
 
 
 def dropout_keys(gm: fx.GraphModule, calls: list[str]) -> dict[str, str]:
@@ -166,6 +195,22 @@ def _sum_tied_gradients(gm: fx.GraphModule, grads: dict[str, str]) -> dict[str, 
         grads[total.name] = p
         out.args = (tuple(out.args[0]) + (total,),)
     return grads
+
+
+@contextlib.contextmanager
+def on_fakes(module: nn.Module):
+    """`module` with fake parameters and buffers (shapes and dtypes, no data) while the context lasts: a trace
+    or a forward on it computes nothing and allocates nothing. Yields the FakeTensorMode; a tensor that is
+    neither a parameter nor a buffer (a constant of the code) stays real."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    real = {**dict(module.named_parameters(remove_duplicate=False)),
+            **dict(module.named_buffers(remove_duplicate=False))}
+    fakes = {k: mode.from_tensor(v) for k, v in real.items()}  # one fake per tensor: tied names stay tied
+    with _reparametrize_module(module, fakes):
+        yield mode
 
 
 class _Step(nn.Module):
@@ -215,6 +260,28 @@ def _user_line(frames) -> str:
     return f"{os.path.basename(f.filename)}:{f.lineno}: `{(f.line or '').strip()}`" if f else ""
 
 
+class _Frame:
+    """A stack frame's place; its code line is read only when asked (most frames are never printed)."""
+
+    __slots__ = ("filename", "lineno", "name")
+
+    def __init__(self, filename: str, lineno: int, name: str) -> None:
+        self.filename, self.lineno, self.name = filename, lineno, name
+
+    @property
+    def line(self) -> str:
+        return linecache.getline(self.filename, self.lineno)
+
+
+def _stack() -> list[_Frame]:
+    """The caller's stack, outermost first (traceback.extract_stack reads every frame's line: 10x slower)."""
+    frames, f = [], sys._getframe(1)
+    while f is not None:
+        frames.append(_Frame(f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    return frames[::-1]
+
+
 class _Where(torch.utils._python_dispatch.TorchDispatchMode):
     """Records each aten op an eager forward runs, with the user's line that ran it, or (a container such as
     nn.Sequential, whose lines are torch's) the innermost module running it."""
@@ -225,7 +292,9 @@ class _Where(torch.utils._python_dispatch.TorchDispatchMode):
         self.modules: list[str] = []  # the modules being run, outermost first
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        line = _user_line(traceback.extract_stack()) or (f"module {self.modules[-1]}" if self.modules else "")
+        if getattr(func, "namespace", "aten") != "aten":  # prim.device: fake tensors ask it, the graph has none
+            return func(*args, **(kwargs or {}))
+        line = _user_line(_stack()) or (f"module {self.modules[-1]}" if self.modules else "")
         self.calls.append((_base_name(func), line))
         return func(*args, **(kwargs or {}))
 
@@ -236,7 +305,7 @@ def _module_hooks(model: nn.Module, where: _Where) -> list:
     for name, m in model.named_modules():
         if not name:
             continue
-        label = f"`{name}` ({type(m).__name__.removeprefix('Seeded')})"  # as the user wrote it: nn.Dropout
+        label = f"`{name}` ({type(m).__name__})"
         handles.append(m.register_forward_pre_hook(lambda mod, args, label=label: where.modules.append(label)))
         handles.append(m.register_forward_hook(lambda mod, args, out: _pop(where.modules)))
     return handles
@@ -256,43 +325,60 @@ def _base_name(target) -> str:
     return name.strip("_").removeprefix("native_")
 
 
-# A traced op that runs eagerly as other ops: the one it matches, and how many eager ops after it are its own
-# (F.dropout runs eagerly on a CPU as empty_like, bernoulli_, div_, mul).
-_EAGER_AS = {"dropout": ("bernoulli", 2)}
-
-
-def _sources(step: nn.Module, gm: fx.GraphModule, x, y) -> dict[str, str]:
-    """The user's source line of each op of the traced graph's forward: one eager run records which line ran
-    which aten op, and the graph's ops take them in order (an op the eager run does not show, such as a
-    `detach` autograd adds, takes none)."""
-    saved = {k: b.clone() for k, b in step.named_buffers()}
+def _sources(step: nn.Module, gm: fx.GraphModule, x, y, fake) -> dict[str, str]:
+    """The user's source line of each op of the traced graph's forward: one forward on fake tensors records
+    which line ran which aten op, and the graph's ops take them in order (an op the forward does not show,
+    such as a `detach` autograd adds, takes none)."""
     where = _Where()
     handles = _module_hooks(step.m, where)
     try:
-        with torch.random.fork_rng(), torch.no_grad(), where:
+        with torch.random.fork_rng(), torch.no_grad(), fake, where, KeyedDropout(step.m, []):
             step(x, y)
     except Exception:  # the lines only label messages: a model that runs only traced still compiles
         return {}
     finally:
         for h in handles:
             h.remove()
-        with torch.no_grad():
-            for k, b in step.named_buffers():
-                b.copy_(saved[k])
     calls, at, out = where.calls, 0, {}
     for n in gm.graph.nodes:
         if n.op != "call_function" or not hasattr(n.target, "_schema"):
             continue
         name = _base_name(n.target)
         for j in range(at, min(at + 8, len(calls))):  # a short look-ahead keeps the two sequences aligned
-            eager = _EAGER_AS.get(name)
-            if calls[j][0] == name or (eager and calls[j][0] == eager[0]):
+            if calls[j][0] == name:
                 if calls[j][1]:
                     out[n.name] = calls[j][1]
-                at = j + 1 + (eager[1] if calls[j][0] != name else 0)
+                at = j + 1
                 break
     return out
 
+
+def _unmasked(gm: fx.GraphModule) -> None:
+    """A fake kernel makes every output of a backward op; the real one makes none where its output_mask is
+    False (batch-norm's input gradient under a frozen first layer): the values say what the runtime gets."""
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        names = [a.name for a in schema.arguments] if schema is not None else []
+        if n.op != "call_function" or "output_mask" not in names:
+            continue
+        i = names.index("output_mask")
+        mask = n.kwargs.get("output_mask", n.args[i] if i < len(n.args) else None)
+        val = n.meta.get("val")
+        if isinstance(mask, (list, tuple)) and isinstance(val, (list, tuple)) and len(val) == len(mask):
+            n.meta["val"] = type(val)(v if m else None for v, m in zip(val, mask))
+
+
+def _real(value, name: str) -> torch.Tensor:
+    """A constant torch lifted out of the code, as real data (it becomes a buffer of the plan)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(value, FakeTensor):
+        return value
+    if value.constant is None:
+        raise UnsupportedModelError(f"the model's code makes a tensor constant ({name}, shape {tuple(value.shape)}) "
+                                    "whose values the trace cannot keep: register it as a buffer of the module "
+                                    "(self.register_buffer) instead")
+    return value.constant
 
 
 def _guard_message(e: Exception) -> str:
@@ -320,12 +406,16 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
             tied[name] = seen[id(p)]
         seen.setdefault(id(p), name)
     calls: list[str] = []
-    swap_dropout(model, calls)
     step = _Step(model, objective(loss, token_ids, user_fn))
     try:
+        # Fakes: the trace needs shapes, not values (a real batch made it run the model, 4x slower on BERT-base).
         # preserve_node_meta: each backward node keeps the seq_nr of the forward op it differentiates
-        with contextlib.redirect_stderr(io.StringIO()), torch.fx.traceback.preserve_node_meta():
-            gm, sig = aot_export_module(step, (x, y), trace_joint=True, output_loss_index=0)
+        with on_fakes(step) as fake, KeyedDropout(model, calls), contextlib.redirect_stderr(io.StringIO()), \
+                torch.fx.traceback.preserve_node_meta():
+            gm, sig = aot_export_module(step, (fake.from_tensor(x), fake.from_tensor(y)), trace_joint=True,
+                                        output_loss_index=0)
+            seed_keys = dropout_keys(gm, calls)  # before the forward below records its own
+            sources = _sources(step, gm, fake.from_tensor(x), fake.from_tensor(y), fake)
     except UnsupportedModelError:
         raise
     except Exception as e:  # torch's own message for what it could not trace
@@ -334,6 +424,7 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
             raise UnsupportedModelError(_guard_message(e)) from None
         raise UnsupportedModelError(f"torch could not trace the training step{user_frame(e)}: {name}: "
                                     f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
+    _unmasked(gm)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     # A tied parameter is named as named_parameters() names it (its first name) everywhere.
     params = {ph: tied.get(_strip(p), _strip(p)) for ph, p in sig.inputs_to_parameters.items()}
@@ -344,10 +435,10 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
     bwd = sig.backward_signature
     grads = {node: tied.get(_strip(p), _strip(p)) for node, p in bwd.gradients_to_parameters.items()}
     grads = _sum_tied_gradients(gm, grads)
-    constants = {f"{CONSTANT_PREFIX}{n.target}": getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    constants = {f"{CONSTANT_PREFIX}{n.target}": _real(getattr(gm, n.target), n.target)
+                 for n in gm.graph.nodes if n.op == "get_attr"}
     buffers.update({n.name: f"{CONSTANT_PREFIX}{n.target}" for n in gm.graph.nodes if n.op == "get_attr"})
-    seed_keys = dropout_keys(gm, calls)  # before the eager run below adds its own calls
     return JointCapture(gm=gm, constants=constants, params=params, buffers=buffers, inputs=(user[0], user[1]),
                         loss=sig.user_outputs[0], grads=grads,
                         buffer_updates={node: _strip(b) for node, b in sig.buffers_to_mutate.items()},
-                        seed_keys=seed_keys, sources=_sources(step, gm, x, y))
+                        seed_keys=seed_keys, sources=sources)

@@ -225,6 +225,8 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
             raise UnsupportedModelError(f"the new value of buffer {buf} is not computed by an op")
         updates.setdefault(r.node, []).append({"item": r.k, "view": r.view, "buffer": buf})
 
+    _read_running_stats_from_buffers(ops, updates)
+
     # Dead code (shape asserts, values nothing reads) is dropped: keep what updates, or the loss needs.
     dag0 = _op_dag(b.order, ops)
     roots = set(updates) | {loss_ref.node}
@@ -290,6 +292,38 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
     return TrainingGraph(model=model, nodes=nodes, params=model_params, buffers=model_buffers,
                          input_shape=tuple(input_shape), num_classes=num_classes, loss=loss, optimizer=optimizer,
                          input_dtype=input_dtype, input_high=input_high, trainable=trainable)
+
+
+_BN_BACKWARD = "aten.native_batch_norm_backward.default"
+
+
+def _read_running_stats_from_buffers(ops: dict[str, _Op], updates: dict[str, list[dict]]) -> None:
+    """A training-mode batch-norm backward gets the new running statistics as operands (running_mean,
+    running_var) but never reads their values (it uses the saved mean and inverse std): it reads them from the
+    buffers instead, which the forward op has already updated, so its forward node keeps 2C words, not 4C."""
+    new_value = {(node, u["item"]): u["buffer"] for node, us in updates.items() for u in us
+                 if "buffer" in u and not u.get("view")}
+    for name, op in ops.items():
+        if _opname(op.fx.target) != _BN_BACKWARD or op.args[7] is not True:
+            continue
+        by_buffer: dict[int, str] = {}
+        for pos in (3, 4):  # running_mean, running_var
+            a = op.args[pos]
+            r = op.operands[a["$t"]] if isinstance(a, dict) and "$t" in a else None
+            if r is not None and not r.view and (r.node, r.k) in new_value:
+                by_buffer[a["$t"]] = new_value[(r.node, r.k)]
+        if not by_buffer:
+            continue
+        remap: dict[int, dict] = {}
+        kept: list[_Out] = []
+        for i, r in enumerate(op.operands):
+            if i in by_buffer:
+                remap[i] = {"$b": by_buffer[i]}
+                ops[r.node].readers[r.k].remove(name)
+            else:
+                remap[i] = {"$t": len(kept)}
+                kept.append(r)
+        op.args, op.kwargs, op.operands = _remap(op.args, remap), _remap(op.kwargs, remap), kept
 
 
 def _op_dag(order: list[str], ops: dict[str, _Op]) -> nx.DiGraph:
@@ -447,7 +481,7 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
             if mine:
                 attrs["updates"] = [{k: ([list(v) for v in u[k]] if k == "view" else u[k]) for k in u
                                      if not (k == "view" and not u[k])} for u in mine]
-            if any(r in opname for r in _RANDOM):
+            if any(r in opname for r in _RANDOM) and "backward" not in opname:  # a backward draws nothing
                 attrs["seed_key"] = seed_keys.get(name, name)
             if name == loss_ref.node:
                 attrs["loss_item"] = loss_ref.k

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .steps import Decisions, Step, build_steps
 from .budget import min_budget
 from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
@@ -16,9 +18,11 @@ from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import Liveness
 from .phased import solve_phased
 from .milp.registry import solve_with
-from .poet import build as build_poet
+from .poet import build as build_poet, without_redundant_holds
 from .validator import Report, validate
-from .warmstart import greedy_keep
+from .warmstart import best_start
+
+START_SHARE = 0.15  # the most share of a solve's time limit the greedy starts may take (counted inside it)
 
 # Every scheduler, with what it does in a line (the CLI's help reads it).
 SCHEDULERS = {
@@ -105,9 +109,11 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     greedy = dtr(g, lv, budget_bytes)  # budget-aware, so often the best start when the others do not fit
     if greedy is not None:
         options["dtr"] = greedy
-    kept = greedy_keep(g, lv, target, budget_bytes, paging=paging, retain=True)  # pages too, where DTR cannot
+    # Pages too, where DTR cannot; several drop orders (see warmstart.best_start), inside the time limit.
+    kept, starts = best_start(g, lv, target, budget_bytes, paging=paging, retain=True,
+                              seconds=START_SHARE * time_limit)
     if kept is not None:
-        options["greedy-keep"] = kept
+        options["greedy-keep"] = kept.decisions
     for name, d in options.items():
         try:
             s = _finish(g, lv, name, d, target, budget_bytes, none)
@@ -127,25 +133,29 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     warm = model.vector(best.decisions) if best is not None else None
     if warm is not None and not model.milp.is_feasible(warm):
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
+    left = max(time_limit - starts["seconds"], 0.5 * time_limit)  # the starts' time counts in the limit
     if lns > 0:
-        res = solve_phased(solver, model, lv, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm,
+        res = solve_phased(solver, model, lv, time_limit=left, mip_gap=mip_gap, warm_start=warm,
                            threads=threads, lns=lns, cuts=cuts)
     else:
-        res = solve_with(solver, model.milp, time_limit=time_limit, warm_start=warm, mip_gap=mip_gap,
+        res = solve_with(solver, model.milp, time_limit=left, warm_start=warm, mip_gap=mip_gap,
                          threads=threads)
     info = res.to_json()  # the backend that ran, the one requested, and after a fallback a one-line notice
     info["warm_start"] = best.name if warm is not None else None
+    info["greedy_starts"] = {k: (round(v, 3) if k == "seconds" else v) for k, v in starts.items()}
     chosen = None
     if res.values is not None:
-        useless = model.useless_page_outs(res.values, lv)
-        if useless:  # dropped from the schedule (see PoetModel.useless_page_outs): its objective drops too
-            d = model.decisions(res.values, lv)
-            info["objective"] = model.milp.objective(model.vector(d))
+        # A time-limited incumbent may page in or recompute a tensor already held (then its page-out is never
+        # used): dropped from the schedule (see poet.without_redundant_holds), and its objective drops too.
+        x = without_redundant_holds(model, lv, res.values)
+        changed = int(np.sum(x != np.round(res.values)))
+        if changed:
+            info["objective"] = model.milp.objective(x)
             if info.get("bound") is not None and info["objective"]:
                 info["gap"] = max(0.0, (info["objective"] - info["bound"]) / abs(info["objective"]))
-            info["note"] = (f"dropped {len(useless)} page-outs of tensors the solution never pages in "
+            info["note"] = (f"dropped {changed} page-ins, recomputes or page-outs the solution does not need "
                             "(within the solver's gap)")
-        chosen = _finish(g, lv, "milp", model.decisions(res.values, lv), target, budget_bytes, info)
+        chosen = _finish(g, lv, "milp", model.decisions(x, lv), target, budget_bytes, info)
         if deadline_s is not None and chosen.report.time_s > deadline_s * (1 + 1e-9):
             # Within the solver's tolerances but over the deadline as the validator counts it: not kept.
             info["note"] = (f"the solver's schedule takes {chosen.report.time_s:.6g} s, over the deadline "

@@ -1,10 +1,10 @@
 """The exactness reference: the user's model trained by plain PyTorch autograd from the same weights and data.
 
-Dropout modules are swapped for ones that draw the runtime's mask (same seed, step and module: torch's
-generator for a Python plan, the C runtime's hash for firmware), and the parameters the schedule lists as
+Every dropout, an nn.Dropout module's or an F.dropout call's, draws the runtime's mask (same seed, step and key:
+torch's generator for a Python plan, the C runtime's hash for firmware), and the parameters the schedule lists as
 trainable are the ones with requires_grad (so a `--train` selection holds), the only changes to the model;
-everything else is the model as the user wrote it, with its loss and the torch.optim optimizer the plan's
-updates match.
+everything else is the model as the user wrote it, with its loss and the torch.optim optimizer the plan's updates
+match.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from edgetrain.compiler.frontend.capture import load_loss, objective, swap_dropout
+from edgetrain.compiler.frontend.capture import KeyedDropout, load_loss, objective
 from edgetrain.compiler.frontend.modelspec import resolve
 
 
@@ -46,7 +46,6 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     load_weights(model, weights_path)
     model.to(device).train()
     clock = [schedule["seed"], first_step, {}]
-    swap_dropout(model, clock=clock, hashed=schedule.get("backend") == "c")  # C firmware hashes its masks
     graph = schedule["graph"]
     if "trainable" in graph:  # the schedule's choice (the model's flags or --train) decides what trains
         trainable = set(graph["trainable"])
@@ -60,7 +59,8 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     for k, (x, y) in enumerate(batches):
         clock[1], clock[2] = first_step + k, {}
         opt.zero_grad(set_to_none=True)
-        value = fn(model, x.to(device), y.to(device))
+        with KeyedDropout(model, clock=clock, hashed=schedule.get("backend") == "c"):  # C firmware hashes its masks
+            value = fn(model, x.to(device), y.to(device))
         value.backward()
         opt.step()
         losses.append(float(value.detach()))

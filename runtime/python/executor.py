@@ -8,6 +8,7 @@ the step.
 """
 from __future__ import annotations
 
+import time
 import warnings
 from os import PathLike
 
@@ -18,7 +19,7 @@ from .integrity import read_weights
 from . import aten_call
 from .ledger import Ledger
 from .optim import Optimizer
-from .storage import FileStore
+from .storage import FileStore, PendingRead
 
 INPUT, LABELS = "input", "labels"
 
@@ -85,6 +86,7 @@ class Runtime:
         self._paged_out: set[str] = set()
         self._step_loss: float | None = None
         self.view_copied_bytes = 0  # views never copy: aten view ops alias their base
+        self.paging_wait_s = 0.0  # seconds the plan waited for the page store (writes, reads, checksums)
 
     # -- properties -----------------------------------------------------------------------------------
     @property
@@ -125,7 +127,10 @@ class Runtime:
 
     def _require(self, name: str):
         if name in self._live:
-            return self._live[name]
+            value = self._live[name]
+            if isinstance(value, PendingRead):  # a page-in read ahead: its bytes are needed now
+                value = self._live[name] = self._waited(value.result)
+            return value
         why = f"freed at {self._freed_at[name]}" if name in self._freed_at else "never computed in this step"
         raise PlanError(f"{self._what}: tensor '{name}' is not resident ({why})")
 
@@ -232,23 +237,33 @@ class Runtime:
         t = self._require(name)
         if isinstance(t, tuple):
             raise PlanError(f"{self._what}: aux '{name}' cannot be paged")
-        self.store.page_out(name, t)
+        self._waited(lambda: self.store.page_out(name, t))
         self._paged_out.add(name)
 
-    def page_in(self, name: str) -> Tensor:
+    def page_in(self, name: str) -> None:
+        """Start reading a paged tensor back. Its RAM is allocated and counted now; the bytes arrive on the
+        store's reader thread and are waited for (and verified) where the tensor is first used."""
         self._begin_op(f"page_in '{name}'")
         if name in self._live:
             raise PlanError(f"{self._what}: tensor '{name}' is already resident")
         if name not in self._paged_out:
             raise PlanError(f"{self._what}: tensor '{name}' was not paged out in this step")
-        t = self.store.page_in(name, self.device)
-        self._hold(name, t, nbytes(t))
-        return t
+        pending = self._waited(lambda: self.store.start_page_in(name, self.device))
+        self._hold(name, pending, pending.nbytes)
+
+    def _waited(self, fn):
+        """fn(), its seconds added to `paging_wait_s` (time the plan stood still for the page store)."""
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.paging_wait_s += time.perf_counter() - t0
 
     def free(self, name: str) -> None:
         self._begin_op(f"free '{name}'")
         self._require(name)
-        self.store.wait(name)  # a page-out still writing it lets go first: the bytes go when the ledger's do
+        # A page-out still writing it lets go first: the bytes go when the ledger's do.
+        self._waited(lambda: self.store.wait(name))
         self.ledger.release(name)
         del self._live[name]
         self._freed_at[name] = f"op #{self._op}"
@@ -257,7 +272,10 @@ class Runtime:
         """Free whatever the plan left resident (reported in `leftovers`), return the step's loss."""
         if not self._in_step:
             raise PlanError(f"end_step: step {self.step} was never begun")
-        self.store.wait()  # every page-out of the step written (or its error raised) before the step ends
+        self._waited(self.store.wait)  # every page-out of the step written (or its error raised) before the step ends
+        for name, value in self._live.items():
+            if isinstance(value, PendingRead):  # read ahead, never used: its read must still finish cleanly
+                self._waited(value.result)
         self.leftovers = list(self._live)
         for name in self.leftovers:
             self.ledger.release(name)

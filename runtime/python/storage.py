@@ -12,7 +12,10 @@ Page-outs run on one background writer thread (checksum and write release the GI
 computation that follows it. The memory model is unchanged: a paged-out tensor stays resident until the
 plan frees it, and `wait(name)` - which the runtime calls before it frees a tensor, and `page_in` and
 `discard` call themselves - returns only once the writer has finished with it and dropped its reference, so
-the bytes are released exactly when the ledger releases them. A failed write raises there. A tensor
+the bytes are released exactly when the ledger releases them. A failed write raises there. A page-in
+checks the file's prefix and header and allocates the tensor at once (so the ledger counts it where the
+schedule does), then reads and verifies the bytes on one reader thread: `PendingRead.result()`, which the
+runtime calls where the tensor is first used, waits for them and raises if they fail their checksum. A tensor
 whose memory is a permutation of a dense layout (attention's output) is stored in memory order with the
 permutation, and comes back with its strides: the plan's views of it must stay views.
 """
@@ -81,6 +84,59 @@ def _write(path: Path, head: bytes, box: list[Tensor]) -> int:
     return crc
 
 
+def _read(name: str, path: Path, f, head: bytes, crc: int, t: Tensor, holds: object, written: int) -> None:
+    """Fill `t` from the open page file `f` (positioned at the data), then verify the CRC-32, the name the
+    header `holds` and that the file is the version whose CRC-32 was `written`; closes `f`."""
+    with f:
+        data = _bytes_of(t)
+        got = 0
+        while got < data.nbytes:  # a read may return less than asked (large files)
+            k = f.readinto(data[got:])
+            if not k:
+                break
+            got += k
+    if got != data.nbytes:
+        raise PageStoreError(f"page-in of '{name}': file {path} is unreadable ({got} data bytes for "
+                             f"{data.nbytes} expected)")
+    actual = zlib.crc32(data, zlib.crc32(head))
+    if actual != crc:
+        raise PageStoreError(f"page-in of '{name}': checksum mismatch in {path} "
+                             f"(file says CRC-32 {crc:08x}, bytes give {actual:08x})")
+    if holds != name:
+        raise PageStoreError(f"page-in of '{name}': file {path} holds '{holds}'")
+    if written != crc:
+        raise PageStoreError(f"page-in of '{name}': {path} is not the version this store paged out")
+
+
+def _done(fn, *args) -> Future:
+    """A finished Future of `fn(*args)`: the same interface when a store reads synchronously."""
+    fut: Future = Future()
+    try:
+        fut.set_result(fn(*args))
+    except BaseException as e:  # noqa: BLE001 - handed to whoever asks for the result
+        fut.set_exception(e)
+    return fut
+
+
+class PendingRead:
+    """A page-in under way: its tensor is allocated (and counted) already; `result()` waits for its bytes."""
+
+    def __init__(self, name: str, t: Tensor, perm, device: torch.device, nbytes: int, fut: Future) -> None:
+        self.name, self.nbytes = name, nbytes
+        self._t, self._perm, self._device, self._fut = t, perm, device, fut
+
+    def result(self) -> Tensor:
+        try:
+            self._fut.result()
+        except OSError as e:
+            raise PageStoreError(f"page-in of '{self.name}': reading failed ({e.strerror or e})") from None
+        t = self._t
+        if self._perm:
+            perm = [int(d) for d in self._perm]
+            t = t.permute(*sorted(range(len(perm)), key=perm.__getitem__))
+        return t.to(self._device) if self._device != t.device else t
+
+
 class FileStore:
     def __init__(self, directory: str | os.PathLike, *, background: bool = True) -> None:
         self.dir = Path(directory)
@@ -90,6 +146,7 @@ class FileStore:
         self._written: dict[str, int] = {}  # name -> CRC-32 of the last page_out by this store
         self._pending: dict[str, Future] = {}  # name -> its write on the background thread
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-pages") if background else None
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-reads") if background else None
 
     def path_of(self, name: str) -> Path:
         return self.dir / f"{safe_file_name(name)}{SUFFIX}"
@@ -130,13 +187,18 @@ class FileStore:
                 self._written[n] = self._finish(n, fut.result)
 
     def page_in(self, name: str, device: torch.device | str = "cpu") -> Tensor:
+        return self.start_page_in(name, device).result()
+
+    def start_page_in(self, name: str, device: torch.device | str = "cpu") -> "PendingRead":
+        """Check the page file's header and allocate its tensor now; read and verify the bytes on the reader
+        thread (unless the store has none). `result()` gives the tensor, or raises PageStoreError."""
         self.wait(name)
         path = self.path_of(name)
         try:
             f = open(path, "rb", buffering=0)
         except FileNotFoundError:
             raise PageStoreError(f"page-in of '{name}': file {path} is missing") from None
-        with f:
+        try:
             try:
                 magic, n_head, crc = _PREFIX.unpack(f.read(_PREFIX.size))
                 if magic != MAGIC:
@@ -149,31 +211,17 @@ class FileStore:
                 have = os.fstat(f.fileno()).st_size - _PREFIX.size - n_head
                 if want != have:  # checked before allocating: a damaged shape must not ask for gigabytes
                     raise ValueError(f"{have} data bytes for {want} expected")
-                t = torch.empty(shape, dtype=dtype)
-                data = _bytes_of(t)
-                got = 0
-                while got < data.nbytes:  # a read may return less than asked (large files)
-                    k = f.readinto(data[got:])
-                    if not k:
-                        break
-                    got += k
-                if got != data.nbytes:
-                    raise ValueError(f"{got} data bytes for {data.nbytes} expected")
             except (ValueError, KeyError, TypeError, struct.error, RuntimeError) as e:  # json's errors are ValueErrors
                 raise PageStoreError(f"page-in of '{name}': file {path} is unreadable ({e})") from None
-        actual = zlib.crc32(data, zlib.crc32(head))
-        if actual != crc:
-            raise PageStoreError(f"page-in of '{name}': checksum mismatch in {path} "
-                                 f"(file says CRC-32 {crc:08x}, bytes give {actual:08x})")
-        if header.get("name") != name:
-            raise PageStoreError(f"page-in of '{name}': file {path} holds '{header.get('name')}'")
-        if name in self._written and self._written[name] != crc:
-            raise PageStoreError(f"page-in of '{name}': {path} is not the version this store paged out")
-        self.bytes_in += data.nbytes
-        if header.get("permute"):
-            perm = [int(d) for d in header["permute"]]
-            t = t.permute(*sorted(range(len(perm)), key=perm.__getitem__))
-        return t.to(device) if torch.device(device) != t.device else t
+        except BaseException:
+            f.close()
+            raise
+        t = torch.empty(shape, dtype=dtype)
+        self.bytes_in += want
+        job = (name, path, f, head, crc, t, header.get("name"), self._written.get(name, crc))
+        fut = self._reader.submit(_read, *job) if self._reader is not None else None
+        return PendingRead(name, t, header.get("permute"), torch.device(device), want,
+                           fut if fut is not None else _done(_read, *job))
 
     def discard(self, name: str) -> None:
         """Forget a paged tensor and delete its file."""

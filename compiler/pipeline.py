@@ -82,7 +82,7 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         example = torch.randn(opts.batch_size, *shape, generator=gen)
     graph = capture_graph(opts, resolved, model, example)
     if opts.emit == "c":
-        from .graph.c_ops import lower_for_c
+        from .graph.c_lower import lower_for_c
 
         graph = lower_for_c(graph)
         if device_check:

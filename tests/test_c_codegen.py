@@ -80,13 +80,18 @@ def test_backends_count_what_their_runtime_holds():
 
 def test_every_op_of_the_c_table_has_an_emitter_and_nothing_else_does():
     """The C op table is the one list: each op has an emitter, and no emitter exists for an op it does not list;
-    each kernel it names is a source of runtime/c that every firmware compiles."""
+    each source it names is a file of runtime/c that every firmware compiles, and each kernel a header."""
     from edgetrain.codegen.c.emitters import EMITTERS
 
     assert set(EMITTERS) == set(C_OPS)
     for k in {k.kernel for k in C_OPS.values() if k.kernel}:
-        assert (ROOT / "runtime" / "c" / "kernels" / f"{k}.c").exists(), k
-        assert f"kernels/{k}.c" in firmware.RUNTIME_SOURCES
+        assert (ROOT / "runtime" / "c" / "kernels" / f"{k}.h").exists(), k
+    for src in {s for k in C_OPS.values() for s in k.source_files}:
+        assert (ROOT / "runtime" / "c" / "kernels" / f"{src}.c").exists(), src
+        assert f"kernels/{src}.c" in firmware.RUNTIME_SOURCES
+    # A convolution's gradients live in their own sources: the firmware compiles them too.
+    assert {"kernels/conv2d.c", "kernels/conv2d_input_grad.c", "kernels/conv2d_weight_grad.c"} <= set(
+        firmware.RUNTIME_SOURCES)
 
 
 @pytest.mark.parametrize("model, op, node, line", [

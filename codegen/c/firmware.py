@@ -23,7 +23,8 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from edgetrain.compiler.errors import BudgetError, UnsupportedModelError  # messages for the user, not a solver
-from edgetrain.compiler.graph.c_ops import C_OPS, DROPOUT, holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
+from edgetrain.compiler.graph.c_operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
+from edgetrain.compiler.graph.c_ops import DROPOUT, kernel_sources  # the C op table
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 
@@ -40,8 +41,7 @@ WEIGHT_PAGE_BASE = 0x10000  # page ids of streamed weights: above any activation
 BLOCK_MAGIC = 0x47505445  # runtime/c/storage.h: "ETPG"
 # Runtime sources every build compiles. Both builds keep pages in files (storage_file.c); each adds the
 # raw-I/O back end under it (storage_stdio.c on the host, storage_semihost.c under QEMU).
-RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c") + tuple(
-    f"kernels/{k}.c" for k in sorted({k.kernel for k in C_OPS.values() if k.kernel} | {"sgd"}))
+RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c") + kernel_sources()
 INSTRUCTIONS_PER_TICK = 40  # QEMU -icount shift=0: 1 ns per instruction; the CMSDK timer counts at 25 MHz
 
 _ENV = environment("templates/c")

@@ -1,8 +1,10 @@
-"""The C runtime's op table, and the pass that fits a training graph to what the C runtime holds.
+"""The C runtime's op table: which aten ops the C runtime runs, what each kernel reads, the cases it leaves out.
 
 torch knows every op's semantics, shapes and FLOPs; what it does not know is which aten ops the C runtime
 (runtime/c) has a kernel for, which operands that kernel reads, and how it holds memory. That is this table,
-the one place for it: codegen/c emits a call for each op listed here and for nothing else.
+the one place for it: codegen/c emits a call for each op listed here and for nothing else, and compiles the
+kernel sources it names. The pass that fits a training graph to it is `c_lower.py`; ops bound to their
+arguments as meta tensors, the form the table's checks read, come from `c_operands.py`.
 
 The C runtime differs from torch in what it holds, and the schedule must count what it holds:
 - a parameter's gradient is never a tensor: `et_*_wgrad_sgd` computes it and applies SGD in one pass, so a
@@ -16,17 +18,11 @@ The C runtime differs from torch in what it holds, and the schedule must count w
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from math import prod
 from typing import Callable
 
 import torch
-
-from edgetrain.runtime.python.aten_call import apply_view, resolve
-
-from edgetrain.compiler.errors import UnsupportedModelError
-
-from .ir import Node, TensorRef, TrainingGraph
 
 
 BATCH_NORM = "aten._native_batch_norm_legit_functional.default"
@@ -38,13 +34,20 @@ AUX_ITEMS = 3  # batch norm's statistics in the C runtime: save_mean, save_invst
 
 @dataclass(frozen=True)
 class CKernel:
-    """One aten op the C runtime runs: its kernel (runtime/c/kernels/<kernel>.c), what it covers in words,
-    the arguments whose tensors it reads (None: all), and a check for the cases it leaves out."""
+    """One aten op the C runtime runs: its kernel (runtime/c/kernels/<kernel>.h), what it covers in words,
+    the arguments whose tensors it reads (None: all), a check for the cases it leaves out, and the kernel
+    sources its calls are in (runtime/c/kernels/<source>.c; none given: <kernel>.c)."""
 
     kernel: str
     note: str = ""
     reads: Callable[[dict], set[str]] | None = None  # bound arguments -> names of the arguments read
     refuse: Callable[["OpCase"], str | None] = lambda case: None
+    sources: tuple[str, ...] = ()
+
+    @property
+    def source_files(self) -> tuple[str, ...]:
+        """The runtime/c/kernels sources (no `.c`) that define the functions this op's calls use."""
+        return self.sources or ((self.kernel,) if self.kernel else ())
 
 
 @dataclass
@@ -294,7 +297,8 @@ def _both(*checks):
 C_OPS: dict[str, CKernel] = {
     "aten.convolution.default": CKernel("conv2d", "2-D convolution: stride, padding, dilation, groups, bias",
                                         refuse=_both(_conv_refuse, _no_update)),
-    "aten.convolution_backward.default": CKernel("conv2d", reads=_conv_bwd_reads, refuse=_conv_refuse),
+    "aten.convolution_backward.default": CKernel("conv2d", reads=_conv_bwd_reads, refuse=_conv_refuse,
+                                                 sources=("conv2d_input_grad", "conv2d_weight_grad")),
     "aten.addmm.default": CKernel("linear", "linear layers", refuse=_both(_linear_fwd_refuse, _no_update)),
     "aten.mm.default": CKernel("linear", refuse=_mm_refuse),
     "aten.sum.dim_IntList": CKernel("sum", "sums over H and W", refuse=_sum_refuse),
@@ -320,7 +324,7 @@ C_OPS: dict[str, CKernel] = {
     "aten.gelu_backward.default": CKernel("gelu", refuse=_both(_gelu_refuse, _no_update)),
     DROPOUT: CKernel("dropout", "dropout (nn.Dropout; its mask redrawn from a hash)", reads=lambda a: {"input"},
                      refuse=_both(_dropout_refuse, _no_update)),
-    DROPOUT_BACKWARD: CKernel("dropout", refuse=_both(_dropout_refuse, _no_update)),  # its mask: see _redraw_dropout_masks
+    DROPOUT_BACKWARD: CKernel("dropout", refuse=_both(_dropout_refuse, _no_update)),  # its mask: see c_lower.py
     "aten.mul.Tensor": CKernel("mul", "mul of same-shape tensors or by a per-channel scale (squeeze-excitation)",
                                refuse=_both(_mul_refuse, _no_update)),
     "aten.max_pool2d_with_indices.default": CKernel("maxpool2d", "max-pool", refuse=_no_update),
@@ -357,267 +361,15 @@ C_OPS: dict[str, CKernel] = {
 ALSO = "views (flatten, reshape, channel slices at batch 1); SGD with momentum and weight decay"
 
 
+OPTIMIZER_SOURCE = "sgd"  # every parameter's update, whichever op makes its gradient
+
+
+def kernel_sources() -> tuple[str, ...]:
+    """Every kernel source a C firmware compiles, as paths under runtime/c: each op's, and the optimizer's."""
+    stems = {s for k in C_OPS.values() for s in k.source_files} | {OPTIMIZER_SOURCE}
+    return tuple(f"kernels/{s}.c" for s in sorted(stems))
+
+
 def supported_text() -> str:
     """The ops the C runtime runs, in words (what an error offers instead)."""
     return ", ".join(dict.fromkeys(k.note for k in C_OPS.values() if k.note)) + "; " + ALSO
-
-
-# -- operands as meta tensors ------------------------------------------------------------------------------
-
-def holder_meta(node: Node, offset: int = 0):
-    """What a node holds as meta tensors laid out as the C runtime lays them out, at word `offset` of the
-    arena: one block of 4-byte words (float32, or int32 for indices and labels), a tuple's items one after
-    the other. Any view of it then has its arena offset, in words, as its storage offset."""
-    shapes = [s.shape for s in node.items] if node.items else [tuple(node.shape or ())]
-    sizes = [prod(s) for s in shapes]
-    arena = torch.empty(offset + sum(sizes), device="meta")
-    if node.dtype == "int32":
-        arena = arena.view(torch.int32)
-    out, at = [], offset
-    for shape, n in zip(shapes, sizes):
-        out.append(arena[at:at + n].view(shape))
-        at += n
-    return tuple(out) if node.items else out[0]
-
-
-def operand_meta(graph_nodes: dict[str, Node], ref: TensorRef, offsets: dict[str, int] | None = None):
-    """An operand as a meta tensor: its shape, strides and offset (in words) in the arena (`offsets`: where
-    each holder starts; 0 without)."""
-    node = graph_nodes[ref.name]
-    return apply_view(holder_meta(node, (offsets or {}).get(ref.name, 0)), ref.view)
-
-
-def param_meta(spec: tuple, view) -> torch.Tensor:
-    """A parameter or buffer, (shape, dtype), as a meta tensor seen through its view."""
-    shape, dtype = spec
-    return apply_view(torch.empty(tuple(shape), dtype=getattr(torch, dtype), device="meta"),
-                      [tuple(v) for v in view or ()])
-
-
-def bind(op: str, args: list, kwargs: dict) -> dict:
-    """Arguments by schema name, defaults filled in."""
-    schema = resolve(op)._schema
-    bound = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(args):
-            bound[a.name] = args[i]
-        elif a.name in kwargs:
-            bound[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            bound[a.name] = a.default_value
-        else:
-            bound[a.name] = None
-    return bound
-
-
-def op_case(op: str, args: list, kwargs: dict, operands: list, state: dict, updates: list, out,
-            own=None, buffer_updates=(), aux=None, node_attrs=None) -> OpCase:
-    """Bind an op's argument template, with `operands` the meta tensors of its `$t` markers, `state` the
-    parameters' and buffers' shapes, `out` what the op holds, `own` what the node's first op holds (for a
-    fused op) and `aux` the statistics block."""
-    def fill(a):
-        if isinstance(a, dict):
-            if "$t" in a:
-                return operands[a["$t"]]
-            if "$own" in a:
-                return apply_view(own, a.get("view"))
-            for key, kind in (("$p", "param"), ("$b", "buffer")):
-                if key in a:
-                    return {kind: a[key], "view": a.get("view", ()), "t": param_meta(state[a[key]], a.get("view"))}
-            if "$aux" in a:  # an output of the forward op kept for this node; None: one the C kernel never reads
-                return aux.get(a["$aux"]) if aux is not None else a
-            if "$empty" in a:
-                return a
-            return {k: fill(v) for k, v in a.items()}
-        if isinstance(a, list):
-            return [fill(v) for v in a]
-        return a
-
-    return OpCase(op=op, args=bind(op, fill(args), fill(kwargs)), updates=updates, out=out,
-                  buffer_updates=list(buffer_updates), aux=aux, node_attrs=node_attrs or {})
-
-
-def node_ops(node: Node) -> list[dict]:
-    """The node's own op, then each op fused after it, as {"op", "args", "kwargs", "updates", "buffer_updates",
-    "own"}."""
-    def one(op, spec, own):
-        ups = spec.get("updates", ())
-        return {"op": op, "args": spec.get("args", []), "kwargs": spec.get("kwargs", {}), "own": own,
-                "updates": [u for u in ups if "param" in u], "buffer_updates": [u for u in ups if "buffer" in u]}
-
-    return [one(node.op, node.attrs, True)] + [one(s["op"], s, False) for s in node.attrs.get("then", ())]
-
-
-
-
-def aux_meta(forward: Node, offset: int = 0) -> dict:
-    """A batch-norm node's statistics block, at word `offset`: three [C] vectors (mean, inverse std, and the
-    sum of squared deviations its running-variance update reads). Keyed as the backward's `$aux` markers are
-    numbered (their place in the forward's kept outputs) where it reads them, and "mean", "invstd", "var_sum".
-    A layer norm's: its mean and rstd, one per row, as torch makes them."""
-    if forward.op == LAYER_NORM:
-        a = bind(LAYER_NORM, forward.attrs["args"], forward.attrs.get("kwargs", {}))
-        rows = prod(forward.shape) // prod(a["normalized_shape"])
-        block = torch.empty(offset + 2 * rows, device="meta")
-        mean, rstd = block[offset:offset + rows], block[offset + rows:offset + 2 * rows]
-        return {"mean": mean, "rstd": rstd, 0: mean, 1: rstd}  # its aux is outputs [1, 2]: refused otherwise
-    c = forward.shape[1]
-    block = torch.empty(offset + AUX_ITEMS * c, device="meta")
-    mean, invstd, var_sum = (block[offset + k * c: offset + (k + 1) * c] for k in range(AUX_ITEMS))
-    out = {"mean": mean, "invstd": invstd, "var_sum": var_sum}
-    kept = forward.attrs.get("aux", [])
-    for j, k in enumerate(kept):  # outputs 1 and 2 of the forward op are its mean and inverse std
-        if k in (1, 2):
-            out[j] = mean if k == 1 else invstd
-    return out
-
-
-def node_cases(node: Node, graph_nodes: dict[str, Node], state: dict,
-               offsets: dict[str, int] | None = None) -> list[OpCase]:
-    """Each op the node runs, bound (its own op first); tensors at their arena `offsets` when given (a
-    batch norm's statistics at `offsets["<node>.aux"]`, absent where they are not resident)."""
-    offsets = offsets or {}
-    operands = [operand_meta(graph_nodes, r, offsets) for r in node.inputs]
-    held = holder_meta(node, offsets.get(node.name, 0)) if node.shape is not None or node.items else None
-    first = held[0] if isinstance(held, tuple) else held
-    aux = None
-    stats = node.aux_of or (node.name if node.op in STATS_OPS else None)
-    if stats is not None and (f"{stats}.aux" in offsets or not offsets):
-        aux = aux_meta(graph_nodes[stats], offsets.get(f"{stats}.aux", 0))
-    return [op_case(o["op"], o["args"], o["kwargs"], operands, state, o["updates"], first if o["own"] else None,
-                    own=first, buffer_updates=o["buffer_updates"], aux=aux, node_attrs=node.attrs)
-            for o in node_ops(node)]
-
-
-# -- the pass ----------------------------------------------------------------------------------------------
-
-def lower_for_c(g: TrainingGraph) -> TrainingGraph:
-    """The training graph as the C runtime holds it, or one error naming every op it cannot run."""
-    _check_optimizer(g)
-    g = replace(g, nodes=_redraw_dropout_masks(g.nodes))
-    by_name = {n.name: n for n in g.nodes}
-    state = state_shapes(g)
-    problems: dict[tuple[str, str], list[str]] = {}  # (op, why) -> where
-    for n in g.nodes:
-        if n.kind in ("input", "labels"):
-            continue
-        where = f"node `{n.name}` ({n.source or ('the loss' if n.kind == 'loss' else 'unknown source')})"
-        if (n.aux_bytes and n.op not in STATS_OPS) or (n.aux_of and by_name[n.aux_of].op not in STATS_OPS):
-            problems.setdefault((n.op, "keeps statistics for its backward, which the C runtime has no kernel for"),
-                                []).append(where)
-            continue
-        if n.op == DROPOUT and n.attrs.get("seed_key") == n.name:
-            problems.setdefault((n.op, "is a dropout drawn outside nn.Dropout and F.dropout, whose mask the "
-                                 "exactness reference cannot redraw; use an nn.Dropout module"), []).append(where)
-            continue
-        missing = [o["op"] for o in node_ops(n) if o["op"] not in C_OPS]
-        for op in missing:
-            problems.setdefault((op, "has no kernel in the C runtime"), []).append(where)
-        if missing:
-            continue
-        try:
-            cases = node_cases(n, by_name, state)
-        except RuntimeError as e:  # an operand seen through a view of a layout the C arena does not have
-            problems.setdefault((n.op, f"reads an operand the C runtime cannot lay out ({str(e).splitlines()[0][:80]})"),
-                                []).append(where)
-            continue
-        for case in cases:
-            why = C_OPS[case.op].refuse(case)
-            if why:
-                problems.setdefault((case.op, why), []).append(where)
-    if problems:
-        lines = []
-        for (op, why), wheres in problems.items():
-            more = f" and {len(wheres) - 3} more" if len(wheres) > 3 else ""
-            lines.append(f"op `{op}` {why}: at {', '.join(wheres[:3])}{more}")
-        listed = "\n  - ".join(lines)
-        raise UnsupportedModelError(
-            f"--emit c: {len(problems)} op(s) of the model cannot run in the C runtime:\n  - {listed}\n"
-            f"The C runtime supports: {supported_text()}. Remove or replace these ops, or use --emit python.")
-    nodes = [_as_c(n) for n in g.nodes]
-    return replace(g, nodes=nodes, frozen_in_flash=True)  # frozen weights are const: flash, not RAM
-
-
-def _redraw_dropout_masks(nodes: list[Node]) -> list[Node]:
-    """The C runtime keeps no dropout mask: a dropout's backward redraws it from its forward's key and p (its
-    attrs `seed_key` and `dropout_p`), and the mask's own node, read by nothing else, goes."""
-    by_name = {n.name: n for n in nodes}
-    readers: dict[str, set[str]] = {}
-    for n in nodes:
-        for r in n.inputs:
-            readers.setdefault(r.name, set()).add(n.op)
-    out = []
-    for n in nodes:
-        if n.op == DROPOUT and n.attrs.get("keep") == 1 and readers.get(n.name, set()) <= {DROPOUT_BACKWARD}:
-            continue
-        if n.op == DROPOUT_BACKWARD and len(n.inputs) == 2 and by_name[n.inputs[1].name].op == DROPOUT \
-                and n.attrs["args"][:2] == [{"$t": 0}, {"$t": 1}]:
-            fwd = by_name[n.inputs[1].name]
-            p = bind(DROPOUT, fwd.attrs["args"], fwd.attrs.get("kwargs", {}))["p"]
-            n = replace(n, inputs=n.inputs[:1], attrs={**n.attrs, "args": [{"$t": 0}, None, *n.attrs["args"][2:]],
-                                                       "seed_key": fwd.attrs.get("seed_key"), "dropout_p": p})
-        out.append(n)
-    return out
-
-
-def state_shapes(g: TrainingGraph) -> dict[str, tuple]:
-    """(shape, dtype) of every parameter and buffer."""
-    return {name: (s.shape, s.dtype) for name, s in {**g.params, **g.buffers}.items()}
-
-
-def _check_optimizer(g: TrainingGraph) -> None:
-    o = g.optimizer
-    if o.name != "sgd" or o.nesterov:
-        raise UnsupportedModelError(
-            f"--emit c: the C runtime trains with SGD (momentum, weight decay), not {o.name}"
-            f"{' with Nesterov momentum' if o.nesterov else ''}; use --optimizer sgd or --emit python")
-
-
-def _as_c(n: Node) -> Node:
-    """A node with the C runtime's memory: int32 indices and labels, no gradient workspace, only the operands
-    its kernels read."""
-    dtype = n.dtype
-    if n.kind == "labels" or (n.op == "aten.max_pool2d_with_indices.default" and n.attrs.get("keep") == 1):
-        dtype = "int32"
-    if n.kind in ("input", "labels"):
-        return replace(n, dtype=dtype)
-    read: set[int] = set()
-    for o in node_ops(n):
-        read |= _read_operands(o)
-    keep = sorted(read)
-    remap = {k: {"$t": j} for j, k in enumerate(keep)}
-
-    def sub(a):
-        if isinstance(a, dict) and "$t" in a:
-            return remap.get(a["$t"])
-        if isinstance(a, list):
-            return [sub(v) for v in a]
-        if isinstance(a, dict):
-            return {k: sub(v) for k, v in a.items()}
-        return a
-
-    attrs = {k: sub(v) if k in ("args", "kwargs", "then") else v for k, v in n.attrs.items()}
-    aux_bytes = 4 * AUX_ITEMS * n.shape[1] if n.op == BATCH_NORM else n.aux_bytes
-    return replace(n, dtype=dtype, workspace_bytes=0, inputs=tuple(n.inputs[k] for k in keep), attrs=attrs,
-                   aux_bytes=aux_bytes)
-
-
-def _read_operands(o: dict) -> set[int]:
-    """The `$t` operands an op's kernel reads."""
-    found: dict[str, set[int]] = {}
-
-    def visit(name, a):
-        if isinstance(a, dict) and "$t" in a:
-            found.setdefault(name, set()).add(a["$t"])
-        elif isinstance(a, list):
-            for v in a:
-                visit(name, v)
-
-    schema = resolve(o["op"])._schema
-    for i, a in enumerate(o["args"]):
-        visit(schema.arguments[i].name, a)
-    for name, a in o["kwargs"].items():
-        visit(name, a)
-    kernel = C_OPS[o["op"]]
-    wanted = set(found) if kernel.reads is None else kernel.reads(bind(o["op"], o["args"], o["kwargs"]))
-    return set().union(*(found[k] for k in wanted if k in found))

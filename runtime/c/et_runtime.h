@@ -14,6 +14,8 @@
 #include "storage.h"
 #include "kernels/sgd.h"
 #include "kernels/conv2d.h"
+#include "kernels/conv2d_input_grad.h"
+#include "kernels/conv2d_weight_grad.h"
 #include "kernels/linear.h"
 #include "kernels/relu.h"
 #include "kernels/relu6.h"

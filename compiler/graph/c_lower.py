@@ -1,0 +1,141 @@
+"""The pass that fits a training graph to the C runtime (the table: `c_ops.py`): it refuses, in one error, every
+op the C runtime cannot run; redraws dropout masks instead of keeping them; and gives each node the C
+runtime's memory (int32 indices and labels, no gradient workspace, only the operands its kernels read)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from edgetrain.runtime.python.aten_call import resolve
+
+from edgetrain.compiler.errors import UnsupportedModelError
+
+from .c_operands import bind, node_cases, node_ops, state_shapes
+from .c_ops import AUX_ITEMS, BATCH_NORM, C_OPS, DROPOUT, DROPOUT_BACKWARD, STATS_OPS, supported_text
+from .ir import Node, TrainingGraph
+
+
+def lower_for_c(g: TrainingGraph) -> TrainingGraph:
+    """The training graph as the C runtime holds it, or one error naming every op it cannot run."""
+    _check_optimizer(g)
+    g = replace(g, nodes=_redraw_dropout_masks(g.nodes))
+    by_name = {n.name: n for n in g.nodes}
+    state = state_shapes(g)
+    problems: dict[tuple[str, str], list[str]] = {}  # (op, why) -> where
+    for n in g.nodes:
+        if n.kind in ("input", "labels"):
+            continue
+        where = f"node `{n.name}` ({n.source or ('the loss' if n.kind == 'loss' else 'unknown source')})"
+        if (n.aux_bytes and n.op not in STATS_OPS) or (n.aux_of and by_name[n.aux_of].op not in STATS_OPS):
+            problems.setdefault((n.op, "keeps statistics for its backward, which the C runtime has no kernel for"),
+                                []).append(where)
+            continue
+        if n.op == DROPOUT and n.attrs.get("seed_key") == n.name:
+            problems.setdefault((n.op, "is a dropout drawn outside nn.Dropout and F.dropout, whose mask the "
+                                 "exactness reference cannot redraw; use an nn.Dropout module"), []).append(where)
+            continue
+        missing = [o["op"] for o in node_ops(n) if o["op"] not in C_OPS]
+        for op in missing:
+            problems.setdefault((op, "has no kernel in the C runtime"), []).append(where)
+        if missing:
+            continue
+        try:
+            cases = node_cases(n, by_name, state)
+        except RuntimeError as e:  # an operand seen through a view of a layout the C arena does not have
+            problems.setdefault((n.op, f"reads an operand the C runtime cannot lay out ({str(e).splitlines()[0][:80]})"),
+                                []).append(where)
+            continue
+        for case in cases:
+            why = C_OPS[case.op].refuse(case)
+            if why:
+                problems.setdefault((case.op, why), []).append(where)
+    if problems:
+        lines = []
+        for (op, why), wheres in problems.items():
+            more = f" and {len(wheres) - 3} more" if len(wheres) > 3 else ""
+            lines.append(f"op `{op}` {why}: at {', '.join(wheres[:3])}{more}")
+        listed = "\n  - ".join(lines)
+        raise UnsupportedModelError(
+            f"--emit c: {len(problems)} op(s) of the model cannot run in the C runtime:\n  - {listed}\n"
+            f"The C runtime supports: {supported_text()}. Remove or replace these ops, or use --emit python.")
+    nodes = [_as_c(n) for n in g.nodes]
+    return replace(g, nodes=nodes, frozen_in_flash=True)  # frozen weights are const: flash, not RAM
+
+
+def _redraw_dropout_masks(nodes: list[Node]) -> list[Node]:
+    """The C runtime keeps no dropout mask: a dropout's backward redraws it from its forward's key and p (its
+    attrs `seed_key` and `dropout_p`), and the mask's own node, read by nothing else, goes."""
+    by_name = {n.name: n for n in nodes}
+    readers: dict[str, set[str]] = {}
+    for n in nodes:
+        for r in n.inputs:
+            readers.setdefault(r.name, set()).add(n.op)
+    out = []
+    for n in nodes:
+        if n.op == DROPOUT and n.attrs.get("keep") == 1 and readers.get(n.name, set()) <= {DROPOUT_BACKWARD}:
+            continue
+        if n.op == DROPOUT_BACKWARD and len(n.inputs) == 2 and by_name[n.inputs[1].name].op == DROPOUT \
+                and n.attrs["args"][:2] == [{"$t": 0}, {"$t": 1}]:
+            fwd = by_name[n.inputs[1].name]
+            p = bind(DROPOUT, fwd.attrs["args"], fwd.attrs.get("kwargs", {}))["p"]
+            n = replace(n, inputs=n.inputs[:1], attrs={**n.attrs, "args": [{"$t": 0}, None, *n.attrs["args"][2:]],
+                                                       "seed_key": fwd.attrs.get("seed_key"), "dropout_p": p})
+        out.append(n)
+    return out
+
+
+def _check_optimizer(g: TrainingGraph) -> None:
+    o = g.optimizer
+    if o.name != "sgd" or o.nesterov:
+        raise UnsupportedModelError(
+            f"--emit c: the C runtime trains with SGD (momentum, weight decay), not {o.name}"
+            f"{' with Nesterov momentum' if o.nesterov else ''}; use --optimizer sgd or --emit python")
+
+
+def _as_c(n: Node) -> Node:
+    """A node with the C runtime's memory: int32 indices and labels, no gradient workspace, only the operands
+    its kernels read."""
+    dtype = n.dtype
+    if n.kind == "labels" or (n.op == "aten.max_pool2d_with_indices.default" and n.attrs.get("keep") == 1):
+        dtype = "int32"
+    if n.kind in ("input", "labels"):
+        return replace(n, dtype=dtype)
+    read: set[int] = set()
+    for o in node_ops(n):
+        read |= _read_operands(o)
+    keep = sorted(read)
+    remap = {k: {"$t": j} for j, k in enumerate(keep)}
+
+    def sub(a):
+        if isinstance(a, dict) and "$t" in a:
+            return remap.get(a["$t"])
+        if isinstance(a, list):
+            return [sub(v) for v in a]
+        if isinstance(a, dict):
+            return {k: sub(v) for k, v in a.items()}
+        return a
+
+    attrs = {k: sub(v) if k in ("args", "kwargs", "then") else v for k, v in n.attrs.items()}
+    aux_bytes = 4 * AUX_ITEMS * n.shape[1] if n.op == BATCH_NORM else n.aux_bytes
+    return replace(n, dtype=dtype, workspace_bytes=0, inputs=tuple(n.inputs[k] for k in keep), attrs=attrs,
+                   aux_bytes=aux_bytes)
+
+
+def _read_operands(o: dict) -> set[int]:
+    """The `$t` operands an op's kernel reads."""
+    found: dict[str, set[int]] = {}
+
+    def visit(name, a):
+        if isinstance(a, dict) and "$t" in a:
+            found.setdefault(name, set()).add(a["$t"])
+        elif isinstance(a, list):
+            for v in a:
+                visit(name, v)
+
+    schema = resolve(o["op"])._schema
+    for i, a in enumerate(o["args"]):
+        visit(schema.arguments[i].name, a)
+    for name, a in o["kwargs"].items():
+        visit(name, a)
+    kernel = C_OPS[o["op"]]
+    wanted = set(found) if kernel.reads is None else kernel.reads(bind(o["op"], o["args"], o["kwargs"]))
+    return set().union(*(found[k] for k in wanted if k in found))

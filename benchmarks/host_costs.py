@@ -27,16 +27,9 @@ from rich.table import Table  # noqa: E402
 
 from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
 from edgetrain.compiler.schedule_file import format as schedule_format  # noqa: E402
-from edgetrain.compiler.workbench.data import random_batches  # noqa: E402
+from edgetrain.compiler.workbench.run import schedule_batches  # noqa: E402
 from edgetrain.runtime.python import Trainer  # noqa: E402
 from edgetrain.runtime.python.threads import PLAN_THREADS, pinned_threads  # noqa: E402
-
-
-def _batches(body: dict, n: int) -> list:
-    shape = body["graph"]["input_shape"]
-    labels = next(x for x in body["graph"]["nodes"] if x["kind"] == "labels")["shape"]
-    return list(random_batches(tuple(shape[1:]), body["model"]["num_classes"], shape[0], n, seed=1,
-                               input_high=body["graph"].get("input_high"), label_shape=tuple(labels[1:])))
 
 
 def bench(model: str, budget: str, args, work: str) -> dict:
@@ -52,7 +45,7 @@ def bench(model: str, budget: str, args, work: str) -> dict:
         row[key] = sum(st["action"] == action for st in body["steps"])
     steps = []
     with Trainer(out) as trainer, pinned_threads():
-        for k, (x, y) in enumerate(_batches(body, args.warmup + args.steps)):
+        for k, (x, y) in enumerate(schedule_batches(body, "random", args.warmup + args.steps, seed=1)):
             start = time.perf_counter()
             trainer.step(x, y)
             if k >= args.warmup:

@@ -38,16 +38,9 @@ from rich.table import Table  # noqa: E402
 from edgetrain.compiler.frontend.modelspec import resolve  # noqa: E402
 from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
 from edgetrain.compiler.schedule_file import format as schedule_format  # noqa: E402
-from edgetrain.compiler.workbench.data import random_batches  # noqa: E402
+from edgetrain.compiler.workbench.run import schedule_batches  # noqa: E402
 from edgetrain.compiler.workbench.reference import load_weights  # noqa: E402
 from edgetrain.runtime.python import Runtime, load_plan  # noqa: E402
-
-
-def _batches(body: dict, n: int) -> list:
-    shape = body["graph"]["input_shape"]
-    labels = next(x for x in body["graph"]["nodes"] if x["kind"] == "labels")["shape"]
-    return list(random_batches(tuple(shape[1:]), body["model"]["num_classes"], shape[0], n, seed=1,
-                               input_high=body["graph"].get("input_high"), label_shape=tuple(labels[1:])))
 
 
 def _torch_step(model, opt, x, y) -> None:
@@ -94,7 +87,7 @@ def bench(model: str, budget: str, threads: int, overlaps: list[str], args, work
     opt = torch.optim.SGD(ref.parameters(), lr=opt_cfg["lr"], momentum=opt_cfg["momentum"],
                           weight_decay=opt_cfg["weight_decay"])
     t_pt = []
-    for k, (x, y) in enumerate(_batches(body, args.warmup + args.steps)):
+    for k, (x, y) in enumerate(schedule_batches(body, "random", args.warmup + args.steps, seed=1)):
         turn = [*range(len(runs)), None]
         for which in turn[k % len(turn):] + turn[:k % len(turn)]:
             t0 = time.perf_counter()

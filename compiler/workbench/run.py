@@ -30,7 +30,7 @@ def _target(body: dict):
     return Target(**body["target"])
 
 
-def _batches(body: dict, data: str, steps: int, seed: int) -> list:
+def schedule_batches(body: dict, data: str, steps: int, seed: int) -> list:
     shape = body["graph"]["input_shape"]
     if data == "random":
         labels = next(x for x in body["graph"]["nodes"] if x["kind"] == "labels")
@@ -85,7 +85,7 @@ def _compare(model, rt) -> tuple[float, float, list[str]]:
 def _stream(body: dict, data: str, start: int, count: int, seed: int, ds) -> list:
     """Batches for global steps start .. start+count-1 (a resumed run continues the same stream)."""
     if ds is None:  # random: the seeded stream from its beginning, the steps already done skipped
-        return _batches(body, "random", start + count, seed)[start:]
+        return schedule_batches(body, "random", start + count, seed)[start:]
     return dataset_batches(ds, body["graph"]["input_shape"][0], start, count, seed)
 
 

@@ -220,14 +220,14 @@ def _compare(ours: dict, model) -> tuple[float, float, list[str]]:
 def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "random", check: bool = False,
                  seed: int = 1, cycle: int | None = None, timeout_s: float = 600.0, corrupt_page: int | None = None,
                  corrupt_step: int = 0) -> dict:
-    from .run import _batches
+    from .run import schedule_batches
 
     body, manifest = verified_firmware(out_dir)
     if cycle:  # the first `cycle` batches in turn
-        base = _batches(body, data, min(cycle, steps), seed)
+        base = schedule_batches(body, data, min(cycle, steps), seed)
         batches = [base[k % len(base)] for k in range(steps)]
     else:
-        batches = _batches(body, data, steps, seed)
+        batches = schedule_batches(body, data, steps, seed)
     with _exclusive(out_dir) as waited_for:  # one build and run of a folder at a time
         program = build(out_dir, qemu)
         sizes = elf_size(program) if qemu else {}

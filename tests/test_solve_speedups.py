@@ -218,6 +218,17 @@ def test_best_start_is_never_worse_than_one_greedy_and_is_deterministic(name, fr
         assert again.decisions == best.decisions
 
 
+def test_a_spent_time_share_runs_only_the_first_cheap_order(small_cnn):
+    """With no time left after the first order, only it runs: a jitter covering the excess at once, not the
+    dearer one-tensor-at-a-time default."""
+    from edgetrain.compiler.scheduling import warmstart as W
+
+    G = small_cnn
+    best, info = W.best_start(G.g, G.lv, TARGET, G.budget(0.5), seconds=0.0)
+    assert info["starts"] == 1 and info["of"] == 1 + len(W.JITTER_SEEDS) + len(W.ORDERS)
+    assert best is not None and best.order.startswith(f"bytes-per-joule~{W.JITTER_SEEDS[0]}/batch")
+
+
 def test_refill_adds_back_only_what_fits_and_pays(small_cnn):
     """A start with one droppable tensor dropped needlessly (the budget is store-all's) gets it back."""
     from edgetrain.compiler.scheduling import warmstart as W

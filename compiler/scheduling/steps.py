@@ -46,10 +46,10 @@ def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str]
     d = Decisions(keep=set(keep), page_out=set(page_out))
     resident = set(keep)
     order = {name: k for k, name in enumerate(lv.decision)}
-    next_need: dict[str, list[int]] = {}
+    last_need: dict[str, int] = {}  # the last backward stage that reads each tensor
     for t in range(B0, lv.T):
         for i in lv.needs[t]:
-            next_need.setdefault(i, []).append(t)
+            last_need[i] = t
 
     def bring(i: str, t: int, pins: list[str], recs: list[str], have: set[str]) -> None:
         if i in have:
@@ -82,7 +82,7 @@ def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str]
                 continue
             if i in keep and kept_for_recompute:
                 nxt.add(i)
-            elif (retain or i in keep) and any(s > t for s in next_need.get(i, [])):
+            elif (retain or i in keep) and last_need.get(i, -1) > t:
                 nxt.add(i)
         resident = nxt
     # Store only what comes back: a page-out never paged in costs time and energy for nothing.
@@ -130,13 +130,13 @@ def build_steps(g: TrainingGraph, lv: Liveness, d: Decisions) -> list[Step]:
         # Frees at the end of the stage.
         for name in sorted(fixed_end.get(t, [])):
             steps.append(Step(t, "free", name, "last use"))
-        for i in sorted(resident, key=order.__getitem__):  # a copy: sorted() made a list
-            if t < B0 - 1:
-                gone = t >= lv.end[i] and i not in d.keep
-            else:
-                gone = t + 1 > lv.window_end[i] or i not in d.resident.get(t + 1, set())
-            if gone:
-                why = "last use" if t >= lv.window_end[i] else "freed to fit the budget"
-                steps.append(Step(t, "free", i, why))
-                resident.discard(i)
+        if t < B0 - 1:
+            gone = [i for i in resident if t >= lv.end[i] and i not in d.keep]
+        else:
+            held = d.resident.get(t + 1, set())
+            gone = [i for i in resident if t + 1 > lv.window_end[i] or i not in held]
+        for i in sorted(gone, key=order.__getitem__):
+            why = "last use" if t >= lv.window_end[i] else "freed to fit the budget"
+            steps.append(Step(t, "free", i, why))
+            resident.discard(i)
     return steps

@@ -61,11 +61,8 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
         probe = solve_with(solver, recompute_only(pm), time_limit=PROBE_SHARE * time_limit,
                            mip_gap=mip_gap, threads=threads)
         search = max(search - (time.perf_counter() - began), 0.0)
-        if probe.values is not None and pm.milp.is_feasible(probe.values) and (
-                pm.milp.objective(probe.values) < pm.milp.objective(start) or pages_in(pm, start)):
-            # Even a dearer recompute-only schedule is the better start when the incumbent pages: the search's
-            # neighbourhoods cannot undo a page-out (its page-ins span the backward pass), so from a paging start
-            # they stall. The first solve's incumbent stays a candidate for the result.
+        if probe.values is not None and pm.milp.is_feasible(probe.values) and \
+                pm.milp.objective(probe.values) < pm.milp.objective(start):
             start = probe.values
     # What the last solve gets: the rest of the time after the search and the cuts' shares.
     reserve = max(time_limit - (time.perf_counter() - t0) - search - cuts * time_limit, 0.0)
@@ -129,11 +126,6 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
         out.cuts = {**report.to_json(), "kept": final is not pm}
     out.notice = "; ".join(x for x in notes if x)
     return out
-
-
-def pages_in(pm: PoetModel, x: np.ndarray) -> bool:
-    """Whether the schedule `x` pages anything in."""
-    return any(x[j] > 0.5 for j in pm.P.values())
 
 
 def _worth_it(report, proved: float | None) -> bool:

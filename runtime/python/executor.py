@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .integrity import read_weights
-from . import aten_call
+from . import aten_call, heap
 from .ledger import Ledger
 from .optim import Optimizer
 from .storage import FileStore, PendingRead
@@ -44,6 +44,7 @@ class Runtime:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        heap.keep_freed_memory()  # freed activations reused by the next step, not page-faulted back in
         if optimizer is None:  # SGD given by its hyper-parameters
             optimizer = {"name": "sgd", "lr": lr, "momentum": momentum or 0.0, "weight_decay": weight_decay or 0.0}
         self.optimizer_config = dict(optimizer)

@@ -32,6 +32,15 @@ def small_cnn():
     return build_graph(opts, load_target("rpi4"))[2]
 
 
+def _spin(seconds: float) -> None:
+    """Burn `seconds` of this thread's CPU: the profiler times a one-thread walk in thread CPU time."""
+    import time
+
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 def _computed(graph):
     return {n.name for n in graph.nodes if n.kind not in ("input", "labels")}
 
@@ -60,9 +69,7 @@ def test_a_conv_takes_longer_than_a_relu(small_cnn):
 
 
 def test_it_times_the_runtime_op_call(small_cnn, monkeypatch):
-    """An op made 50 ms slower shows up 50 ms slower, and runs once per walk: `warmup` plus `repeats` times."""
-    import time
-
+    """An op made 50 ms (of CPU) slower shows up 50 ms slower, and runs once per walk: `warmup` plus `repeats` times."""
     from edgetrain.runtime.python import aten_call
 
     calls = []
@@ -71,7 +78,7 @@ def test_it_times_the_runtime_op_call(small_cnn, monkeypatch):
     def slow_relu(op, attrs, ins, *rest):
         if op == RELU:
             calls.append(tuple(ins[0].shape))
-            time.sleep(0.05)
+            _spin(0.05)
         return fast(op, attrs, ins, *rest)
 
     monkeypatch.setattr(aten_call, "call", slow_relu)
@@ -125,8 +132,6 @@ def test_mse_graph_with_float_labels():
 def test_minimum_of_repeats_pinned_threads_and_per_step_overhead(small_cnn, monkeypatch):
     """A node's time is its fastest timed run (a machine busy during some runs does not inflate it), with torch
     pinned to `threads` while timing (and restored after), plus a given extra cost."""
-    import time
-
     from edgetrain.runtime.python import aten_call
 
     fast, seen, calls = aten_call.call, [], [0]
@@ -137,7 +142,7 @@ def test_minimum_of_repeats_pinned_threads_and_per_step_overhead(small_cnn, monk
             walk = calls[0] // per_walk
             calls[0] += 1
             seen.append(torch.get_num_threads())
-            time.sleep(0.05 if walk % 2 == 0 else 0.01)  # every other step as if the machine were loaded
+            _spin(0.05 if walk % 2 == 0 else 0.01)  # every other step as if the machine were loaded
         return fast(op, *rest)
 
     monkeypatch.setattr(aten_call, "call", noisy_relu)
@@ -156,8 +161,6 @@ def test_minimum_of_repeats_pinned_threads_and_per_step_overhead(small_cnn, monk
 
 def test_a_node_carries_the_runtime_work_around_its_op(small_cnn, monkeypatch):
     """The walk runs on the runtime: what it does after an op (here a free made 30 ms slower) is that node's."""
-    import time
-
     from edgetrain.runtime.python.executor import Runtime
 
     real_free, freed = Runtime.free, []
@@ -165,7 +168,7 @@ def test_a_node_carries_the_runtime_work_around_its_op(small_cnn, monkeypatch):
     def slow_free(self, name):
         if name == "input":
             freed.append(name)
-            time.sleep(0.03)
+            _spin(0.03)
         real_free(self, name)
 
     monkeypatch.setattr(Runtime, "free", slow_free)

@@ -7,7 +7,8 @@ executor's bookkeeping, the op, its optimizer update, and the frees that follow 
 operands it reads last). A walk is a whole step, made `warmup` untimed and `repeats` timed times, so each op
 runs among the step's live tensors on freshly allocated outputs (an op repeated at once on the same operands
 reuses the memory it just freed, and ran 1.5-4x faster than inside a step). A node's cost is the minimum of
-its timed runs (the least a busy machine adds; a median carries other processes' load into the plan). The
+its timed runs (the least a busy machine adds; a median carries other processes' load into the plan), timed
+as the CPU time of the one thread that runs it when torch has one thread, as wall time otherwise. The
 runtime's per-op cost was once measured apart, on a one-element op: 8-27 us, where inside a step it is
 tens to hundreds (views, ledger, frees of large blocks), so it is timed where it happens. torch runs with
 `threads` intra-op threads while profiling (the runtime's `PLAN_THREADS` by default, the count its Trainer
@@ -66,12 +67,13 @@ def _last_use(graph: TrainingGraph) -> dict[str, int]:
     return last
 
 
-def _walk(graph: TrainingGraph, rt, frees: list[list[str]], batch, samples: dict[str, list[float]] | None) -> None:
+def _walk(graph: TrainingGraph, rt, frees: list[list[str]], batch, samples: dict[str, list[float]] | None,
+          clock) -> None:
     """One store-all step through the graph in order on the runtime, each compute and the frees that follow it
     timed together (appended to `samples`), as a plan's step runs them."""
     rt.begin_step(*batch)
     for t, n in enumerate(graph.nodes):
-        start = time.perf_counter()
+        start = clock()
         if n.kind == "input":
             rt.load_input()
         elif n.kind == "labels":
@@ -82,11 +84,12 @@ def _walk(graph: TrainingGraph, rt, frees: list[list[str]], batch, samples: dict
             if name in rt.ledger:  # an op that keeps nothing holds no tensor to free
                 rt.free(name)
         if samples is not None and n.name in samples:
-            samples[n.name].append(time.perf_counter() - start)
+            samples[n.name].append(clock() - start)
     rt.end_step()
 
 
-def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, overhead: float) -> dict[str, float]:
+def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, overhead: float,
+                  clock) -> dict[str, float]:
     """Each node of a graph captured from torch, run by the runtime itself (its op call, bookkeeping, optimizer
     and frees): `warmup` untimed steps through the whole graph, then `repeats` timed ones, a node's time the
     minimum of its timed runs."""
@@ -115,7 +118,7 @@ def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, ov
                      trainable=graph.trainable_params, seed=seed)
         for walk, batch in enumerate(batches):
             try:
-                _walk(graph, rt, frees, batch, samples if walk >= warmup else None)
+                _walk(graph, rt, frees, batch, samples if walk >= warmup else None, clock)
             except PlanError as e:
                 raise EdgetrainError(f"profiler: {e}") from None
     return {k: max(min(v) + overhead, _MIN_S) for k, v in samples.items()}
@@ -134,4 +137,7 @@ def profile_nodes(graph: TrainingGraph, repeats: int = 5, seed: int = 0, *, warm
         raise EdgetrainError("a measured target times the Python runtime's ops; this graph is for the C runtime "
                              "(--emit c): compile it for a device target, whose costs come from its profile")
     with pinned_threads(threads):
-        return _profile_aten(graph, repeats, seed, warmup, overhead_s)
+        # One thread computes everything: its CPU time is the step's time on an idle core, and other processes'
+        # load does not enter it (a 10 ms op is preempted on a busy machine in nearly every run).
+        clock = time.thread_time if threads == 1 else time.perf_counter
+        return _profile_aten(graph, repeats, seed, warmup, overhead_s, clock)

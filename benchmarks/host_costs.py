@@ -8,8 +8,8 @@ Per (model, budget): the model is compiled for the host (its nodes timed by the 
 the budget, then its plan trains --warmup untimed and --steps timed steps on random batches through the
 runtime's Trainer, with torch on the runtime's plan thread count (the one the profiler times with). A row
 gives the schedule's predicted step time, the measured median and minimum, and predicted / measured for
-both; and the median CPU time of the thread that runs the step (what its wall time would be on an idle
-machine, less waits for the page store, which a loaded machine's wall time is not) with predicted / that. Prints a table with the 1-minute load average before and after, and writes the rows as JSON.
+both; and the median CPU time of the process over a step (every thread's: the page store's too), which
+other processes' load moves far less than wall time, with predicted / that. Prints a table with the 1-minute load average before and after, and writes the rows as JSON.
 """
 from __future__ import annotations
 
@@ -47,11 +47,11 @@ def bench(model: str, budget: str, args, work: str) -> dict:
     steps, cpu = [], []
     with Trainer(out) as trainer, pinned_threads():
         for k, (x, y) in enumerate(schedule_batches(body, "random", args.warmup + args.steps, seed=1)):
-            start, start_cpu = time.perf_counter(), time.thread_time()
+            start, start_cpu = time.perf_counter(), time.process_time()
             trainer.step(x, y)
             if k >= args.warmup:
                 steps.append(time.perf_counter() - start)
-                cpu.append(time.thread_time() - start_cpu)
+                cpu.append(time.process_time() - start_cpu)
     row["measured_steps_s"] = steps
     row["measured_cpu_steps_s"] = cpu
     row["measured_cpu_median_s"] = statistics.median(cpu)

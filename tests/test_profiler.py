@@ -82,7 +82,7 @@ def test_it_times_the_runtime_op_call(small_cnn, monkeypatch):
         return fast(op, attrs, ins, *rest)
 
     monkeypatch.setattr(aten_call, "call", slow_relu)
-    times = profile_nodes(small_cnn, repeats=3, warmup=2, overhead_s=0.0)
+    times = profile_nodes(small_cnn, repeats=3, warmup=2, overhead_s=0.0, min_walk_s=0.0)
     relus = [n for n in small_cnn.nodes if n.op == RELU]
     assert len(calls) == 5 * len(relus)
     # Whole steps in order, real operands of the right shapes: every relu once per walk.
@@ -149,7 +149,7 @@ def test_minimum_of_repeats_pinned_threads_and_per_step_overhead(small_cnn, monk
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # not the pinned count, so a count left behind shows
     try:
-        times = profile_nodes(small_cnn, repeats=4, warmup=2, threads=1, overhead_s=0.02)
+        times = profile_nodes(small_cnn, repeats=4, warmup=2, threads=1, overhead_s=0.02, min_walk_s=0.0)
         assert torch.get_num_threads() == 2 and set(seen) == {1}
     finally:
         torch.set_num_threads(before)
@@ -172,12 +172,30 @@ def test_a_node_carries_the_runtime_work_around_its_op(small_cnn, monkeypatch):
         real_free(self, name)
 
     monkeypatch.setattr(Runtime, "free", slow_free)
-    times = profile_nodes(small_cnn, repeats=2, warmup=1)
+    times = profile_nodes(small_cnn, repeats=2, warmup=1, min_walk_s=0.0)
     last_reader = max((t for t, n in enumerate(small_cnn.nodes) if "input" in {r.name for r in n.inputs}))
     reader = small_cnn.nodes[last_reader].name
     assert freed == ["input"] * 3  # once per walk, after its last reader
     assert times[reader] >= 0.03
     assert all(v < 0.03 for k, v in times.items() if k != reader)
+
+
+def test_a_small_graph_is_walked_until_the_timed_walks_span_min_walk_s(small_cnn, monkeypatch):
+    """Five walks of a small model take milliseconds, one moment of the machine's load: it walks on, up to a cap."""
+    import time
+
+    from edgetrain.compiler.graph import profiler
+    from edgetrain.runtime.python.executor import Runtime
+
+    real_begin, begun = Runtime.begin_step, []
+    monkeypatch.setattr(Runtime, "begin_step", lambda self, x, y: begun.append(1) or real_begin(self, x, y))
+    start = time.perf_counter()
+    profile_nodes(small_cnn, repeats=2, warmup=1, min_walk_s=0.3)
+    assert time.perf_counter() - start >= 0.3 and 3 < len(begun) <= 1 + profiler.MAX_REPEATS
+    begun.clear()
+    monkeypatch.setattr(profiler, "MAX_REPEATS", 4)
+    profile_nodes(small_cnn, repeats=2, warmup=1, min_walk_s=60.0)
+    assert len(begun) == 1 + 4  # the cap stops it long before a minute
 
 
 def test_repeats_must_be_positive(small_cnn):

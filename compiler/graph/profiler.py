@@ -4,9 +4,9 @@ The graph runs as a store-all plan would, on the runtime itself (`Runtime.comput
 is a real tensor of the right shape and dtype (max-pool indices from a real argmax, a batch-norm backward
 with the aux of a real forward, labels in range), and a node's span holds what a plan step spends on it: the
 executor's bookkeeping, the op, its optimizer update, and the frees that follow it (what it drops, the
-operands it reads last). A walk is a whole step, made `warmup` untimed and `repeats` timed times, so each op
-runs among the step's live tensors on freshly allocated outputs (an op repeated at once on the same operands
-reuses the memory it just freed, and ran 1.5-4x faster than inside a step). A node's cost is the minimum of
+operands it reads last). A walk is a whole step, made `warmup` untimed and `repeats` timed times (more on a
+small graph, until the timed walks span `min_walk_s`), so each op runs among the step's live tensors on
+freshly allocated outputs (an op repeated at once on the same operands reuses the memory it just freed, and ran 1.5-4x faster than inside a step). A node's cost is the minimum of
 its timed runs (the least a busy machine adds; a median carries other processes' load into the plan), timed
 as the CPU time of the one thread that runs it when torch has one thread, as wall time otherwise. The
 runtime's per-op cost was once measured apart, on a one-element op: 8-27 us, where inside a step it is
@@ -27,6 +27,7 @@ from edgetrain.runtime.python.threads import PLAN_THREADS, pinned_threads
 from .ir import TrainingGraph
 
 _MIN_S = 1e-9  # a time is never zero: the solver would treat the node as free
+MAX_REPEATS = 100  # timed walks of a small graph, however short: enough to span a second on a tiny model
 
 
 def _state(graph: TrainingGraph, gen: torch.Generator):
@@ -89,7 +90,7 @@ def _walk(graph: TrainingGraph, rt, frees: list[list[str]], batch, samples: dict
 
 
 def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, overhead: float,
-                  clock) -> dict[str, float]:
+                  clock, min_walk_s: float) -> dict[str, float]:
     """Each node of a graph captured from torch, run by the runtime itself (its op call, bookkeeping, optimizer
     and frees): `warmup` untimed steps through the whole graph, then `repeats` timed ones, a node's time the
     minimum of its timed runs."""
@@ -116,19 +117,25 @@ def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, ov
         del params, buffers  # the runtime holds its own copies
         rt = Runtime(weights, os.path.join(tmp, "pages"), device="cpu", optimizer=graph.optimizer.to_json(),
                      trainable=graph.trainable_params, seed=seed)
-        for walk, batch in enumerate(batches):
+        walk, timed_from = 0, None
+        while walk < warmup + repeats or (time.perf_counter() - timed_from < min_walk_s
+                                          and walk < warmup + MAX_REPEATS):
+            if walk == warmup:
+                timed_from = time.perf_counter()
             try:
-                _walk(graph, rt, frees, batch, samples if walk >= warmup else None, clock)
+                _walk(graph, rt, frees, batches[walk % len(batches)], samples if walk >= warmup else None, clock)
             except PlanError as e:
                 raise EdgetrainError(f"profiler: {e}") from None
+            walk += 1
     return {k: max(min(v) + overhead, _MIN_S) for k, v in samples.items()}
 
 
 def profile_nodes(graph: TrainingGraph, repeats: int = 5, seed: int = 0, *, warmup: int = 2,
-                  threads: int = PLAN_THREADS, overhead_s: float = 0.0) -> dict[str, float]:
+                  threads: int = PLAN_THREADS, overhead_s: float = 0.0, min_walk_s: float = 1.0) -> dict[str, float]:
     """Seconds of each compute node of `graph` (input and labels are not computed, so not listed): the
-    minimum of `repeats` timed runs after `warmup` untimed ones, with `threads` intra-op threads, plus
-    `overhead_s` (a cost the walk does not see, if one is known)."""
+    minimum of `repeats` timed runs after `warmup` untimed ones (more, up to MAX_REPEATS, until the timed walks
+    span `min_walk_s`: five walks of a small model take milliseconds, all inside one moment of the machine's
+    load), with `threads` intra-op threads, plus `overhead_s` (a cost the walk does not see, if one is known)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if threads < 1:
@@ -140,4 +147,4 @@ def profile_nodes(graph: TrainingGraph, repeats: int = 5, seed: int = 0, *, warm
         # One thread computes everything: its CPU time is the step's time on an idle core, and other processes'
         # load does not enter it (a 10 ms op is preempted on a busy machine in nearly every run).
         clock = time.thread_time if threads == 1 else time.perf_counter
-        return _profile_aten(graph, repeats, seed, warmup, overhead_s, clock)
+        return _profile_aten(graph, repeats, seed, warmup, overhead_s, clock, min_walk_s)

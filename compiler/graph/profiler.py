@@ -1,18 +1,18 @@
 """Measure each node of a training graph on the machine that compiles it: the costs of the `host` target.
 
 The graph runs as a store-all plan would, on the runtime itself (`Runtime.compute` and `free`): every operand
-is a real tensor of the right shape and dtype (max-pool indices from a real argmax, a batch-norm backward
-with the aux of a real forward, labels in range), and a node's span holds what a plan step spends on it: the
-executor's bookkeeping, the op, its optimizer update, and the frees that follow it (what it drops, the
-operands it reads last). A walk is a whole step, made `warmup` untimed and `repeats` timed times (more on a
-small graph, until the timed walks span `min_walk_s`), so each op runs among the step's live tensors on
-freshly allocated outputs (an op repeated at once on the same operands reuses the memory it just freed, and ran 1.5-4x faster than inside a step). A node's cost is the minimum of
-its timed runs (the least a busy machine adds; a median carries other processes' load into the plan), timed
-as the CPU time of the one thread that runs it when torch has one thread, as wall time otherwise. The
-runtime's per-op cost was once measured apart, on a one-element op: 8-27 us, where inside a step it is
-tens to hundreds (views, ledger, frees of large blocks), so it is timed where it happens. torch runs with
-`threads` intra-op threads while profiling (the runtime's `PLAN_THREADS` by default, the count its Trainer
-runs a host plan with), then gets its own setting back.
+is a real tensor of the right shape and dtype (max-pool indices from a real argmax, a batch-norm backward with
+the aux of a real forward, labels in range), and a node's span holds what a plan step spends on it: the
+executor's bookkeeping, the op, its optimizer update, and the frees that follow it (what it drops, the operands
+it reads last). A walk is a whole step, made `warmup` untimed and `repeats` timed times (more on a small graph,
+until the timed walks span `min_walk_s`), so each op runs among the step's live tensors on freshly allocated
+outputs (an op repeated at once on the same operands reuses the memory it just freed, and ran 1.5-4x faster
+than inside a step). A node's cost is the minimum of its timed runs (the least a busy machine adds; a median
+carries other processes' load into the plan), timed as the CPU time of the one thread that runs it when torch
+has one thread, as wall time otherwise. The runtime's per-op cost was once measured apart, on a one-element op:
+8-27 us, where inside a step it is tens to hundreds (views, ledger, frees of large blocks), so it is timed
+where it happens. torch runs with `threads` intra-op threads while profiling (the runtime's `PLAN_THREADS` by
+default, the count its Trainer runs a host plan with), then gets its own setting back.
 """
 from __future__ import annotations
 

@@ -32,6 +32,15 @@ def small_cnn():
     return build_graph(opts, load_target("rpi4"))[2]
 
 
+def _spin(seconds: float) -> None:
+    """Burn `seconds` of this thread's CPU: the profiler times a one-thread walk in thread CPU time."""
+    import time
+
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 def _computed(graph):
     return {n.name for n in graph.nodes if n.kind not in ("input", "labels")}
 
@@ -60,9 +69,7 @@ def test_a_conv_takes_longer_than_a_relu(small_cnn):
 
 
 def test_it_times_the_runtime_op_call(small_cnn, monkeypatch):
-    """An op made 50 ms slower shows up 50 ms slower, and runs once per walk: `warmup` plus `repeats` times."""
-    import time
-
+    """An op made 50 ms (of CPU) slower shows up 50 ms slower, and runs once per walk: `warmup` plus `repeats` times."""
     from edgetrain.runtime.python import aten_call
 
     calls = []
@@ -71,11 +78,11 @@ def test_it_times_the_runtime_op_call(small_cnn, monkeypatch):
     def slow_relu(op, attrs, ins, *rest):
         if op == RELU:
             calls.append(tuple(ins[0].shape))
-            time.sleep(0.05)
+            _spin(0.05)
         return fast(op, attrs, ins, *rest)
 
     monkeypatch.setattr(aten_call, "call", slow_relu)
-    times = profile_nodes(small_cnn, repeats=3, warmup=2, overhead_s=0.0)
+    times = profile_nodes(small_cnn, repeats=3, warmup=2, overhead_s=0.0, min_walk_s=0.0)
     relus = [n for n in small_cnn.nodes if n.op == RELU]
     assert len(calls) == 5 * len(relus)
     # Whole steps in order, real operands of the right shapes: every relu once per walk.
@@ -124,9 +131,7 @@ def test_mse_graph_with_float_labels():
 
 def test_minimum_of_repeats_pinned_threads_and_per_step_overhead(small_cnn, monkeypatch):
     """A node's time is its fastest timed run (a machine busy during some runs does not inflate it), with torch
-    pinned to `threads` while timing (and restored after), plus the runtime's per-step overhead."""
-    import time
-
+    pinned to `threads` while timing (and restored after), plus a given extra cost."""
     from edgetrain.runtime.python import aten_call
 
     fast, seen, calls = aten_call.call, [], [0]
@@ -137,28 +142,60 @@ def test_minimum_of_repeats_pinned_threads_and_per_step_overhead(small_cnn, monk
             walk = calls[0] // per_walk
             calls[0] += 1
             seen.append(torch.get_num_threads())
-            time.sleep(0.05 if walk % 2 == 0 else 0.01)  # every other step as if the machine were loaded
+            _spin(0.05 if walk % 2 == 0 else 0.01)  # every other step as if the machine were loaded
         return fast(op, *rest)
 
     monkeypatch.setattr(aten_call, "call", noisy_relu)
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # not the pinned count, so a count left behind shows
     try:
-        times = profile_nodes(small_cnn, repeats=4, warmup=2, threads=1, overhead_s=0.02)
+        times = profile_nodes(small_cnn, repeats=4, warmup=2, threads=1, overhead_s=0.02, min_walk_s=0.0)
         assert torch.get_num_threads() == 2 and set(seen) == {1}
     finally:
         torch.set_num_threads(before)
     assert calls[0] == 6 * per_walk
     relus = [n.name for n in small_cnn.nodes if n.op == RELU]
     assert all(0.03 <= times[r] < 0.045 for r in relus), {r: times[r] for r in relus}  # 10 ms + 20 ms
-    assert all(times[k] >= 0.02 for k in times)  # every node carries the overhead
+    assert all(times[k] >= 0.02 for k in times)  # every node carries the extra cost
 
 
-def test_op_overhead_is_measured_and_small():
-    from edgetrain.compiler.graph.profiler import op_overhead_s
+def test_a_node_carries_the_runtime_work_around_its_op(small_cnn, monkeypatch):
+    """The walk runs on the runtime: what it does after an op (here a free made 30 ms slower) is that node's."""
+    from edgetrain.runtime.python.executor import Runtime
 
-    o = op_overhead_s(samples=50)
-    assert 0.0 < o < 0.005  # microseconds of Python bookkeeping, not milliseconds
+    real_free, freed = Runtime.free, []
+
+    def slow_free(self, name):
+        if name == "input":
+            freed.append(name)
+            _spin(0.03)
+        real_free(self, name)
+
+    monkeypatch.setattr(Runtime, "free", slow_free)
+    times = profile_nodes(small_cnn, repeats=2, warmup=1, min_walk_s=0.0)
+    last_reader = max((t for t, n in enumerate(small_cnn.nodes) if "input" in {r.name for r in n.inputs}))
+    reader = small_cnn.nodes[last_reader].name
+    assert freed == ["input"] * 3  # once per walk, after its last reader
+    assert times[reader] >= 0.03
+    assert all(v < 0.03 for k, v in times.items() if k != reader)
+
+
+def test_a_small_graph_is_walked_until_the_timed_walks_span_min_walk_s(small_cnn, monkeypatch):
+    """Five walks of a small model take milliseconds, one moment of the machine's load: it walks on, up to a cap."""
+    import time
+
+    from edgetrain.compiler.graph import profiler
+    from edgetrain.runtime.python.executor import Runtime
+
+    real_begin, begun = Runtime.begin_step, []
+    monkeypatch.setattr(Runtime, "begin_step", lambda self, x, y: begun.append(1) or real_begin(self, x, y))
+    start = time.perf_counter()
+    profile_nodes(small_cnn, repeats=2, warmup=1, min_walk_s=0.3)
+    assert time.perf_counter() - start >= 0.3 and 3 < len(begun) <= 1 + profiler.MAX_REPEATS
+    begun.clear()
+    monkeypatch.setattr(profiler, "MAX_REPEATS", 4)
+    profile_nodes(small_cnn, repeats=2, warmup=1, min_walk_s=60.0)
+    assert len(begun) == 1 + 4  # the cap stops it long before a minute
 
 
 def test_repeats_must_be_positive(small_cnn):

@@ -1,18 +1,18 @@
 """Measure each node of a training graph on the machine that compiles it: the costs of the `host` target.
 
-The graph is walked in execution order with the runtime's own op call, so every operand is a real tensor of
-the right shape and dtype: max-pool indices come from a real argmax, a batch-norm backward gets the aux (saved
-mean and inverse std) of a real forward, labels are in range. A walk is a whole store-all step, made `warmup`
-untimed and `repeats` timed times, so each op is timed where a step runs it: among the step's live tensors, its
-outputs in freshly allocated memory, and with the frees that follow it (what it drops, the operands it reads
-last); an op repeated at once on the same operands reuses the memory it just freed, and ran 1.5-4x faster
-than inside a step. A node's cost is the minimum of its timed runs (the least a
-busy machine adds; a median carries other processes' load into the plan) plus the runtime's own cost per plan
-step (`op_overhead_s`: the executor's bookkeeping around an op and the free that follows it, which dominates
-small models). torch runs with `threads` intra-op threads while profiling (the runtime's `PLAN_THREADS` by
-default, the count its Trainer runs a host plan with), then gets its own setting back. A node that completes
-a parameter's gradient includes its optimizer update, as it runs on the device. Tensors are dropped after
-their last reader, so profiling holds about what a store-all step holds.
+The graph runs as a store-all plan would, on the runtime itself (`Runtime.compute` and `free`): every operand
+is a real tensor of the right shape and dtype (max-pool indices from a real argmax, a batch-norm backward with
+the aux of a real forward, labels in range), and a node's span holds what a plan step spends on it: the
+executor's bookkeeping, the op, its optimizer update, and the frees that follow it (what it drops, the operands
+it reads last). A walk is a whole step, made `warmup` untimed and `repeats` timed times (more on a small graph,
+until the timed walks span `min_walk_s`), so each op runs among the step's live tensors on freshly allocated
+outputs (an op repeated at once on the same operands reuses the memory it just freed, and ran 1.5-4x faster
+than inside a step). A node's cost is the minimum of its timed runs (the least a busy machine adds; a median
+carries other processes' load into the plan), timed as the CPU time of the one thread that runs it when torch
+has one thread, as wall time otherwise. The runtime's per-op cost was once measured apart, on a one-element op:
+8-27 us, where inside a step it is tens to hundreds (views, ledger, frees of large blocks), so it is timed
+where it happens. torch runs with `threads` intra-op threads while profiling (the runtime's `PLAN_THREADS` by
+default, the count its Trainer runs a host plan with), then gets its own setting back.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from edgetrain.runtime.python.threads import PLAN_THREADS, pinned_threads
 from .ir import TrainingGraph
 
 _MIN_S = 1e-9  # a time is never zero: the solver would treat the node as free
+MAX_REPEATS = 100  # timed walks of a small graph, however short: enough to span a second on a tiny model
 
 
 def _state(graph: TrainingGraph, gen: torch.Generator):
@@ -53,39 +54,13 @@ def _labels(graph: TrainingGraph, node, gen: torch.Generator) -> torch.Tensor:
     return torch.randint(0, high, node.shape, generator=gen, dtype=getattr(torch, node.dtype))
 
 
-def op_overhead_s(samples: int = 300) -> float:
-    """Seconds the runtime spends per plan step around its op: a compute of a one-element ReLU and its free
-    through `Runtime`, less the op called directly; the minimum of `samples` of each."""
-    from safetensors.torch import save_file
-
-    from edgetrain.runtime.python import aten_call
-    from edgetrain.runtime.python.executor import Runtime
-
-    x, relu = torch.zeros(1), {"args": [{"$t": 0}]}
-    with tempfile.TemporaryDirectory(prefix="edgetrain-overhead-") as tmp:
-        weights = os.path.join(tmp, "w.safetensors")
-        save_file({"param/w": torch.zeros(1)}, weights)
-        rt = Runtime(weights, os.path.join(tmp, "pages"), device="cpu", lr=0.0, momentum=0.0, weight_decay=0.0)
-        rt.begin_step(x, torch.zeros(1, dtype=torch.int64))
-        rt.load_input()
-        through, direct = [], []
-        for _ in range(samples):
-            start = time.perf_counter()
-            rt.compute("r", "aten.relu.default", ["input"], attrs=relu)
-            rt.free("r")
-            mid = time.perf_counter()
-            with torch.no_grad():
-                aten_call.call("aten.relu.default", relu, [x], {}, {}, None, x.device, 0, 0)
-            direct.append(time.perf_counter() - mid)
-            through.append(mid - start)
-        rt.free("input")
-        rt.end_step()
-    return max(min(through) - min(direct), 0.0)
-
-
 def _last_use(graph: TrainingGraph) -> dict[str, int]:
+    """The stage after which each tensor is freed: its last reader's, or its own where nothing reads it."""
     last: dict[str, int] = {}
     for t, n in enumerate(graph.nodes):
+        last.setdefault(n.name, t)
+        if n.attrs.get("aux"):
+            last.setdefault(f"{n.name}.aux", t)
         for r in n.inputs:
             last[r.name] = t
         if n.aux_of:
@@ -93,66 +68,74 @@ def _last_use(graph: TrainingGraph) -> dict[str, int]:
     return last
 
 
-def _walk(graph: TrainingGraph, state, last_use: dict[str, int], gen: torch.Generator, seed: int,
-          samples: dict[str, list[float]] | None) -> None:
-    """One store-all step through the graph in order, each op timed where it runs (appended to `samples`)."""
-    from edgetrain.runtime.python import aten_call
-
-    params, buffers, optim = state
-    values: dict[str, object] = {}
-    cpu = torch.device("cpu")
+def _walk(graph: TrainingGraph, rt, frees: list[list[str]], batch, samples: dict[str, list[float]] | None,
+          clock) -> None:
+    """One store-all step through the graph in order on the runtime, each compute and the frees that follow it
+    timed together (appended to `samples`), as a plan's step runs them."""
+    rt.begin_step(*batch)
     for t, n in enumerate(graph.nodes):
-        if n.kind in ("input", "labels"):
-            values[n.name] = (_batch if n.kind == "input" else _labels)(graph, n, gen)
-            continue
-        try:
-            ins = [aten_call.apply_view(values[r.name], r.view) for r in n.inputs]
-        except KeyError as e:
-            raise EdgetrainError(f"profiler: node '{n.name}' reads '{e.args[0]}' before it is computed") from None
-        aux = values.get(f"{n.aux_of}.aux") if n.aux_of else None
-        start = time.perf_counter()
-        outs = aten_call.call(n.op, n.attrs, ins, params, buffers, aux, cpu, seed, 0)
-        kept = aten_call.held(outs, n.attrs.get("keep"))
-        fused = aten_call.fused_calls(n.attrs, ins, params, buffers, aux, cpu, seed, 0, kept)
-        for res, sub in [(outs, n.attrs), *fused]:
-            for u in sub.get("updates", ()):
-                if "param" in u:
-                    optim.update(u["param"], params[u["param"]], aten_call.update_value(res, u))
-        if kept is not None:
-            values[n.name] = kept
-        if n.attrs.get("aux"):
-            values[f"{n.name}.aux"] = tuple(outs[k] for k in n.attrs["aux"])
-        # Returning memory costs time too (large blocks go back to the system): the outputs the step drops and
-        # the operands read for the last time are freed inside the timed span, as the runtime frees them.
-        del outs, kept, fused, ins, aux
-        for r in {r.name for r in n.inputs} | ({f"{n.aux_of}.aux"} if n.aux_of else set()):
-            if last_use.get(r) == t:
-                values.pop(r, None)
-        if samples is not None:
-            samples[n.name].append(time.perf_counter() - start)
+        start = clock()
+        if n.kind == "input":
+            rt.load_input()
+        elif n.kind == "labels":
+            rt.load_labels()
+        else:
+            rt.compute(n.name, n.op, [r.to_json() for r in n.inputs], n.params, n.buffers, n.attrs, n.aux_of)
+        for name in frees[t]:
+            if name in rt.ledger:  # an op that keeps nothing holds no tensor to free
+                rt.free(name)
+        if samples is not None and n.name in samples:
+            samples[n.name].append(clock() - start)
+    rt.end_step()
 
 
-def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, overhead: float) -> dict[str, float]:
-    """Each node of a graph captured from torch, run by the runtime's own op call and optimizer: `warmup` untimed
-    walks through the whole graph, then `repeats` timed ones, a node's time the minimum of its timed runs."""
-    from edgetrain.runtime.python.optim import Optimizer
+def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, overhead: float,
+                  clock, min_walk_s: float) -> dict[str, float]:
+    """Each node of a graph captured from torch, run by the runtime itself (its op call, bookkeeping, optimizer
+    and frees): `warmup` untimed steps through the whole graph, then `repeats` timed ones, a node's time the
+    minimum of its timed runs."""
+    from safetensors.torch import save_file
+
+    from edgetrain.runtime.python.executor import INPUT, LABELS, PlanError, Runtime
 
     gen = torch.Generator().manual_seed(seed)
     params, buffers = _state(graph, gen)
-    state = (params, buffers, Optimizer(graph.optimizer.to_json(), params, graph.trainable_params))
-    last_use = _last_use(graph)
+    ends = {n.kind: n for n in graph.nodes if n.kind in ("input", "labels")}
+    if [ends[k].name if k in ends else None for k in ("input", "labels")] != [INPUT, LABELS]:
+        raise EdgetrainError(f"profiler: the graph's batch nodes are {sorted(n.name for n in ends.values())}; "
+                             f"the runtime loads '{INPUT}' and '{LABELS}'")
+    batches = [(_batch(graph, ends["input"], gen), _labels(graph, ends["labels"], gen))
+               for _ in range(warmup + repeats)]
+    frees: list[list[str]] = [[] for _ in graph.nodes]
+    for name, t in _last_use(graph).items():
+        frees[t].append(name)
     samples: dict[str, list[float]] = {n.name: [] for n in graph.nodes if n.kind not in ("input", "labels")}
-    with torch.no_grad():
-        for walk in range(warmup + repeats):
-            _walk(graph, state, last_use, gen, seed, samples if walk >= warmup else None)
+    with tempfile.TemporaryDirectory(prefix="edgetrain-profile-") as tmp:
+        weights = os.path.join(tmp, "weights.safetensors")
+        save_file({**{f"param/{k}": v for k, v in params.items()}, **{f"buffer/{k}": v for k, v in buffers.items()}},
+                  weights)
+        del params, buffers  # the runtime holds its own copies
+        rt = Runtime(weights, os.path.join(tmp, "pages"), device="cpu", optimizer=graph.optimizer.to_json(),
+                     trainable=graph.trainable_params, seed=seed)
+        walk, timed_from = 0, None
+        while walk < warmup + repeats or (time.perf_counter() - timed_from < min_walk_s
+                                          and walk < warmup + MAX_REPEATS):
+            if walk == warmup:
+                timed_from = time.perf_counter()
+            try:
+                _walk(graph, rt, frees, batches[walk % len(batches)], samples if walk >= warmup else None, clock)
+            except PlanError as e:
+                raise EdgetrainError(f"profiler: {e}") from None
+            walk += 1
     return {k: max(min(v) + overhead, _MIN_S) for k, v in samples.items()}
 
 
 def profile_nodes(graph: TrainingGraph, repeats: int = 5, seed: int = 0, *, warmup: int = 2,
-                  threads: int = PLAN_THREADS, overhead_s: float | None = None) -> dict[str, float]:
+                  threads: int = PLAN_THREADS, overhead_s: float = 0.0, min_walk_s: float = 1.0) -> dict[str, float]:
     """Seconds of each compute node of `graph` (input and labels are not computed, so not listed): the
-    minimum of `repeats` timed runs after `warmup` untimed ones, with `threads` intra-op threads, plus the
-    runtime's per-step overhead (`op_overhead_s()` unless given)."""
+    minimum of `repeats` timed runs after `warmup` untimed ones (more, up to MAX_REPEATS, until the timed walks
+    span `min_walk_s`: five walks of a small model take milliseconds, all inside one moment of the machine's
+    load), with `threads` intra-op threads, plus `overhead_s` (a cost the walk does not see, if one is known)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if threads < 1:
@@ -161,5 +144,7 @@ def profile_nodes(graph: TrainingGraph, repeats: int = 5, seed: int = 0, *, warm
         raise EdgetrainError("a measured target times the Python runtime's ops; this graph is for the C runtime "
                              "(--emit c): compile it for a device target, whose costs come from its profile")
     with pinned_threads(threads):
-        overhead = op_overhead_s() if overhead_s is None else overhead_s
-        return _profile_aten(graph, repeats, seed, warmup, overhead)
+        # One thread computes everything: its CPU time is the step's time on an idle core, and other processes'
+        # load does not enter it (a 10 ms op is preempted on a busy machine in nearly every run).
+        clock = time.thread_time if threads == 1 else time.perf_counter
+        return _profile_aten(graph, repeats, seed, warmup, overhead_s, clock, min_walk_s)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .integrity import read_weights
-from . import aten_call
+from . import aten_call, heap
 from .ledger import Ledger
 from .optim import Optimizer
 from .storage import FileStore, PendingRead
@@ -36,6 +36,10 @@ def _storage_ptr(t: Tensor) -> int:
     return t.untyped_storage().data_ptr() if t.numel() else 0
 
 
+def _words(what) -> str:
+    return what if isinstance(what, str) else what[0].format(*what[1:])
+
+
 class Runtime:
     def __init__(self, weights_file: str | PathLike, storage_dir: str | PathLike, *, device=None,
                  optimizer: dict | None = None, trainable=None, lr: float | None = None,
@@ -44,6 +48,7 @@ class Runtime:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        heap.keep_freed_memory()  # freed activations reused by the next step, not page-faulted back in
         if optimizer is None:  # SGD given by its hyper-parameters
             optimizer = {"name": "sgd", "lr": lr, "momentum": momentum or 0.0, "weight_decay": weight_decay or 0.0}
         self.optimizer_config = dict(optimizer)
@@ -81,8 +86,8 @@ class Runtime:
         self._batch: tuple[Tensor, Tensor] | None = None
         self._in_step = False
         self._op = 0
-        self._what = ""
-        self._freed_at: dict[str, str] = {}
+        self._doing = ""
+        self._freed_at: dict[str, int] = {}  # tensor -> the op that freed it
         self._paged_out: set[str] = set()
         self._step_loss: float | None = None
         self.view_copied_bytes = 0  # views never copy: aten view ops alias their base
@@ -119,11 +124,16 @@ class Runtime:
         return self._require(name)
 
     # -- bookkeeping ----------------------------------------------------------------------------------
-    def _begin_op(self, what: str) -> None:
+    def _begin_op(self, what) -> None:
+        """`what`: the call in words, or a (format, *values) tuple formatted only if an error names it."""
         if not self._in_step:
-            raise PlanError(f"{what}: called outside begin_step()/end_step()")
+            raise PlanError(f"{_words(what)}: called outside begin_step()/end_step()")
         self._op += 1
-        self._what = f"step {self.step}, op #{self._op} {what}"
+        self._doing = what
+
+    @property
+    def _what(self) -> str:
+        return f"step {self.step}, op #{self._op} {_words(self._doing)}"
 
     def _require(self, name: str):
         if name in self._live:
@@ -131,7 +141,7 @@ class Runtime:
             if isinstance(value, PendingRead):  # a page-in read ahead: its bytes are needed now
                 value = self._live[name] = self._waited(value.result)
             return value
-        why = f"freed at {self._freed_at[name]}" if name in self._freed_at else "never computed in this step"
+        why = f"freed at op #{self._freed_at[name]}" if name in self._freed_at else "never computed in this step"
         raise PlanError(f"{self._what}: tensor '{name}' is not resident ({why})")
 
     def _hold(self, name: str, value, size: int) -> None:
@@ -171,7 +181,7 @@ class Runtime:
         return self._run(False, name, op, inputs, params, buffers, attrs, aux_of)
 
     def _run(self, first, name, op, inputs, params, buffers, attrs, aux_of):
-        self._begin_op(f"{'compute' if first else 'recompute'} '{name}' ({op})")
+        self._begin_op(("{} '{}' ({})", "compute" if first else "recompute", name, op))
         if op.startswith("aten."):
             return self._run_aten(first, name, op, inputs, attrs or {}, aux_of)
         raise PlanError(f"{self._what}: '{op}' is not an aten op; this plan was generated for another "
@@ -183,12 +193,14 @@ class Runtime:
             raise PlanError(f"{self._what}: tensor '{name}' is already resident")
         ins = []
         for r in inputs:
-            ref = {"t": r} if isinstance(r, str) else r
-            t = self._require(ref["t"])
+            if isinstance(r, str):  # most operands: a tensor as it is
+                ins.append(self._require(r))
+                continue
+            t, view = self._require(r["t"]), r.get("view")
             try:
-                ins.append(aten_call.apply_view(t, ref.get("view")))
+                ins.append(aten_call.apply_view(t, view))
             except (RuntimeError, IndexError, TypeError) as e:
-                raise PlanError(f"{self._what}: view {ref.get('view')} of '{ref['t']}': {e}") from None
+                raise PlanError(f"{self._what}: view {view} of '{r['t']}': {e}") from None
         aux = self._require(f"{aux_of}.aux") if aux_of is not None else None
         try:
             with torch.no_grad():
@@ -196,26 +208,30 @@ class Runtime:
                                       self.step)
         except KeyError as e:
             raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
-        held = aten_call.held(outs, attrs.get("keep"))
-        for o in (held if isinstance(held, tuple) else (held,)):
-            if isinstance(o, Tensor) and o.numel() and any(
-                    isinstance(t, Tensor) and _storage_ptr(t) == _storage_ptr(o) for t in ins):
-                raise PlanError(f"{self._what}: the op's output aliases an operand")
-        kept = sum(nbytes(o) for o in held) if isinstance(held, tuple) else nbytes(held) if held is not None else 0
-        aux_items = attrs.get("aux", [])
-        aux_out = tuple(outs[k] for k in aux_items)
-        aux_bytes = sum(nbytes(a) for a in aux_out)
+        keep = attrs.get("keep")
+        held = aten_call.held(outs, keep)
         if held is not None:
-            self._hold(name, held, kept)
+            held_items = held if isinstance(held, tuple) else (held,)
+            in_ptrs = {_storage_ptr(t) for t in ins if isinstance(t, Tensor) and t.numel()}
+            if any(isinstance(o, Tensor) and o.numel() and _storage_ptr(o) in in_ptrs for o in held_items):
+                raise PlanError(f"{self._what}: the op's output aliases an operand")
+            self._hold(name, held, sum(nbytes(o) for o in held_items))
+        aux_items = attrs.get("aux", ())
         if first and aux_items:
-            self._hold(f"{name}.aux", aux_out, aux_bytes)
-        dropped = aten_call.dropped_bytes(outs, attrs.get("keep"), aux_items)
-        with self.ledger.transient(dropped, label=f"{name} (dropped outputs)"):
-            self._apply_updates(first, outs, attrs.get("updates", ()))
-        for more, sub in aten_call.fused_calls(attrs, ins, self._params, self._buffers, aux, self.device, self.seed,
-                                               self.step, own=held):  # each holds nothing
-            with self.ledger.transient(aten_call.dropped_bytes(more, "none"), label=f"{name} (then {sub['op']})"):
-                self._apply_updates(first, more, sub.get("updates", ()))
+            aux_out = tuple(outs[k] for k in aux_items)
+            self._hold(f"{name}.aux", aux_out, sum(nbytes(a) for a in aux_out))
+        updates = attrs.get("updates", ())
+        dropped = aten_call.dropped_bytes(outs, keep, aux_items) if len(outs) > 1 or keep is not None else 0
+        if dropped:
+            with self.ledger.transient(dropped, label=f"{name} (dropped outputs)"):
+                self._apply_updates(first, outs, updates)
+        elif updates:  # nothing dropped: the updates add nothing to the count
+            self._apply_updates(first, outs, updates)
+        if "then" in attrs:
+            for more, sub in aten_call.fused_calls(attrs, ins, self._params, self._buffers, aux, self.device,
+                                                   self.seed, self.step, own=held):  # each holds nothing
+                with self.ledger.transient(aten_call.dropped_bytes(more, "none"), label=f"{name} (then {sub['op']})"):
+                    self._apply_updates(first, more, sub.get("updates", ()))
         if first and "loss_item" in attrs:
             item = attrs["loss_item"]
             self._step_loss = float(outs[0] if item is None else outs[item])
@@ -260,13 +276,13 @@ class Runtime:
             self.paging_wait_s += time.perf_counter() - t0
 
     def free(self, name: str) -> None:
-        self._begin_op(f"free '{name}'")
+        self._begin_op(("free '{}'", name))
         self._require(name)
-        # A page-out still writing it lets go first: the bytes go when the ledger's do.
-        self._waited(lambda: self.store.wait(name))
+        if self.store.writing(name):  # a page-out still writing it lets go first: the bytes go when the ledger's do
+            self._waited(lambda: self.store.wait(name))
         self.ledger.release(name)
         del self._live[name]
-        self._freed_at[name] = f"op #{self._op}"
+        self._freed_at[name] = self._op
 
     def end_step(self) -> float | None:
         """Free whatever the plan left resident (reported in `leftovers`), return the step's loss."""

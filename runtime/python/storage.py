@@ -178,6 +178,10 @@ class FileStore:
             err.errno = e.errno  # a full or read-only disk stays recognisable as such
             raise err from None
 
+    def writing(self, name: str) -> bool:
+        """Whether a page-out of `name` has not been waited for yet."""
+        return name in self._pending
+
     def wait(self, name: str | None = None) -> None:
         """Return once the write of `name` (None: of every tensor) is done and holds no reference to it;
         raise PageStoreError if it failed."""

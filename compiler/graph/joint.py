@@ -32,6 +32,7 @@ from edgetrain.compiler.frontend.capture import JointCapture
 
 from .fusion import fuse_updates, remap_operands as _remap
 from .ir import DTYPE_BYTES, Node, OptimizerConfig, TensorRef, TensorSpec, TrainingGraph
+from .workspace import kernel_scratch_bytes
 
 _ALIASES = {"aten.detach.default", "aten.alias.default"}
 _VIEWS = {"aten._unsafe_view.default"}  # a view torch's schema does not mark as one
@@ -374,6 +375,15 @@ def _flops(op: _Op, outs: list) -> int:
     return read + sum(_numel(o) for o in outs)
 
 
+def _scratch(op: _Op) -> int:
+    """The op's kernel scratch (workspace.py), from its operands' shapes."""
+    def spec(a):
+        v = a.meta.get("val") if isinstance(a, fx.Node) else a
+        return _spec(v) if isinstance(v, torch.Tensor) else v
+
+    return kernel_scratch_bytes(_opname(op.fx.target), [spec(a) for a in op.fx.args])
+
+
 def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, loss_ref: _Out,
            cap: JointCapture, seed_keys: dict[str, str]) -> list[Node]:
     """One Node per op (two or more for a forward op whose large outputs are read apart)."""
@@ -457,6 +467,7 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
         params = tuple(_state_names(op, "$p"))
         buffers = tuple(_state_names(op, "$b"))
         ups = updates.get(name, [])
+        scratch = _scratch(op)
         for part_i, part in enumerate(plan[name]):
             keep = part["keep"]
             if keep == "none":
@@ -477,6 +488,8 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 attrs["keep"] = keep
             if part["aux"]:
                 attrs["aux"] = part["aux"]
+            if scratch:  # the runtime's ledger holds it while the kernel runs
+                attrs["scratch"] = scratch
             mine = ups if part_i == 0 else []
             if mine:
                 attrs["updates"] = [{k: ([list(v) for v in u[k]] if k == "view" else u[k]) for k in u
@@ -490,7 +503,7 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 name=part["name"], kind=op.kind, op=opname, inputs=refs, params=params, buffers=buffers,
                 attrs=attrs, shape=shape, dtype=dtype, items=items, aux_bytes=aux_bytes,
                 aux_of=aux_from[0] if aux_from else None,
-                workspace_bytes=dropped, flops=flops, updates=opt_updates,
+                workspace_bytes=dropped + scratch, flops=flops, updates=opt_updates,
                 source=_source(op, ops, cap.sources, {u["param"] for u in ups if "param" in u})))
     return nodes
 

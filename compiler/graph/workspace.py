@@ -1,48 +1,59 @@
 """Kernel scratch: the bytes an aten kernel allocates and frees inside itself, beyond the outputs it returns.
 
-One rule per op class, a pure function of the op and its operands' shapes and dtypes, so a budget, a schedule
-and a plan do not move from run to run. The rules were fitted to the process's resident-set high-water growth
-of each node of the zoo's models on an x86-64 CPU (torch's oneDNN convolutions, AVX2), with glibc malloc made
-to return every freed block at once (`benchmarks/workspace.py` measures them again and checks each rule is
-an upper bound; docs/memory-model.md has the figures):
+One rule per op class, a pure function of the op, its operands' shapes and dtypes and the runtime's intra-op
+threads, so a budget, a schedule and a plan do not move from run to run. The rules were fitted to the process's
+resident-set high-water growth over each node of the zoo's models and over single ops, on an x86-64 CPU
+(torch's oneDNN convolutions, AVX2) with glibc malloc made to return every freed block at once;
+`benchmarks/workspace.py` measures them again and checks each rule is not below (docs/memory-model.md):
 
-- convolution forward: oneDNN re-lays the weight out in its blocked format and the activation (the input, or the
-  output it writes blocked and copies back) beside it: weight + the larger of input and output. A pointwise
-  convolution (1x1, stride 1, no padding, one group) runs as a matrix product on the plain layout: its weight
-  at most;
-- convolution backward: the weight re-laid out, and two activation-sized buffers (the blocked input and the
-  blocked gradient of the output, or a gradient of the input written blocked): weight + 2 x the larger of input
-  and output gradient. Pointwise: weight + the larger of the two;
-- every other op of the zoo's graphs measured no scratch beyond a page or two (elementwise ops, batch norm,
-  pooling, matrix products, attention at the zoo's sizes): none.
+- convolution forward: oneDNN re-lays the weight out in its blocked format and one activation (the input, or
+  the output it writes blocked and copies back) beside it: weight + the larger of input and output. A
+  transposed convolution runs the backward-data kernel: the backward's activation term;
+- convolution backward: the weight re-laid out and two activation-sized buffers (the blocked input and output
+  gradient, or the input gradient written blocked): weight + 2 x the larger of input and output gradient. With
+  T threads oneDNN may sum the weight gradient from one weight-sized buffer per thread: T x weight (measured
+  4 x weight at 4 threads on 512 -> 512 3x3 over 2x2 maps);
+- both: 256 KiB for oneDNN's own small buffers (a convolution's figure moved by 0.25 MB from run to run), and
+  64 KiB per thread past the first (its own blocks; at most 74 KB measured);
+- every other op measured no scratch beyond the pages its outputs map (elementwise ops, batch norm, pooling,
+  matrix products, softmax, layer norm): none.
 
-The term is for the Python runtime (Raspberry Pi, Jetson, host). The C runtime's kernels have no scratch
-(`c_lower.py` sets every workspace to the streamed weights alone).
+Batch 1 and pointwise convolutions measured far less than the rule (oneDNN then keeps the plain layout): the
+rule stays an upper bound rather than follow each of oneDNN's choices. Plans run at the runtime's plan thread
+count (runtime/python/threads.py). The term is for the Python runtime (Raspberry Pi, Jetson, host); the C
+runtime's kernels have no scratch (`c_lower.py` sets every workspace to the streamed weights alone).
 """
 from __future__ import annotations
 
 from math import prod
 
+from edgetrain.runtime.python.threads import PLAN_THREADS
+
 from .ir import DTYPE_BYTES, TensorSpec
 
 CONVOLUTION = "aten.convolution.default"
 CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
+THREAD_BYTES = 64 * 1024  # each intra-op thread past the first: its own blocks of the activations, at most
+SMALL_BYTES = 256 * 1024  # oneDNN's own small buffers, which moved a convolution's figure by 0.25 MB run to run
 
 
 def _bytes(t) -> int:
     return prod(t.shape) * DTYPE_BYTES[t.dtype] if isinstance(t, TensorSpec) else 0
 
 
-def kernel_scratch_bytes(op: str, args: list) -> int:
-    """Bytes `op` holds inside its kernel beyond its outputs; `args` are its positional arguments, tensors as
-    TensorSpec."""
+def kernel_scratch_bytes(op: str, args: list, threads: int = PLAN_THREADS) -> int:
+    """Bytes `op` holds inside its kernel beyond its outputs, run with `threads` intra-op threads; `args` are its
+    positional arguments, tensors as TensorSpec."""
+    small = SMALL_BYTES + (threads - 1) * THREAD_BYTES
     if op == CONVOLUTION:
-        x, w, _bias, stride, padding, dilation, transposed, _out_pad, groups = args[:9]
-        out = _conv_out_bytes(x, w, stride, padding, dilation, transposed, _out_pad, groups)
-        return _bytes(w) + max(_bytes(x), out)
+        x, w, _bias, stride, padding, dilation, transposed, out_pad, groups = args[:9]
+        act = max(_bytes(x), _conv_out_bytes(x, w, stride, padding, dilation, transposed, out_pad, groups))
+        # A transposed convolution runs oneDNN's backward-data kernel: the backward's activation term.
+        return _bytes(w) + (2 if transposed else 1) * act + small
     if op == CONVOLUTION_BACKWARD:
-        go, x, w, _bias_sizes, stride, padding, dilation, transposed, _out_pad, groups = args[:10]
-        return _bytes(w) + 2 * max(_bytes(x), _bytes(go))
+        go, x, w = args[:3]
+        # With several threads the weight gradient may be summed from one weight-sized buffer per thread.
+        return threads * _bytes(w) + 2 * max(_bytes(x), _bytes(go)) + small
     return 0
 
 

@@ -32,7 +32,7 @@ from edgetrain.compiler.frontend.capture import JointCapture
 
 from .fusion import fuse_updates, remap_operands as _remap
 from .ir import DTYPE_BYTES, Node, OptimizerConfig, TensorRef, TensorSpec, TrainingGraph
-from .workspace import kernel_scratch_bytes
+from .workspace import WITH_SCRATCH, kernel_scratch_bytes
 
 _ALIASES = {"aten.detach.default", "aten.alias.default"}
 _VIEWS = {"aten._unsafe_view.default"}  # a view torch's schema does not mark as one
@@ -377,11 +377,15 @@ def _flops(op: _Op, outs: list) -> int:
 
 def _scratch(op: _Op) -> int:
     """The op's kernel scratch (workspace.py), from its operands' shapes."""
+    name = _opname(op.fx.target)
+    if name not in WITH_SCRATCH:
+        return 0
+
     def spec(a):
         v = a.meta.get("val") if isinstance(a, fx.Node) else a
         return _spec(v) if isinstance(v, torch.Tensor) else v
 
-    return kernel_scratch_bytes(_opname(op.fx.target), [spec(a) for a in op.fx.args])
+    return kernel_scratch_bytes(name, [spec(a) for a in op.fx.args])
 
 
 def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, loss_ref: _Out,

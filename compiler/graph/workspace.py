@@ -33,6 +33,7 @@ from .ir import DTYPE_BYTES, TensorSpec
 
 CONVOLUTION = "aten.convolution.default"
 CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
+WITH_SCRATCH = (CONVOLUTION, CONVOLUTION_BACKWARD)  # the ops a rule names; every other op's scratch is 0
 THREAD_BYTES = 64 * 1024  # each intra-op thread past the first: its own blocks of the activations, at most
 SMALL_BYTES = 256 * 1024  # oneDNN's own small buffers, which moved a convolution's figure by 0.25 MB run to run
 

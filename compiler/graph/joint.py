@@ -201,9 +201,10 @@ def _outputs(op: _Op) -> list:
 
 def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num_classes: int, loss: str,
                 optimizer: OptimizerConfig, input_dtype: str = "float32", input_high: int | None = None,
-                seed_keys: dict[str, str] | None = None, widen_fusion: bool = True) -> TrainingGraph:
+                seed_keys: dict[str, str] | None = None, widen_fusion: bool = True,
+                kernel_scratch: bool = True) -> TrainingGraph:
     """The TrainingGraph of a captured training step (stage t computes node t). `widen_fusion`: see
-    `fusion.fuse_updates`."""
+    `fusion.fuse_updates`; `kernel_scratch`: count the kernels' own scratch (workspace.py: `applies`)."""
     b = _Builder(cap)
     b.walk()
     ops = b.ops
@@ -266,7 +267,8 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
                                                           key=b.order.index))
     ordered = fwd_names + [loss_ref.node] + bwd_names
 
-    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}), widen=widen_fusion)
+    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}, kernel_scratch),
+                         widen=widen_fusion)
     # input first; labels right before the first node that reads them.
     x_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[0]).meta["val"]
     y_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[1]).meta["val"]
@@ -389,7 +391,7 @@ def _scratch(op: _Op) -> int:
 
 
 def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, loss_ref: _Out,
-           cap: JointCapture, seed_keys: dict[str, str]) -> list[Node]:
+           cap: JointCapture, seed_keys: dict[str, str], kernel_scratch: bool = True) -> list[Node]:
     """One Node per op (two or more for a forward op whose large outputs are read apart)."""
     # How each op's outputs are held: name of the node holding output k, and its view prefix.
     held: dict[tuple[str, int | None], tuple[str, tuple]] = {}
@@ -471,7 +473,7 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
         params = tuple(_state_names(op, "$p"))
         buffers = tuple(_state_names(op, "$b"))
         ups = updates.get(name, [])
-        scratch = _scratch(op)
+        scratch = _scratch(op) if kernel_scratch else 0
         for part_i, part in enumerate(plan[name]):
             keep = part["keep"]
             if keep == "none":

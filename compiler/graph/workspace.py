@@ -13,15 +13,16 @@ resident-set high-water growth over each node of the zoo's models and over singl
   gradient, or the input gradient written blocked): weight + 2 x the larger of input and output gradient. With
   T threads oneDNN may sum the weight gradient from one weight-sized buffer per thread: T x weight (measured
   4 x weight at 4 threads on 512 -> 512 3x3 over 2x2 maps);
-- both: 256 KiB for oneDNN's own small buffers (a convolution's figure moved by 0.25 MB from run to run), and
-  64 KiB per thread past the first (its own blocks; at most 74 KB measured);
+- both: an eighth of the activation term more (a convolution's figure moved by up to 12% of it, 0.25 MB, from
+  run to run), and 64 KiB per thread past the first (its own blocks; at most 74 KB measured);
 - every other op measured no scratch beyond the pages its outputs map (elementwise ops, batch norm, pooling,
   matrix products, softmax, layer norm): none.
 
 Batch 1 and pointwise convolutions measured far less than the rule (oneDNN then keeps the plain layout): the
 rule stays an upper bound rather than follow each of oneDNN's choices. Plans run at the runtime's plan thread
-count (runtime/python/threads.py). The term is for the Python runtime (Raspberry Pi, Jetson, host); the C
-runtime's kernels have no scratch (`c_lower.py` sets every workspace to the streamed weights alone).
+count (runtime/python/threads.py). The term is for the targets torch's kernels train on (Raspberry Pi, Jetson,
+host: `applies`); the C runtime's kernels have no scratch (`c_lower.py` sets every workspace to the streamed
+weights alone), and a microcontroller profile's graph has none even in a Python plan.
 """
 from __future__ import annotations
 
@@ -35,26 +36,34 @@ CONVOLUTION = "aten.convolution.default"
 CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
 WITH_SCRATCH = (CONVOLUTION, CONVOLUTION_BACKWARD)  # the ops a rule names; every other op's scratch is 0
 THREAD_BYTES = 64 * 1024  # each intra-op thread past the first: its own blocks of the activations, at most
-SMALL_BYTES = 256 * 1024  # oneDNN's own small buffers, which moved a convolution's figure by 0.25 MB run to run
+SLACK = 8  # 1/SLACK of the activation term more: a convolution's figure moved by 12% of it from run to run
 
 
 def _bytes(t) -> int:
     return prod(t.shape) * DTYPE_BYTES[t.dtype] if isinstance(t, TensorSpec) else 0
 
 
+def applies(target) -> bool:
+    """Kernel scratch is counted for the targets torch's kernels train on (Raspberry Pi, Jetson, host); a
+    microcontroller profile's graph models its C kernels, which have none, even in a Python plan."""
+    return getattr(target, "family", None) != "mcu"
+
+
 def kernel_scratch_bytes(op: str, args: list, threads: int = PLAN_THREADS) -> int:
     """Bytes `op` holds inside its kernel beyond its outputs, run with `threads` intra-op threads; `args` are its
     positional arguments, tensors as TensorSpec."""
-    small = SMALL_BYTES + (threads - 1) * THREAD_BYTES
+    per_thread = (threads - 1) * THREAD_BYTES
     if op == CONVOLUTION:
         x, w, _bias, stride, padding, dilation, transposed, out_pad, groups = args[:9]
         act = max(_bytes(x), _conv_out_bytes(x, w, stride, padding, dilation, transposed, out_pad, groups))
         # A transposed convolution runs oneDNN's backward-data kernel: the backward's activation term.
-        return _bytes(w) + (2 if transposed else 1) * act + small
+        act *= 2 if transposed else 1
+        return _bytes(w) + act + act // SLACK + per_thread
     if op == CONVOLUTION_BACKWARD:
         go, x, w = args[:3]
+        act = 2 * max(_bytes(x), _bytes(go))
         # With several threads the weight gradient may be summed from one weight-sized buffer per thread.
-        return threads * _bytes(w) + 2 * max(_bytes(x), _bytes(go)) + small
+        return threads * _bytes(w) + act + act // SLACK + per_thread
     return 0
 
 

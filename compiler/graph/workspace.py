@@ -19,8 +19,8 @@ resident-set high-water growth over each node of the zoo's models and over singl
   matrix products, softmax, layer norm): none.
 
 Batch 1 and pointwise convolutions measured far less than the rule (oneDNN then keeps the plain layout): the
-rule stays an upper bound rather than follow each of oneDNN's choices. Plans run at the runtime's plan thread
-count (runtime/python/threads.py). The term is for the targets torch's kernels train on (Raspberry Pi, Jetson,
+rule stays an upper bound rather than follow each of oneDNN's choices. Plans are compiled for the runtime's
+plan thread count (runtime/python/threads.py: 1), which `edgetrain run` pins for host plans only. The term is for the targets torch's kernels train on (Raspberry Pi, Jetson,
 host: `applies`); the C runtime's kernels have no scratch (`c_lower.py` sets every workspace to the streamed
 weights alone), and a microcontroller profile's graph has none even in a Python plan.
 """

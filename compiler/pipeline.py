@@ -13,6 +13,7 @@ from .frontend.modelspec import resolve
 from .graph.costs import apply_costs
 from .graph.ir import EMITS, OptimizerConfig
 from .graph.liveness import analyze
+from .graph.workspace import applies as scratch_applies
 from .schedule_file import format as schedule_format
 from .scheduling.budget import anchors, parse_budget, parse_deadline
 from .scheduling.overlap import overlap_paging
@@ -80,7 +81,7 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
     else:
         example = torch.randn(opts.batch_size, *shape, generator=gen)
-    graph = capture_graph(opts, resolved, model, example)
+    graph = capture_graph(opts, resolved, model, example, kernel_scratch=scratch_applies(target))
     if opts.emit == "c":
         from .graph.c_lower import lower_for_c
 
@@ -196,7 +197,7 @@ def _output_like(model, example: torch.Tensor):
                 b.copy_(saved[k])
 
 
-def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor):
+def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, kernel_scratch: bool = True):
     """The training graph from torch's joint forward-backward graph of one step."""
     from .frontend.capture import capture, load_loss
     from .graph.joint import build_graph as joint_graph
@@ -211,7 +212,8 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor):
     classes = resolved.num_classes or 0
     return joint_graph(cap, opts.model, tuple(example.shape), classes, opts.loss, opts.optimizer,
                        input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys,
-                       widen_fusion=opts.emit != "c")  # microcontroller graphs are small: every byte counts
+                       widen_fusion=opts.emit != "c",  # microcontroller graphs are small: every byte counts
+                       kernel_scratch=kernel_scratch)
 
 
 def compile_model(opts: CompileOptions, progress=None) -> dict:

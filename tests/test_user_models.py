@@ -21,6 +21,9 @@ from edgetrain.targets import load_target
 
 MODELS = ["activations", "squeeze_excite", "norms", "segmenter", "recurrent", "encoder", "tied_lm",
           "frozen_backbone", "bias_only"]
+# Its peak is its last trained convolution's backward, kernel scratch and all, which every schedule holds at once:
+# store-all is its smallest budget.
+NO_ROOM = {"frozen_backbone"}
 OPTIMIZERS = {"sgd": OptimizerConfig(name="sgd", lr=0.05, momentum=0.9, weight_decay=5e-4),
               "adamw": OptimizerConfig(name="adamw", lr=1e-2, momentum=0.0, weight_decay=1e-2)}
 
@@ -43,8 +46,12 @@ def _halfway(opts: CompileOptions) -> tuple[int, int, int]:
 def test_user_model_trains_exactly(tmp_path, model, optimizer):
     opts = _options(model, tmp_path / "store_all", "100%", optimizer)
     smallest, store_all, half = _halfway(opts)
-    assert smallest < store_all, f"{model}: nothing to schedule between {smallest} and {store_all} B"
-    for name, budget in (("store_all", "100%"), ("halfway", str(half))):
+    plans = (("store_all", "100%"), ("halfway", str(half)))
+    if model in NO_ROOM:
+        assert smallest == store_all, f"{model}: {smallest} B to {store_all} B: take it out of NO_ROOM"
+        plans = plans[:1]
+    assert smallest < store_all or model in NO_ROOM, f"{model}: nothing to schedule between {smallest} and {store_all} B"
+    for name, budget in plans:
         out = tmp_path / name
         compiled = compile_model(_options(model, out, budget, optimizer))
         assert compiled["peak_bytes"] <= compiled["budget_bytes"]

@@ -180,6 +180,23 @@ class Backbone(nn.Module, _Facts):
         return self.head(self.features(x).mean((2, 3)))
 
 
+class WideConvs(nn.Module, _Facts):
+    """Wide 3x3 convolutions on small maps: megabytes of weights beside kilobytes of activations, so a step's
+    memory is mostly the state and the kernels' re-laid-out weights."""
+
+    input_shape = (3, 8, 8)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 128, 3, padding=1), nn.ReLU(),
+                                      nn.Conv2d(128, 256, 3, padding=1, stride=2), nn.ReLU(),
+                                      nn.Conv2d(256, 256, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(256, 5)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
 def activations():
     return Activations()
 
@@ -214,6 +231,10 @@ def mixed_dropout():
 
 def backbone():
     return Backbone()
+
+
+def wide_convs():
+    return WideConvs()
 
 
 def frozen_backbone():

@@ -114,7 +114,10 @@ def _as_c(n: Node) -> Node:
             return {k: sub(v) for k, v in a.items()}
         return a
 
-    attrs = {k: sub(v) if k in ("args", "kwargs", "then") else v for k, v in n.attrs.items()}
+    # No scratch in C kernels: the plan's ops carry none.
+    attrs = {k: sub(v) if k in ("args", "kwargs", "then") else v for k, v in n.attrs.items() if k != "scratch"}
+    if "then" in attrs:
+        attrs["then"] = [{k: v for k, v in o.items() if k != "scratch"} for o in attrs["then"]]
     aux_bytes = 4 * AUX_ITEMS * n.shape[1] if n.op == BATCH_NORM else n.aux_bytes
     return replace(n, dtype=dtype, workspace_bytes=0, inputs=tuple(n.inputs[k] for k in keep), attrs=attrs,
                    aux_bytes=aux_bytes)

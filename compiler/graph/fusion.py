@@ -63,6 +63,8 @@ def _merge(prev: Node, n: Node) -> Node:
         sub["kwargs"] = remap_operands(n.attrs["kwargs"], remap)
     if n.attrs.get("updates"):
         sub["updates"] = n.attrs["updates"]
+    if n.attrs.get("scratch"):
+        sub["scratch"] = n.attrs["scratch"]
     attrs = dict(prev.attrs)
     attrs["then"] = list(prev.attrs.get("then", [])) + [sub]
     return Node(

@@ -32,6 +32,7 @@ from edgetrain.compiler.frontend.capture import JointCapture
 
 from .fusion import fuse_updates, remap_operands as _remap
 from .ir import DTYPE_BYTES, Node, OptimizerConfig, TensorRef, TensorSpec, TrainingGraph
+from .workspace import WITH_SCRATCH, kernel_scratch_bytes
 
 _ALIASES = {"aten.detach.default", "aten.alias.default"}
 _VIEWS = {"aten._unsafe_view.default"}  # a view torch's schema does not mark as one
@@ -200,9 +201,10 @@ def _outputs(op: _Op) -> list:
 
 def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num_classes: int, loss: str,
                 optimizer: OptimizerConfig, input_dtype: str = "float32", input_high: int | None = None,
-                seed_keys: dict[str, str] | None = None, widen_fusion: bool = True) -> TrainingGraph:
+                seed_keys: dict[str, str] | None = None, widen_fusion: bool = True,
+                kernel_scratch: bool = True) -> TrainingGraph:
     """The TrainingGraph of a captured training step (stage t computes node t). `widen_fusion`: see
-    `fusion.fuse_updates`."""
+    `fusion.fuse_updates`; `kernel_scratch`: count the kernels' own scratch (workspace.py: `applies`)."""
     b = _Builder(cap)
     b.walk()
     ops = b.ops
@@ -265,7 +267,8 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
                                                           key=b.order.index))
     ordered = fwd_names + [loss_ref.node] + bwd_names
 
-    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}), widen=widen_fusion)
+    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}, kernel_scratch),
+                         widen=widen_fusion)
     # input first; labels right before the first node that reads them.
     x_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[0]).meta["val"]
     y_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[1]).meta["val"]
@@ -374,8 +377,21 @@ def _flops(op: _Op, outs: list) -> int:
     return read + sum(_numel(o) for o in outs)
 
 
+def _scratch(op: _Op) -> int:
+    """The op's kernel scratch (workspace.py), from its operands' shapes."""
+    name = _opname(op.fx.target)
+    if name not in WITH_SCRATCH:
+        return 0
+
+    def spec(a):
+        v = a.meta.get("val") if isinstance(a, fx.Node) else a
+        return _spec(v) if isinstance(v, torch.Tensor) else v
+
+    return kernel_scratch_bytes(name, [spec(a) for a in op.fx.args])
+
+
 def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, loss_ref: _Out,
-           cap: JointCapture, seed_keys: dict[str, str]) -> list[Node]:
+           cap: JointCapture, seed_keys: dict[str, str], kernel_scratch: bool = True) -> list[Node]:
     """One Node per op (two or more for a forward op whose large outputs are read apart)."""
     # How each op's outputs are held: name of the node holding output k, and its view prefix.
     held: dict[tuple[str, int | None], tuple[str, tuple]] = {}
@@ -457,6 +473,7 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
         params = tuple(_state_names(op, "$p"))
         buffers = tuple(_state_names(op, "$b"))
         ups = updates.get(name, [])
+        scratch = _scratch(op) if kernel_scratch else 0
         for part_i, part in enumerate(plan[name]):
             keep = part["keep"]
             if keep == "none":
@@ -477,6 +494,8 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 attrs["keep"] = keep
             if part["aux"]:
                 attrs["aux"] = part["aux"]
+            if scratch:  # the runtime's ledger holds it while the kernel runs
+                attrs["scratch"] = scratch
             mine = ups if part_i == 0 else []
             if mine:
                 attrs["updates"] = [{k: ([list(v) for v in u[k]] if k == "view" else u[k]) for k in u
@@ -490,7 +509,7 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 name=part["name"], kind=op.kind, op=opname, inputs=refs, params=params, buffers=buffers,
                 attrs=attrs, shape=shape, dtype=dtype, items=items, aux_bytes=aux_bytes,
                 aux_of=aux_from[0] if aux_from else None,
-                workspace_bytes=dropped, flops=flops, updates=opt_updates,
+                workspace_bytes=dropped + scratch, flops=flops, updates=opt_updates,
                 source=_source(op, ops, cap.sources, {u["param"] for u in ups if "param" in u})))
     return nodes
 

@@ -96,6 +96,9 @@ def fill(template, tensors, params, buffers, aux, device, own=None):
     return template
 
 
+CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
+
+
 def call(op: str, attrs: dict, ins: list, params: dict, buffers: dict, aux, device, seed: int, step: int,
          own=None) -> list:
     """Run a plan node's op; returns every output of the op (a one-element list for a single tensor).
@@ -108,14 +111,11 @@ def call(op: str, attrs: dict, ins: list, params: dict, buffers: dict, aux, devi
             res = fn(*args, **kwargs)
     else:
         res = fn(*args, **kwargs)
-    return list(res) if isinstance(res, (tuple, list)) else [res]
-
-
-def fused_calls(attrs: dict, ins: list, params: dict, buffers: dict, aux, device, seed: int, step: int, own):
-    """Run the ops fused after a node's own op (`attrs["then"]`), in order: yields (outputs, the op's attrs).
-    `own`: what the node's own op holds."""
-    for sub in attrs.get("then", ()):
-        yield call(sub["op"], sub, ins, params, buffers, aux, device, seed, step, own), sub
+    outs = list(res) if isinstance(res, (tuple, list)) else [res]
+    if op == CONVOLUTION_BACKWARD:  # oneDNN returns gradients its output mask left out: the kernel's scratch
+        mask = args[10] if len(args) > 10 else kwargs["output_mask"]
+        outs = [o if want else None for o, want in zip(outs, mask)]
+    return outs
 
 
 def held(outs: list, keep):

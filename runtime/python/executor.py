@@ -202,6 +202,23 @@ class Runtime:
             except (RuntimeError, IndexError, TypeError) as e:
                 raise PlanError(f"{self._what}: view {view} of '{r['t']}': {e}") from None
         aux = self._require(f"{aux_of}.aux") if aux_of is not None else None
+        # A kernel's scratch (the compiler's rule, in the plan) is held while its op runs and its outputs are applied.
+        with self.ledger.transient(attrs.get("scratch", 0), label=f"{name} (kernel scratch)"):
+            held, outs = self._own_op(first, name, op, ins, attrs, aux)
+        for sub in attrs.get("then", ()):  # each holds nothing
+            with self.ledger.transient(sub.get("scratch", 0), label=f"{name} (then {sub['op']}, kernel scratch)"):
+                more = aten_call.call(sub["op"], sub, ins, self._params, self._buffers, aux, self.device, self.seed,
+                                      self.step, held)
+                with self.ledger.transient(aten_call.dropped_bytes(more, "none"), label=f"{name} (then {sub['op']})"):
+                    self._apply_updates(first, more, sub.get("updates", ()))
+        if first and "loss_item" in attrs:
+            item = attrs["loss_item"]
+            self._step_loss = float(outs[0] if item is None else outs[item])
+            self.losses.append(self._step_loss)
+        return held
+
+    def _own_op(self, first, name, op, ins, attrs, aux):
+        """The node's own op: its outputs held (and aux), its updates applied while the rest are dropped."""
         try:
             with torch.no_grad():
                 outs = aten_call.call(op, attrs, ins, self._params, self._buffers, aux, self.device, self.seed,
@@ -227,16 +244,7 @@ class Runtime:
                 self._apply_updates(first, outs, updates)
         elif updates:  # nothing dropped: the updates add nothing to the count
             self._apply_updates(first, outs, updates)
-        if "then" in attrs:
-            for more, sub in aten_call.fused_calls(attrs, ins, self._params, self._buffers, aux, self.device,
-                                                   self.seed, self.step, own=held):  # each holds nothing
-                with self.ledger.transient(aten_call.dropped_bytes(more, "none"), label=f"{name} (then {sub['op']})"):
-                    self._apply_updates(first, more, sub.get("updates", ()))
-        if first and "loss_item" in attrs:
-            item = attrs["loss_item"]
-            self._step_loss = float(outs[0] if item is None else outs[item])
-            self.losses.append(self._step_loss)
-        return held
+        return held, outs
 
     def _apply_updates(self, first: bool, outs: list, updates) -> None:
         for u in updates:

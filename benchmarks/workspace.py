@@ -1,0 +1,168 @@
+"""Kernel scratch benchmark: each op's real transient memory beyond its outputs, against the compiler's rule.
+
+    .venv/bin/python benchmarks/workspace.py [--threads 1,2,4] [--device cpu] [--repeats 3]
+                                             [--json build/bench/workspace.json]
+
+Per case (an aten op and operand shapes: convolutions forward and backward of the zoo's kinds - 3x3, strided,
+pointwise, depthwise, transposed, the first layer's, wide layers on small maps - and a few ops that have no
+rule: matrix products, batch norm, pooling, elementwise, softmax, layer norm), the op runs once to warm up
+(oneDNN builds its kernels on first use), then --repeats times, each in a measured span
+(compiler/workbench/memory_probe.py): on the CPU the resident set's high-water growth with glibc malloc made
+to return freed blocks at once, on CUDA the caching allocator's peak. `measured` is the most of those growths
+less the outputs the op returns (held until the span's end; on the CPU the pages their blocks map, each
+block its own mapping with its header); `rule` is `compiler/graph/workspace.py: kernel_scratch_bytes` for
+the same op, shapes and thread count; `ok` says the rule is not below
+what was measured (to two pages, the figure's resolution). Prints a table per thread count and writes JSON rows;
+exits 1 if any rule is below.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from edgetrain.compiler.workbench.memory_probe import Probe, isolate_malloc  # noqa: E402
+
+ISOLATED = isolate_malloc()  # before torch allocates anything
+
+import torch  # noqa: E402
+
+from edgetrain.compiler.graph.ir import TensorSpec  # noqa: E402
+from edgetrain.compiler.graph.workspace import kernel_scratch_bytes  # noqa: E402
+
+aten = torch.ops.aten
+
+
+def _conv(b, cin, cout, hw, k, s=1, p=None, groups=1, transposed=False):
+    """(label, forward case, backward case) of a 2-d convolution."""
+    p = k // 2 if p is None else p
+    x = (b, cin, hw, hw)
+    w = (cin, cout // groups, k, k) if transposed else (cout, cin // groups, k, k)
+    out_pad = [0, 0]
+    fwd = ("aten.convolution.default", [x, w, None, [s, s], [p, p], [1, 1], transposed, out_pad, groups])
+    label = f"{'convT' if transposed else 'conv'} {cin}->{cout} k{k} s{s}{f' g{groups}' if groups > 1 else ''} {b}x{hw}x{hw}"
+    return label, fwd
+
+
+CONVS = [
+    _conv(8, 3, 64, 32, 3), _conv(8, 64, 64, 32, 3), _conv(8, 64, 128, 32, 3, 2), _conv(8, 64, 128, 32, 1, 2, 0),
+    _conv(8, 128, 128, 16, 3), _conv(8, 256, 256, 8, 3), _conv(8, 256, 512, 8, 3, 2), _conv(8, 512, 512, 4, 3),
+    _conv(8, 512, 512, 2, 3), _conv(8, 144, 144, 32, 3, 1, None, 144), _conv(8, 144, 144, 32, 3, 2, None, 144),
+    _conv(8, 576, 576, 8, 3, 1, None, 576), _conv(8, 24, 144, 32, 1, 1, 0), _conv(8, 144, 24, 32, 1, 1, 0),
+    _conv(8, 960, 160, 4, 1, 1, 0), _conv(32, 64, 64, 32, 3), _conv(1, 512, 512, 4, 3), _conv(2, 256, 256, 4, 3),
+    _conv(8, 64, 32, 16, 4, 2, 1, 1, True),
+]
+OTHERS = [  # label, op, operand shapes (tensors) and literals
+    ("addmm 512x4096 @ 4096x1000", "aten.addmm.default", [(1000,), (512, 4096), (4096, 1000)]),
+    ("mm 8x1280 @ 1280x1000", "aten.mm.default", [(8, 1280), (1280, 1000)]),
+    ("batch norm 8x64x32x32", "aten._native_batch_norm_legit_functional.default",
+     [(8, 64, 32, 32), (64,), (64,), (64,), (64,), True, 0.1, 1e-5]),
+    ("max pool 3x3 s2 8x64x32x32", "aten.max_pool2d_with_indices.default", [(8, 64, 32, 32), [3, 3], [2, 2], [1, 1]]),
+    ("relu 8x64x32x32", "aten.relu.default", [(8, 64, 32, 32)]),
+    ("softmax 8x4x64x64", "aten._softmax.default", [(8, 4, 64, 64), -1, False]),
+    ("layer norm 8x64x256", "aten.native_layer_norm.default", [(8, 64, 256), [256], (256,), (256,), 1e-5]),
+]
+
+
+def _materialise(args, device):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(*a, generator=g).to(device) if isinstance(a, tuple) else a for a in args]
+
+
+def _spec_args(args):
+    return [TensorSpec(a, "float32") if isinstance(a, tuple) else a for a in args]
+
+
+PAGE = 4096
+BLOCK_HEADER = 128  # glibc's chunk header and torch's 64-byte alignment, in a block's own mapping
+RESOLUTION = 2 * PAGE  # what an op without scratch measured at most beyond its outputs' pages
+
+
+def _mapped(outs, device) -> int:
+    """Bytes the outputs hold: on the CPU the pages their blocks map (each its own mapping, header included)."""
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    sizes = [o.numel() * o.element_size() for o in outs if isinstance(o, torch.Tensor)]
+    if device.type != "cpu":
+        return sum(sizes)
+    return sum(-(-(b + BLOCK_HEADER) // PAGE) * PAGE for b in sizes if b)
+
+
+def _backward_case(fwd_args, device):
+    """convolution_backward's arguments for a forward case: (grad_output, input, weight, ...), all grads made."""
+    x, w = _materialise(fwd_args[:2], device)
+    out = aten.convolution.default(x, w, *fwd_args[2:])
+    go = torch.randn_like(out)
+    bias_sizes = [w.shape[1] * fwd_args[8] if fwd_args[6] else w.shape[0]]
+    return [go, x, w, bias_sizes, *fwd_args[3:], [True, True, True]]
+
+
+def measure(op: str, args: list, probe: Probe, repeats: int, device) -> int:
+    fn = getattr(getattr(aten, op.split(".")[1]), op.split(".")[2])
+    with torch.no_grad():
+        fn(*args)  # warm-up: kernels built, caches filled
+        worst = None
+        for _ in range(repeats):
+            with probe.span() as s:
+                outs = fn(*args)
+            extra = s.growth - _mapped(outs, device)
+            del outs
+            worst = extra if worst is None else max(worst, extra)
+    return worst
+
+
+def cases(device):
+    for label, (op, fargs) in CONVS:
+        yield label + " fwd", op, _materialise(fargs, device), _spec_args(fargs)
+        bargs = _backward_case(fargs, device)
+        specs = [TensorSpec(tuple(a.shape), "float32") if isinstance(a, torch.Tensor) else a for a in bargs]
+        yield label + " bwd", "aten.convolution_backward.default", bargs, specs
+    for label, op, oargs in OTHERS:
+        yield label, op, _materialise(oargs, device), _spec_args(oargs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", default="1,2,4", help="comma-separated intra-op thread counts")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (the caching allocator's peak)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default="build/bench/workspace.json", metavar="PATH")
+    a = ap.parse_args(argv)
+    device = torch.device(a.device)
+    probe = Probe(device)
+    rows = []
+    load = os.getloadavg()
+    for threads in (int(t) for t in a.threads.split(",")):
+        torch.set_num_threads(threads)
+        for label, op, args, specs in cases(device):
+            measured = measure(op, args, probe, a.repeats, device)
+            rule = kernel_scratch_bytes(op, specs, threads)
+            rows.append({"case": label, "op": op, "threads": threads, "device": device.type, "measured_bytes": measured,
+                         "rule_bytes": rule, "ok": rule + RESOLUTION >= measured, "malloc_isolated": ISOLATED})
+            del args
+    load_after = os.getloadavg()
+    for r in rows:
+        r["loadavg_1min_before_after"] = [load[0], load_after[0]]
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    with open(a.json + ".tmp", "w") as f:
+        json.dump(rows, f, indent=1)
+    os.replace(a.json + ".tmp", a.json)
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"kernel scratch beyond the outputs, measured vs rule ({device.type}, torch "
+                    f"{torch.__version__}; MB = 1e6 B; malloc isolated: {ISOLATED}; load {load[0]:.2f})")
+    for col in ("case", "threads", "measured MB", "rule MB", "rule - measured", "ok"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["case"], str(r["threads"]), f"{r['measured_bytes'] / 1e6:.3f}", f"{r['rule_bytes'] / 1e6:.3f}",
+                  f"{(r['rule_bytes'] - r['measured_bytes']) / 1e6:.3f}", "yes" if r["ok"] else "NO")
+    Console(width=140).print(t)
+    print(f"wrote {a.json}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

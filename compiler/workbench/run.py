@@ -112,8 +112,10 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     steps = 1 if steps is None else steps
     dev = _device(device)
     resume_from = save if resume and state_path(save).exists() else None
-    # A measured (host) plan's times were profiled at the runtime's thread count: it trains at that count.
-    threads = pinned_threads() if body["target"].get("measured") else nullcontext()
+    # A CPU plan trains at the runtime's thread count: a host plan's times were profiled at it, and every
+    # plan's kernel scratch is counted for it (oneDNN holds about a weight more per extra thread).
+    on_cpu = (dev.type if dev is not None else "cuda" if torch.cuda.is_available() else "cpu") == "cpu"
+    threads = pinned_threads() if on_cpu else nullcontext()
     with threads, Trainer(out_dir, device=dev, resume=resume_from) as trainer:
         if trainer.plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
             raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")

@@ -1,7 +1,7 @@
 """The intra-op thread count a host plan trains with: the one place that owns it.
 
-The host profiler times every node with it and the runtime's Trainer runs a measured plan's steps with it, so a
-host plan's predicted times are for the thread count it runs at. One thread: a step's time then depends little
+The host profiler times every node with it, the compiler counts every plan's kernel scratch for it (oneDNN holds
+about a weight-sized buffer more per extra thread), and `edgetrain run` trains a plan on the CPU with it. One thread: a step's time then depends little
 on what else a shared machine runs, and a device core is what the plan is a stand-in for.
 """
 from __future__ import annotations

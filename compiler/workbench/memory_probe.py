@@ -5,8 +5,8 @@ CPU: Linux keeps a resident-set high-water mark (VmHWM in /proc/self/status) tha
 VmRSS before, to the page. glibc malloc would blur it: a freed chunk stays mapped in its arena, and its
 mmap threshold grows with every large free, so later blocks land in kept heap memory. `isolate_malloc`
 fixes the threshold (every block of a page or more is its own mapping, unmapped at its free) and trims the
-heap at every free, so resident memory follows the bytes torch holds. It is for measuring only: the runtime
-leaves malloc as it is.
+heap at every free, so resident memory follows the bytes torch holds. It is for measuring only, and it tells
+the runtime not to set its own thresholds (which keep freed memory for the next step) over these.
 
 CUDA: torch's caching allocator counts what it hands out; `torch.cuda.max_memory_allocated` after
 `reset_peak_memory_stats` is the peak of that, which the same span arithmetic turns into a growth.
@@ -22,8 +22,8 @@ from typing import Iterator
 
 import torch
 
-# glibc mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+from edgetrain.runtime.python.heap import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, OPT_OUT
+
 ISOLATED_MMAP_THRESHOLD = 4096
 
 
@@ -35,11 +35,12 @@ def _libc():
 def isolate_malloc() -> bool:
     """Make freed blocks of a page or more go back to the kernel at once (glibc only). False where that cannot
     be set (another C library): growth measured there may then be hidden by reused freed memory."""
+    os.environ[OPT_OUT] = "1"  # a Runtime built later in this process keeps these settings
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt"):
         return False
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, ISOLATED_MMAP_THRESHOLD) == 1
-    ok = libc.mallopt(_M_TRIM_THRESHOLD, 0) == 1 and ok
+    ok = libc.mallopt(M_MMAP_THRESHOLD, ISOLATED_MMAP_THRESHOLD) == 1
+    ok = libc.mallopt(M_TRIM_THRESHOLD, 0) == 1 and ok
     if hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
     return ok

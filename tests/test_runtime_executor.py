@@ -474,3 +474,28 @@ def test_dropped_outputs_count_except_an_ops_scratch():
     assert dropped_bytes([big, grad, tiny], 0, aux=[1]) == 0
     assert dropped_bytes([tiny], "none") == tiny.numel() * 4  # an op's only output is never its scratch
     assert tiny.numel() * 4 * SCRATCH_SHARE <= big.numel() * 4
+
+
+def test_run_trains_and_checks_a_cpu_plan_at_the_plan_thread_count(tmp_path, monkeypatch):
+    """The plan's kernel scratch is counted for PLAN_THREADS, so `run` trains a CPU plan at that count, and the
+    autograd reference runs at the same count (oneDNN's sums in the same order: bitwise equal)."""
+    from edgetrain.compiler.pipeline import CompileOptions, compile_model
+    from edgetrain.compiler.workbench import run as run_mod
+    from edgetrain.runtime.python.device_api import Trainer
+    from edgetrain.runtime.python.threads import PLAN_THREADS
+
+    out = str(tmp_path / "plan")
+    compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="100%", out=out, time_limit=20.0))
+    seen = {}
+    step, reference = Trainer.step, run_mod.train_reference
+    monkeypatch.setattr(Trainer, "step", lambda self, x, y: seen.setdefault("plan", torch.get_num_threads())
+                        and step(self, x, y))
+    monkeypatch.setattr(run_mod, "train_reference", lambda *a: seen.setdefault("reference", torch.get_num_threads())
+                        and reference(*a))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(PLAN_THREADS + 1)  # the caller's count differs from the plan's
+    try:
+        r = run_mod.run_plan(out, steps=1, check=True, device="cpu")
+    finally:
+        torch.set_num_threads(saved)
+    assert seen == {"plan": PLAN_THREADS, "reference": PLAN_THREADS} and r["max_abs_err"] == 0

@@ -115,8 +115,10 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     # A CPU plan trains at the runtime's thread count: a host plan's times were profiled at it, and every
     # plan's kernel scratch is counted for it (oneDNN holds about a weight more per extra thread).
     on_cpu = (dev.type if dev is not None else "cuda" if torch.cuda.is_available() else "cpu") == "cpu"
-    threads = pinned_threads() if on_cpu else nullcontext()
-    with threads, Trainer(out_dir, device=dev, resume=resume_from) as trainer:
+    def threads():
+        return pinned_threads() if on_cpu else nullcontext()
+
+    with threads(), Trainer(out_dir, device=dev, resume=resume_from) as trainer:
         if trainer.plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
             raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
         rt = trainer.rt
@@ -144,7 +146,9 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         result["error_kind"] = "BudgetExceeded"
         result["error"] = f"measured peak {rt.ledger.peak_bytes} B exceeds the budget {body['budget']['bytes']} B"
     if check:
-        model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches, rt.device)
+        with threads():  # the same thread count as the plan: oneDNN's sums then run in the same order
+            model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
+                                                rt.device)
         max_abs, max_rel, bad = _compare(model, rt)
         result.update(max_abs_err=max_abs, max_rel_err=max_rel, reference_losses=ref_losses, mismatched=bad[:20])
         if bad:

@@ -99,10 +99,14 @@ def _backward_case(fwd_args, device):
     return [go, x, w, bias_sizes, *fwd_args[3:], [True, True, True]]
 
 
-def measure(op: str, args: list, probe: Probe, repeats: int, device) -> int:
+def measure(op: str, args: list, probe: Probe, repeats: int, device) -> tuple[int, int]:
+    """The most scratch the op showed over `repeats` runs, and its first output's bytes."""
     fn = getattr(getattr(aten, op.split(".")[1]), op.split(".")[2])
     with torch.no_grad():
-        fn(*args)  # warm-up: kernels built, caches filled
+        first = fn(*args)  # warm-up: kernels built, caches filled
+        first = first[0] if isinstance(first, (tuple, list)) else first
+        out_bytes = first.numel() * first.element_size() if isinstance(first, torch.Tensor) else 0
+        del first
         worst = None
         for _ in range(repeats):
             with probe.span() as s:
@@ -110,7 +114,7 @@ def measure(op: str, args: list, probe: Probe, repeats: int, device) -> int:
             extra = s.growth - _mapped(outs, device)
             del outs
             worst = extra if worst is None else max(worst, extra)
-    return worst
+    return worst, out_bytes
 
 
 def cases(device):
@@ -137,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     for threads in (int(t) for t in a.threads.split(",")):
         torch.set_num_threads(threads)
         for label, op, args, specs in cases(device):
-            measured = measure(op, args, probe, a.repeats, device)
-            rule = kernel_scratch_bytes(op, specs, threads)
+            measured, out_bytes = measure(op, args, probe, a.repeats, device)
+            rule = kernel_scratch_bytes(op, specs, out_bytes, threads)
             rows.append({"case": label, "op": op, "threads": threads, "device": device.type, "measured_bytes": measured,
                          "rule_bytes": rule, "ok": rule + RESOLUTION >= measured, "malloc_isolated": ISOLATED})
             del args

@@ -387,7 +387,10 @@ def _scratch(op: _Op) -> int:
         v = a.meta.get("val") if isinstance(a, fx.Node) else a
         return _spec(v) if isinstance(v, torch.Tensor) else v
 
-    return kernel_scratch_bytes(name, [spec(a) for a in op.fx.args])
+    out = op.fx.meta.get("val")
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    out_bytes = _spec(out).bytes if isinstance(out, torch.Tensor) else 0
+    return kernel_scratch_bytes(name, [spec(a) for a in op.fx.args], out_bytes)
 
 
 def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, loss_ref: _Out,

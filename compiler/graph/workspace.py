@@ -20,17 +20,15 @@ resident-set high-water growth over each node of the zoo's models and over singl
 
 Batch 1 and pointwise convolutions measured far less than the rule (oneDNN then keeps the plain layout): the
 rule stays an upper bound rather than follow each of oneDNN's choices. Plans are compiled for the runtime's
-plan thread count (runtime/python/threads.py: 1), which `edgetrain run` pins for host plans only. The term is for the targets torch's kernels train on (Raspberry Pi, Jetson,
+plan thread count (runtime/python/threads.py: 1), which `edgetrain run` pins for every plan it trains on the CPU. The term is for the targets torch's kernels train on (Raspberry Pi, Jetson,
 host: `applies`); the C runtime's kernels have no scratch (`c_lower.py` sets every workspace to the streamed
 weights alone), and a microcontroller profile's graph has none even in a Python plan.
 """
 from __future__ import annotations
 
-from math import prod
-
 from edgetrain.runtime.python.threads import PLAN_THREADS
 
-from .ir import DTYPE_BYTES, TensorSpec
+from .ir import TensorSpec
 
 CONVOLUTION = "aten.convolution.default"
 CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
@@ -40,7 +38,7 @@ SLACK = 8  # 1/SLACK of the activation term more: a convolution's figure moved b
 
 
 def _bytes(t) -> int:
-    return prod(t.shape) * DTYPE_BYTES[t.dtype] if isinstance(t, TensorSpec) else 0
+    return t.bytes if isinstance(t, TensorSpec) else 0
 
 
 def applies(target) -> bool:
@@ -49,13 +47,13 @@ def applies(target) -> bool:
     return getattr(target, "family", None) != "mcu"
 
 
-def kernel_scratch_bytes(op: str, args: list, threads: int = PLAN_THREADS) -> int:
+def kernel_scratch_bytes(op: str, args: list, out_bytes: int, threads: int = PLAN_THREADS) -> int:
     """Bytes `op` holds inside its kernel beyond its outputs, run with `threads` intra-op threads; `args` are its
-    positional arguments, tensors as TensorSpec."""
+    positional arguments, tensors as TensorSpec; `out_bytes` its (first) output's bytes, as traced."""
     per_thread = (threads - 1) * THREAD_BYTES
     if op == CONVOLUTION:
-        x, w, _bias, stride, padding, dilation, transposed, out_pad, groups = args[:9]
-        act = max(_bytes(x), _conv_out_bytes(x, w, stride, padding, dilation, transposed, out_pad, groups))
+        x, w, transposed = args[0], args[1], args[6]
+        act = max(_bytes(x), out_bytes)
         # A transposed convolution runs oneDNN's backward-data kernel: the backward's activation term.
         act *= 2 if transposed else 1
         return _bytes(w) + act + act // SLACK + per_thread
@@ -66,15 +64,3 @@ def kernel_scratch_bytes(op: str, args: list, threads: int = PLAN_THREADS) -> in
         return threads * _bytes(w) + act + act // SLACK + per_thread
     return 0
 
-
-def _conv_out_bytes(x: TensorSpec, w: TensorSpec, stride, padding, dilation, transposed, out_pad, groups) -> int:
-    """Bytes of a convolution's output (aten's shape rule)."""
-    spatial = []
-    for i, n in enumerate(x.shape[2:]):
-        k = dilation[i] * (w.shape[2 + i] - 1) + 1
-        if transposed:
-            spatial.append((n - 1) * stride[i] - 2 * padding[i] + k + out_pad[i])
-        else:
-            spatial.append((n + 2 * padding[i] - k) // stride[i] + 1)
-    channels = w.shape[1] * groups if transposed else w.shape[0]
-    return prod((x.shape[0], channels, *spatial)) * DTYPE_BYTES[x.dtype]

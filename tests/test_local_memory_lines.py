@@ -86,7 +86,10 @@ def test_profiler_cross_check_on_first_layers():
     tl = split_layers(model)[0]
     spec = head_spec(tl.out_shape)
     for b in (4, 16):
-        counted = measure_step_bytes(copy.deepcopy(tl.module), make_head(spec), tl.in_shape, b).peak
+        step = measure_step_bytes(copy.deepcopy(tl.module), make_head(spec), tl.in_shape, b)
+        assert step.scratch > 0  # a convolution's kernel scratch is counted
+        # torch's allocator events do not see oneDNN's scratch: compare the tensors both count
+        counted = step.peak - step.scratch
         seen = profiler_peak_bytes(copy.deepcopy(tl.module), make_head(spec), tl.in_shape, b)
         assert 0.7 < seen / counted < 1.3, (b, seen, counted)
     with pytest.raises(ValueError):

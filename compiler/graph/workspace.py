@@ -6,15 +6,9 @@ resident-set high-water growth over each node of the zoo's models and over singl
 (torch's oneDNN convolutions, AVX2) with glibc malloc made to return every freed block at once;
 `benchmarks/workspace.py` measures them again and checks each rule is not below (docs/memory-model.md):
 
-- convolution forward: oneDNN re-lays the weight out in its blocked format and one activation (the input, or
-  the output it writes blocked and copies back) beside it: weight + the larger of input and output. A
-  transposed convolution runs the backward-data kernel: the backward's activation term;
-- convolution backward: the weight re-laid out and two activation-sized buffers (the blocked input and output
-  gradient, or the input gradient written blocked): weight + 2 x the larger of input and output gradient. With
-  T threads oneDNN may sum the weight gradient from one weight-sized buffer per thread: T x weight (measured
-  4 x weight at 4 threads on 512 -> 512 3x3 over 2x2 maps);
-- both: an eighth of the activation term more (a convolution's figure moved by up to 12% of it, 0.25 MB, from
-  run to run), and 64 KiB per thread past the first (its own blocks; at most 74 KB measured);
+- convolutions: the rule in `runtime/python/kernel_scratch.py` (the weight re-laid out in oneDNN's blocked
+  format and one or two activation-sized buffers beside it; details there), shared with the local-learning step
+  counter;
 - every other op measured no scratch beyond the pages its outputs map (elementwise ops, batch norm, pooling,
   matrix products, softmax, layer norm): none.
 
@@ -26,6 +20,7 @@ weights alone), and a microcontroller profile's graph has none even in a Python 
 """
 from __future__ import annotations
 
+from edgetrain.runtime.python.kernel_scratch import convolution_backward_scratch, convolution_scratch
 from edgetrain.runtime.python.threads import PLAN_THREADS
 
 from .ir import TensorSpec
@@ -33,8 +28,6 @@ from .ir import TensorSpec
 CONVOLUTION = "aten.convolution.default"
 CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
 WITH_SCRATCH = (CONVOLUTION, CONVOLUTION_BACKWARD)  # the ops a rule names; every other op's scratch is 0
-THREAD_BYTES = 64 * 1024  # each intra-op thread past the first: its own blocks of the activations, at most
-SLACK = 8  # 1/SLACK of the activation term more: a convolution's figure moved by 12% of it from run to run
 
 
 def _bytes(t) -> int:
@@ -50,17 +43,8 @@ def applies(target) -> bool:
 def kernel_scratch_bytes(op: str, args: list, out_bytes: int, threads: int = PLAN_THREADS) -> int:
     """Bytes `op` holds inside its kernel beyond its outputs, run with `threads` intra-op threads; `args` are its
     positional arguments, tensors as TensorSpec; `out_bytes` its (first) output's bytes, as traced."""
-    per_thread = (threads - 1) * THREAD_BYTES
     if op == CONVOLUTION:
-        x, w, transposed = args[0], args[1], args[6]
-        act = max(_bytes(x), out_bytes)
-        # A transposed convolution runs oneDNN's backward-data kernel: the backward's activation term.
-        act *= 2 if transposed else 1
-        return _bytes(w) + act + act // SLACK + per_thread
+        return convolution_scratch(_bytes(args[0]), _bytes(args[1]), out_bytes, bool(args[6]), threads)
     if op == CONVOLUTION_BACKWARD:
-        go, x, w = args[:3]
-        act = 2 * max(_bytes(x), _bytes(go))
-        # With several threads the weight gradient may be summed from one weight-sized buffer per thread.
-        return threads * _bytes(w) + act + act // SLACK + per_thread
+        return convolution_backward_scratch(_bytes(args[0]), _bytes(args[1]), _bytes(args[2]), threads)
     return 0
-

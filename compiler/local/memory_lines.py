@@ -31,8 +31,9 @@ destroyed, as the allocator saw them) is replayed and its running maximum is the
 allocations in time order (so backward's frees before later allocations), uses the private
 ``profile._memory_profile()`` API of torch 2.x, and costs ~0.1 s a step. On VGG-11's first layers the two
 agree within about 20% (the counter is conservative: it holds every saved tensor and one activation
-gradient at once); both are linear in the batch. Not counted: allocator
-slack and fragmentation, kernels' internal scratch (im2col, mkldnn workspaces), the Python/CUDA context.
+gradient at once); both are linear in the batch. The counter adds the convolutions' kernel scratch by the
+compiler's rule, which the profiler's events do not see. Not counted: allocator slack and fragmentation, the
+Python/CUDA context.
 On CUDA the device profiler is meant to use ``torch.cuda.max_memory_allocated`` instead; this counter is
 the CPU stand-in and the quantity the partitioner's budget is checked against.
 """

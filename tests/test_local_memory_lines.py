@@ -115,7 +115,8 @@ def test_model_counter_matches_layer_counter_on_layer_plus_head():
     a = measure_step_bytes(copy.deepcopy(tl.module), copy.deepcopy(head), tl.in_shape, 8)
     b = measure_model_step_bytes(torch.nn.Sequential(copy.deepcopy(tl.module), copy.deepcopy(head)),
                                  tl.in_shape, 8)
-    assert (a.static, a.batch_io, a.saved, a.backward_grad) == (b.static, b.batch_io, b.saved, b.backward_grad)
+    assert (a.static, a.batch_io, a.saved, a.backward_grad, a.made, a.grads) == \
+        (b.static, b.batch_io, b.saved, b.backward_grad, b.made, b.grads)
     assert a.loss == pytest.approx(b.loss)
 
 

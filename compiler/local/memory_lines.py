@@ -5,20 +5,19 @@ batch). :func:`measure_step_bytes` measures one local-learning training step of 
 head on the CPU; :func:`profile_layers` runs it at several batch sizes for every layer of a model, fits the
 lines and checks each at a held-out batch.
 
-What is counted (a saved-tensors-hooks byte counter; deterministic, no allocator involved):
+What is counted (the runtime's step counter, ``edgetrain.runtime.python.local_memory``; deterministic, no
+allocator involved):
 
 * static: the parameters of layer + head, their ``.grad`` and the SGD momentum buffers (read after a real
   ``optimizer.step()``), and the modules' buffers (BN running stats);
 * the step's batch: the input batch (it comes from the cache, so it needs no grad), the labels;
-* what autograd keeps from forward to backward: every tensor passed to a ``saved_tensors_hooks`` pack hook
-  (conv inputs, BN saved stats, ReLU outputs, max-pool indices, ...), plus the layer output, the logits and
-  the loss; all de-duplicated by storage (an in-place ReLU's output shares its input's storage; a view
-  costs nothing) and counted at the storage's full size; parameters and buffers that autograd saves (a
-  conv's weight) are counted once, as static;
-* backward working set: one activation gradient in flight, taken as the largest of the float tensors
-  above (the gradient flowing back into the biggest activation).
+* made: every storage an op of the step makes (activations, what autograd saves, activation and parameter
+  gradients, the loss), from the op that makes it until its last reference goes, in time order (a dispatch
+  mode sees each op, autograd's backward ones too; a view or an in-place op makes nothing new), plus the
+  running convolution's kernel scratch by the compiler's rule; the most of that at any op.
 
-So ``peak = static + batch + held-for-backward + largest activation gradient``.
+So ``peak = static + batch + made - the parameters' gradients`` (the step's gradients replace the last
+step's, freed first), at least ``static + batch``.
 
 Backprop baseline: :func:`measure_model_step_bytes` counts one ordinary end-to-end SGD step of a whole
 model by the same rules (same code path), :func:`model_memory_line` fits its line and
@@ -30,10 +29,9 @@ Cross-check, :func:`profiler_peak_bytes`: the same step under ``torch.profiler``
 destroyed, as the allocator saw them) is replayed and its running maximum is the peak. It sees real
 allocations in time order (so backward's frees before later allocations), uses the private
 ``profile._memory_profile()`` API of torch 2.x, and costs ~0.1 s a step. On VGG-11's first layers the two
-agree within about 20% (the counter is conservative: it holds every saved tensor and one activation
-gradient at once); both are linear in the batch. The counter adds the convolutions' kernel scratch by the
-compiler's rule, which the profiler's events do not see. Not counted: allocator slack and fragmentation, the
-Python/CUDA context.
+agree within about 20%; both are linear in the batch. The counter adds the convolutions' kernel scratch by
+the compiler's rule, which the profiler's events do not see. Not counted: allocator rounding and
+fragmentation, the Python/CUDA context.
 On CUDA the device profiler is meant to use ``torch.cuda.max_memory_allocated`` instead; this counter is
 the CPU stand-in and the quantity the partitioner's budget is checked against.
 """

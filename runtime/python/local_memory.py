@@ -1,15 +1,15 @@
 """Bytes of one local-learning training step (a layer, its head, SGD), counted from the tensors themselves.
 
 The rule (also the compiler's memory lines'): static = parameters + their gradients + SGD momentum + buffers;
-batch = the input batch + labels; held = every tensor autograd saves for backward (de-duplicated by storage,
-counted at the storage's full size) plus the layer output, the logits and the loss; grad = one activation
-gradient in flight, taken as the largest floating tensor held; scratch = what the convolutions' kernel scratch
-(the compiler's rule, runtime/python/kernel_scratch.py) adds to that sum at its worst moment. A forward
-convolution runs before any gradient exists: it adds its scratch less the parameters' gradients and grad. A
-backward convolution runs when only the gradients of the parameters after it exist, its own weight's being
-made: it adds its scratch less the gradients still to come. Saved tensors stay counted whole (autograd frees
-them as backward goes), so the sum stays an upper bound.
-Deterministic: no allocator is involved, so the same step gives the same bytes on every machine. On CUDA the trainer reports the allocator's peak too.
+batch = the input batch + labels; made = the most that the step's own tensors take at any op, in time order:
+every storage an op makes (activations, what autograd saves, activation and parameter gradients, the loss) is
+counted from the op that makes it until its last reference goes, and the op's kernel scratch (a convolution's,
+by the compiler's rule, runtime/python/kernel_scratch.py) is added while it runs. The step's gradients replace
+the last step's (freed first), so peak = max(static, static - gradients + made) + batch.
+For reading, `saved` (the storages autograd saves, with the layer output, logits and loss) and
+`backward_grad` (the largest floating one: an activation gradient's size) say where the bytes are.
+Deterministic: no allocator is involved, so the same step gives the same bytes on every machine (real memory
+adds the allocator's rounding, a page or so per tensor). On CUDA the trainer reports the allocator's peak too.
 """
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from .kernel_scratch import convolution_backward_scratch, convolution_scratch
 
@@ -34,13 +36,15 @@ class StepBytes:
     static: int          # params + grads + momentum + buffers
     batch_io: int        # input batch + labels
     saved: int           # unique storages kept for backward (+ outputs, logits, loss)
-    backward_grad: int   # one activation gradient in flight
-    scratch: int         # what the convolutions' kernel scratch adds to the peak (module docstring)
+    backward_grad: int   # the largest of those that is floating: an activation gradient's size
+    made: int            # the most the step's own tensors and a kernel's scratch take at once (time order)
+    grads: int           # the parameters' gradients (in static, made again by the step)
+    scratch: int         # the kernel scratch at the op where `made` peaks
     loss: float
 
     @property
     def peak(self) -> int:
-        return self.static + self.batch_io + self.saved + self.backward_grad + self.scratch
+        return max(self.static, self.static - self.grads + self.made) + self.batch_io
 
 
 @contextmanager
@@ -77,30 +81,50 @@ def static_bytes(modules, optimizer: torch.optim.Optimizer) -> int:
     return n + sum(_nbytes(b) for b in dict.fromkeys(b for m in modules for b in m.buffers()))
 
 
-def _nbytes_or_0(t) -> int:
+def _size(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-class _ScratchWatch(TorchDispatchMode):
-    """Sees every convolution the block runs (autograd's backward ones too). `forward`: the largest forward
-    scratch; `backward`: the largest backward scratch plus the parameter gradients alive while it runs (`grads`,
-    kept up to date by the caller's hooks, and the weight and bias gradients the convolution makes)."""
+def _scratch(func, args, out) -> int:
+    """A convolution's kernel scratch by the compiler's rule, at torch's intra-op thread count; 0 for other ops."""
+    if func is torch.ops.aten.convolution.default:
+        return convolution_scratch(_size(args[0]), _size(args[1]), _size(out), bool(args[6]),
+                                   torch.get_num_threads())
+    if func is torch.ops.aten.convolution_backward.default:
+        return convolution_backward_scratch(_size(args[0]), _size(args[1]), _size(args[2]), torch.get_num_threads())
+    return 0
 
-    def __init__(self) -> None:
+
+class _Made(TorchDispatchMode):
+    """Sees every op the block runs (autograd's backward ones too) and the storages they make: `peak` is the most
+    those alive at once take, with the running op's kernel scratch, and `scratch` that op's scratch."""
+
+    def __init__(self, existing) -> None:
         super().__init__()
-        self.forward = self.backward = self.grads = 0
+        self.existing = {t.untyped_storage()._cdata for t in existing}  # counted elsewhere: their views are free
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.bytes = self.peak = self.scratch = 0
+
+    def _sweep(self) -> None:
+        for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
+            self.bytes -= self.live.pop(key)[1]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._sweep()  # what the last op's caller let go is gone before this one runs
         out = func(*args, **(kwargs or {}))
-        threads = torch.get_num_threads()
-        if func is torch.ops.aten.convolution.default:
-            self.forward = max(self.forward, convolution_scratch(
-                _nbytes_or_0(args[0]), _nbytes_or_0(args[1]), _nbytes_or_0(out), bool(args[6]), threads))
-        elif func is torch.ops.aten.convolution_backward.default:
-            made = _nbytes_or_0(out[1]) + _nbytes_or_0(out[2])
-            scratch = convolution_backward_scratch(_nbytes_or_0(args[0]), _nbytes_or_0(args[1]),
-                                                   _nbytes_or_0(args[2]), threads)
-            self.backward = max(self.backward, scratch + made + self.grads)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                s = t.untyped_storage()
+                key = s._cdata
+                if key in self.existing:
+                    continue
+                if key not in self.live or self.live[key][0].expired():
+                    self.bytes -= self.live[key][1] if key in self.live else 0
+                    self.live[key] = (StorageWeakRef(s), s.nbytes())
+                    self.bytes += s.nbytes()
+        scratch = _scratch(func, args, out)
+        if self.bytes + scratch > self.peak:
+            self.peak, self.scratch = self.bytes + scratch, scratch
         return out
 
 
@@ -109,29 +133,20 @@ def counted_step(modules, forward, x: torch.Tensor, y: torch.Tensor, optimizer: 
     """One real SGD step of ``modules``, counted by the rule above; ``forward(x)`` returns the tensors the step
     holds besides autograd's saved ones, logits last. Returns (bytes, forward's tensors)."""
     optimizer.zero_grad(set_to_none=True)
-    params = [p for p in dict.fromkeys(p for m in modules for p in m.parameters()) if p.requires_grad]
-    watch = _ScratchWatch()
-
-    def arrived(p):
-        watch.grads += _nbytes(p.grad)
-
-    hooks = [p.register_post_accumulate_grad_hook(arrived) for p in params]
-    try:
-        with watch:
-            with count_saved() as held:
-                outs = list(forward(x))
-                loss = torch.nn.functional.cross_entropy(outs[-1], y)
-            weights = tuple(t for m in modules for t in (*m.parameters(), *m.buffers()))
-            saved, grad = held_bytes(held, (*outs, loss), (x, *weights))
-            loss.backward()
-    finally:
-        for h in hooks:
-            h.remove()
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    with _Made([x, y, *state, *(t for m in modules for t in (*m.parameters(), *m.buffers()))]) as made:
+        with count_saved() as held:
+            outs = list(forward(x))
+            loss = torch.nn.functional.cross_entropy(outs[-1], y)
+        weights = tuple(t for m in modules for t in (*m.parameters(), *m.buffers()))
+        saved, grad = held_bytes(held, (*outs, loss), (x, *weights))
+        loss.backward()
+        del held
     optimizer.step()
+    params = dict.fromkeys(p for m in modules for p in m.parameters())
     grads = sum(_nbytes(p.grad) for p in params if p.grad is not None)
-    scratch = max(0, watch.forward - grads - grad, watch.backward - grads)
-    return StepBytes(len(x), static_bytes(modules, optimizer), _nbytes(x) + _nbytes(y), saved, grad, scratch,
-                     float(loss.detach())), outs
+    return StepBytes(len(x), static_bytes(modules, optimizer), _nbytes(x) + _nbytes(y), saved, grad, made.peak,
+                     grads, made.scratch, float(loss.detach())), outs
 
 
 def step_bytes(layer, head, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer

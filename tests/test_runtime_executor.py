@@ -197,6 +197,23 @@ def test_page_store_missing_and_damaged_files(tmp_path):
     assert b"pickle" not in path.read_bytes()
 
 
+def test_page_in_of_own_page_touches_no_file_until_read(tmp_path):
+    """A page-in of a tensor this store paged out allocates it from what was written, without opening the file
+    on the calling thread; the reader finds a missing or swapped file and result() names it."""
+    store = FileStore(tmp_path)
+    store.page_out("a", torch.randn(3, 4))
+    store.page_out("b", torch.randn(2, 2))
+    store.wait()
+    store.path_of("a").unlink()
+    pending = store.start_page_in("a")  # no error yet: the file is first opened on the reader thread
+    assert pending.nbytes == 48
+    with pytest.raises(PageStoreError, match=r"'a'.*file .*a-\w+\.page is missing"):
+        pending.result()
+    store.path_of("a").write_bytes(store.path_of("b").read_bytes())  # another tensor's valid file, other shape
+    with pytest.raises(PageStoreError, match=r"'a'.*holds 'b', a float32\[2, 2\] tensor, not the float32\[3, 4\]"):
+        store.page_in("a")
+
+
 def test_page_store_catches_every_single_bit_flip(tmp_path):
     """A flipped bit anywhere in a page file (prefix, header or data) is refused, never read as a tensor."""
     store = FileStore(tmp_path)

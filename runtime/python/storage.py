@@ -162,6 +162,13 @@ def _read(name: str, path: Path, t: Tensor, written: int | None) -> None:
         raise PageStoreError(f"page-in of '{name}': {path} is not the version this store paged out")
 
 
+def _collect(job: tuple) -> object:
+    """The result of (future, fn, args) handed to a thread: run here if the thread has not started it yet (the
+    caller would otherwise stand still while the jobs queued before it run), else waited for."""
+    fut, fn, args = job
+    return fn(*args) if fut.cancel() else fut.result()
+
+
 def _done(fn, *args) -> Future:
     """A finished Future of `fn(*args)`: the same interface when a store reads synchronously."""
     fut: Future = Future()
@@ -175,13 +182,13 @@ def _done(fn, *args) -> Future:
 class PendingRead:
     """A page-in under way: its tensor is allocated (and counted) already; `result()` waits for its bytes."""
 
-    def __init__(self, name: str, t: Tensor, perm, device: torch.device, nbytes: int, fut: Future) -> None:
+    def __init__(self, name: str, t: Tensor, perm, device: torch.device, nbytes: int, job: tuple) -> None:
         self.name, self.nbytes = name, nbytes
-        self._t, self._perm, self._device, self._fut = t, perm, device, fut
+        self._t, self._perm, self._device, self._job = t, perm, device, job
 
     def result(self) -> Tensor:
         try:
-            self._fut.result()
+            _collect(self._job)
         except OSError as e:
             raise PageStoreError(f"page-in of '{self.name}': reading failed ({e.strerror or e})") from None
         t = self._t
@@ -200,7 +207,7 @@ class FileStore:
         self._written: dict[str, int] = {}  # name -> CRC-32 of the last page_out by this store
         self._pages: dict[str, tuple] = {}  # name -> (shape, dtype, permutation) of its last page_out
         self._heads: dict[str, bytes] = {}  # name -> the JSON header of its last page_out
-        self._pending: dict[str, Future] = {}  # name -> its write on the background thread
+        self._pending: dict[str, tuple] = {}  # name -> its write on the background thread: (future, fn, args)
         self._paths: dict[str, Path] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-pages") if background else None
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-reads") if background else None
@@ -230,7 +237,8 @@ class FileStore:
         if self._writer is None:
             self._written[name] = self._finish(name, lambda: _write(path, head, [t]))
         else:
-            self._pending[name] = self._writer.submit(_write, path, head, [t])
+            args = (path, head, [t])
+            self._pending[name] = (self._writer.submit(_write, *args), _write, args)
         return path
 
     def _finish(self, name: str, write) -> int:
@@ -250,9 +258,9 @@ class FileStore:
         """Return once the write of `name` (None: of every tensor) is done and holds no reference to it;
         raise PageStoreError if it failed."""
         for n in [name] if name is not None else list(self._pending):
-            fut = self._pending.pop(n, None)
-            if fut is not None:
-                self._written[n] = self._finish(n, fut.result)
+            job = self._pending.pop(n, None)
+            if job is not None:
+                self._written[n] = self._finish(n, lambda: _collect(job))
 
     def page_in(self, name: str, device: torch.device | str = "cpu") -> Tensor:
         return self.start_page_in(name, device).result()
@@ -277,7 +285,7 @@ class FileStore:
         self.bytes_in += want
         job = (name, path, t, self._written.get(name))
         fut = self._reader.submit(_read, *job) if self._reader is not None else _done(_read, *job)
-        return PendingRead(name, t, perm, torch.device(device), want, fut)
+        return PendingRead(name, t, perm, torch.device(device), want, (fut, _read, job))
 
     def discard(self, name: str) -> None:
         """Forget a paged tensor and delete its file."""

@@ -266,6 +266,35 @@ def test_background_page_out_returns_at_once_and_lets_go_on_wait(tmp_path, monke
     assert torch.equal(sync.page_in("t"), want)
 
 
+def test_wait_for_a_queued_write_does_it_instead_of_standing_still(tmp_path, monkeypatch):
+    """A write the writer thread has not started yet is done by the thread that waits for it: a free never waits
+    behind the writes queued before it (here a slow one), and both files are right."""
+    import threading
+    import time
+
+    from edgetrain.runtime.python import storage
+
+    real, release, who = storage._write, threading.Event(), {}
+
+    def write(path, head, box):
+        who[path.name] = threading.current_thread().name
+        if path.name.startswith("slow"):
+            release.wait(5)
+        return real(path, head, box)
+
+    monkeypatch.setattr(storage, "_write", write)
+    store = FileStore(tmp_path)
+    a, b = torch.randn(5), torch.randn(7)
+    store.page_out("slow", a)
+    store.page_out("next", b)
+    start = time.perf_counter()
+    store.wait("next")  # queued behind "slow", which holds the writer
+    assert time.perf_counter() - start < 2 and who[store.path_of("next").name] == threading.current_thread().name
+    release.set()
+    store.wait()
+    assert torch.equal(store.page_in("slow"), a) and torch.equal(store.page_in("next"), b)
+
+
 def test_a_failed_background_write_raises_at_wait_naming_the_file(tmp_path, monkeypatch):
     from edgetrain.runtime.python import storage
 

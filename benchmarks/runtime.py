@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/runtime.py [--models resnet18,mobilenetv2,gpt_small] [--budgets 100%,50%]
                                            [--threads 1] [--overlap on,off] [--target rpi4] [--batch-size 8]
-                                           [--steps 5] [--warmup 2] [--time-limit 30] [--json build/bench/runtime.json]
+                                           [--steps 5] [--warmup 2] [--time-limit 30] [--compare-store DIR]
+                                           [--json build/bench/runtime.json]
 
 Per (model, budget, threads): the model is compiled for the target at the budget (POET, Python plan); the
 runtime (edgetrain.runtime, pages on local disk) and plain PyTorch (the model as written, loss.backward(),

@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/runtime.py [--models resnet18,mobilenetv2,gpt_small] [--budgets 100%,50%]
                                            [--threads 1] [--overlap on,off] [--target rpi4] [--batch-size 8]
-                                           [--steps 5] [--warmup 2] [--time-limit 30] [--json build/bench/runtime.json]
+                                           [--steps 5] [--warmup 2] [--time-limit 30] [--compare-store DIR]
+                                           [--json build/bench/runtime.json]
 
 Per (model, budget, threads): the model is compiled for the target at the budget (POET, Python plan); the
 runtime (edgetrain.runtime, pages on local disk) and plain PyTorch (the model as written, loss.backward(),
@@ -17,12 +18,15 @@ the time the runtime's step stood still for the page store (`Runtime.paging_wait
 the writer, waits for writes before frees, page-in headers, waits for read-ahead bytes and their
 checksums), as a median per step and as a share of the step. `--overlap on,off` compiles each plan twice,
 with paging overlapped (page-ins read ahead, frees of paged-out tensors written behind: the default of
-compile) and without, one row each, their steps alternating with PyTorch's in one loop. Prints a table and
-writes JSON rows with at least model, budget (as given), threads and ratio.
+compile) and without, one row each, their steps alternating with PyTorch's in one loop. `--compare-store DIR`
+adds, per plan, a row whose runtime pages through another checkout's page store (DIR/runtime/python/storage.py,
+e.g. the main branch's) instead of this one's, its steps in the same loop: a before/after of the page store
+under one load. Prints a table and writes JSON rows with at least model, budget (as given), threads and ratio.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -43,6 +47,7 @@ from edgetrain.compiler.schedule_file import format as schedule_format  # noqa: 
 from edgetrain.compiler.workbench.run import schedule_batches  # noqa: E402
 from edgetrain.compiler.workbench.reference import load_weights  # noqa: E402
 from edgetrain.runtime.python import Runtime, load_plan  # noqa: E402
+from edgetrain.runtime.python.storage import PendingRead  # noqa: E402
 
 
 def _torch_step(model, opt, x, y) -> None:
@@ -63,24 +68,39 @@ def _plan(model: str, budget: str, overlap: str, args, work: str) -> tuple[dict,
     return schedule_format.load(out), out
 
 
+def _other_store(checkout: str):
+    """The FileStore class of another checkout's runtime/python/storage.py (it imports torch and the stdlib)."""
+    path = os.path.join(checkout, "runtime", "python", "storage.py")
+    spec = importlib.util.spec_from_file_location("edgetrain_compared_storage", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # The runtime knows a read-ahead page-in by this checkout's class: the other's reads are made that too.
+    module.PendingRead = type("PendingRead", (module.PendingRead, PendingRead), {})
+    return module.FileStore
+
+
 def bench(model: str, budget: str, threads: int, overlaps: list[str], args, work: str) -> list[dict]:
-    """One row per overlap setting; their runtime steps and the PyTorch step alternate in one loop (the order
-    rotating each step), so every row sees the same load."""
+    """One row per overlap setting (and page store); their runtime steps and the PyTorch step alternate in one
+    loop (the order rotating each step), so every row sees the same load."""
     torch.set_num_threads(threads)
     rows, runs = [], []
+    stores = ["this", args.compare_store] if args.compare_store else ["this"]
     for overlap in overlaps:
         body, out = _plan(model, budget, overlap, args, work)
-        row = {"model": model, "budget": budget, "threads": threads, "overlap": overlap, "target": args.target,
-               "batch_size": args.batch_size}
-        for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
-            row[key] = sum(st["action"] == action for st in body["steps"])
-        row["predicted_s"] = body["predicted"]["time_s"]  # the target's figure: a step's time on that device
-        opt_cfg = body["graph"]["optimizer"]
-        rt = Runtime(os.path.join(out, "weights.safetensors"), os.path.join(work, f"pages-{overlap}"), device="cpu",
-                     lr=opt_cfg["lr"], momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"],
-                     seed=body["seed"])
-        rows.append(row)
-        runs.append((load_plan(out), rt, [], [], []))
+        for store in stores:
+            row = {"model": model, "budget": budget, "threads": threads, "overlap": overlap, "target": args.target,
+                   "batch_size": args.batch_size, "store": store}
+            for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
+                row[key] = sum(st["action"] == action for st in body["steps"])
+            row["predicted_s"] = body["predicted"]["time_s"]  # the target's figure: a step's time on that device
+            opt_cfg = body["graph"]["optimizer"]
+            pages = os.path.join(work, f"pages-{overlap}-{len(runs)}")
+            rt = Runtime(os.path.join(out, "weights.safetensors"), pages, device="cpu", lr=opt_cfg["lr"],
+                         momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"], seed=body["seed"])
+            if store != "this":
+                rt.store = _other_store(store)(pages)
+            rows.append(row)
+            runs.append((load_plan(out), rt, [], [], []))
     torch.manual_seed(body["seed"])
     spec = body["model"]
     ref = resolve(spec["spec"], **spec["kwargs"]).module
@@ -134,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps of each, after the warm-up")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--time-limit", type=float, default=30.0, help="solver time limit per compile (s)")
+    ap.add_argument("--compare-store", default=None, metavar="DIR",
+                    help="also run each plan on the page store of the checkout at DIR (a before/after in one loop)")
     ap.add_argument("--json", default="build/bench/runtime.json", metavar="PATH", help="rows written here")
     a = ap.parse_args(argv)
     rows = []
@@ -155,20 +177,20 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(rows, f, indent=1)
     t = Table(title=f"runtime step vs plain PyTorch step ({a.target} plans, batch {a.batch_size}, medians of "
                     f"{a.steps} steps after {a.warmup}; load {load[0]:.2f} -> {load_after[0]:.2f})")
-    for col in ("model", "budget", "threads", "overlap", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio",
+    for col in ("model", "budget", "threads", "overlap", "store", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio",
                 "CPU ratio", "paged MB/step", "paging wait ms", "paging share", "predicted ms"):
         t.add_column(col, justify="right")
     for r in rows:
         if "ratio" not in r:
-            t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"], "-", "-", "-", "error", "-", "-", "-",
-                      "-", "-")
+            t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"], "-", "-", "-", "-", "error", "-", "-",
+                      "-", "-", "-")
             continue
-        t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"],
+        t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"], "this" if r["store"] == "this" else "compared",
                   f"{r['recomputes']}/{r['page_ins']}/{r['page_outs']}", f"{r['runtime_s'] * 1e3:.1f}",
                   f"{r['pytorch_s'] * 1e3:.1f}", f"{r['ratio']:.2f}x", f"{r['cpu_ratio']:.2f}x",
                   f"{r['paged_bytes_per_step'] / 1e6:.1f}",
                   f"{r['paging_wait_s'] * 1e3:.1f}", f"{r['paging_share']:.1%}", f"{r['predicted_s'] * 1e3:.1f}")
-    Console(width=160).print(t)
+    Console(width=180).print(t)
     for r in rows:
         if r.get("error"):
             print(f"{r['model']} {r['budget']} {r['threads']} overlap {r['overlap']}: {r['error']}", file=sys.stderr)

@@ -13,6 +13,7 @@ from .frontend.modelspec import resolve
 from .graph.costs import apply_costs
 from .graph.ir import EMITS, OptimizerConfig
 from .graph.liveness import analyze
+from .graph.paging_profile import with_measured_paging
 from .graph.workspace import applies as scratch_applies
 from .schedule_file import format as schedule_format
 from .scheduling.budget import anchors, parse_budget, parse_deadline
@@ -313,6 +314,7 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
     from edgetrain.runtime.python.integrity import weights_table
 
     resolved, model, graph = build_graph(opts, target)
+    target = with_measured_paging(target, graph)  # a measured target's page store, timed at this plan's sizes
     lv = analyze(graph)
     anchor = anchors(graph, lv, target)
     sa = anchor.store_all

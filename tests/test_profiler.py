@@ -230,6 +230,29 @@ def test_compile_small_cnn_on_host_end_to_end(tmp_path):
     res = run_plan(out, steps=1, check=True, device="cpu")
     assert res["ok"], res
     assert res["measured_peak_bytes"] == res["predicted_peak_bytes"] <= res["budget_bytes"]
+    # Paging figures measured with the runtime's page store at the plan's sizes, not the profile's nominal ones.
+    t, nominal = body["target"], load_target("host")
+    for fld in ("page_in_latency_s", "page_in_bandwidth_bytes_per_s", "page_out_latency_s",
+                "page_out_bandwidth_bytes_per_s"):
+        assert t[fld] != getattr(nominal, fld) and t["sources"][fld].startswith("Measured: the runtime's page store")
+    assert t["page_in_bandwidth_bytes_per_s"] > 0 and t["page_out_bandwidth_bytes_per_s"] > 0
+
+
+def test_paging_fit_and_probe_sizes(small_cnn):
+    from edgetrain.compiler.graph.paging_profile import MAX_BYTES, MIN_BYTES, fit, probe_sizes, with_measured_paging
+
+    sizes = [4096, 65536, 1 << 20, 16 << 20]
+    lat, bw = fit([(b, 80e-6 + b / 2e9) for b in sizes])  # exact points give the line back
+    assert lat == pytest.approx(80e-6) and bw == pytest.approx(2e9)
+    lat, bw = fit([(b, b / 3e9) for b in sizes])  # no fixed cost: latency 0, not negative
+    assert lat == pytest.approx(0, abs=1e-12) and bw == pytest.approx(3e9)
+    probes = probe_sizes(small_cnn)
+    biggest = max(n.bytes for n in small_cnn.nodes)
+    assert probes[0] >= MIN_BYTES and probes[-1] <= MAX_BYTES and len(probes) >= 2
+    assert probes[0] <= max(MIN_BYTES, min(n.bytes for n in small_cnn.nodes if n.bytes)) and probes[-1] >= biggest
+    assert all(b * 4 == c for b, c in zip(probes, probes[1:]))
+    rpi4 = load_target("rpi4")
+    assert with_measured_paging(rpi4, small_cnn) is rpi4  # a device's figures are its datasheet's
 
 
 def test_resnet18_profiles_quickly():

@@ -197,6 +197,23 @@ def test_page_store_missing_and_damaged_files(tmp_path):
     assert b"pickle" not in path.read_bytes()
 
 
+def test_page_in_of_own_page_touches_no_file_until_read(tmp_path):
+    """A page-in of a tensor this store paged out allocates it from what was written, without opening the file
+    on the calling thread; the reader finds a missing or swapped file and result() names it."""
+    store = FileStore(tmp_path)
+    store.page_out("a", torch.randn(3, 4))
+    store.page_out("b", torch.randn(2, 2))
+    store.wait()
+    store.path_of("a").unlink()
+    pending = store.start_page_in("a")  # no error yet: the file is first opened on the reader thread
+    assert pending.nbytes == 48
+    with pytest.raises(PageStoreError, match=r"'a'.*file .*a-\w+\.page is missing"):
+        pending.result()
+    store.path_of("a").write_bytes(store.path_of("b").read_bytes())  # another tensor's valid file, other shape
+    with pytest.raises(PageStoreError, match=r"'a'.*holds 'b', a float32\[2, 2\] tensor, not the float32\[3, 4\]"):
+        store.page_in("a")
+
+
 def test_page_store_catches_every_single_bit_flip(tmp_path):
     """A flipped bit anywhere in a page file (prefix, header or data) is refused, never read as a tensor."""
     store = FileStore(tmp_path)
@@ -247,6 +264,35 @@ def test_background_page_out_returns_at_once_and_lets_go_on_wait(tmp_path, monke
     sync = FileStore(tmp_path / "sync", background=False)
     sync.page_out("t", want)
     assert torch.equal(sync.page_in("t"), want)
+
+
+def test_wait_for_a_queued_write_does_it_instead_of_standing_still(tmp_path, monkeypatch):
+    """A write the writer thread has not started yet is done by the thread that waits for it: a free never waits
+    behind the writes queued before it (here a slow one), and both files are right."""
+    import threading
+    import time
+
+    from edgetrain.runtime.python import storage
+
+    real, release, who = storage._write, threading.Event(), {}
+
+    def write(path, head, box):
+        who[path.name] = threading.current_thread().name
+        if path.name.startswith("slow"):
+            release.wait(5)
+        return real(path, head, box)
+
+    monkeypatch.setattr(storage, "_write", write)
+    store = FileStore(tmp_path)
+    a, b = torch.randn(5), torch.randn(7)
+    store.page_out("slow", a)
+    store.page_out("next", b)
+    start = time.perf_counter()
+    store.wait("next")  # queued behind "slow", which holds the writer
+    assert time.perf_counter() - start < 2 and who[store.path_of("next").name] == threading.current_thread().name
+    release.set()
+    store.wait()
+    assert torch.equal(store.page_in("slow"), a) and torch.equal(store.page_in("next"), b)
 
 
 def test_a_failed_background_write_raises_at_wait_naming_the_file(tmp_path, monkeypatch):

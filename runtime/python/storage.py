@@ -13,9 +13,12 @@ computation that follows it. The memory model is unchanged: a paged-out tensor s
 plan frees it, and `wait(name)` - which the runtime calls before it frees a tensor, and `page_in` and
 `discard` call themselves - returns only once the writer has finished with it and dropped its reference, so
 the bytes are released exactly when the ledger releases them. A failed write raises there. A page-in
-checks the file's prefix and header and allocates the tensor at once (so the ledger counts it where the
-schedule does), then reads and verifies the bytes on one reader thread: `PendingRead.result()`, which the
-runtime calls where the tensor is first used, waits for them and raises if they fail their checksum. A tensor
+allocates the tensor at once (so the ledger counts it where the schedule does) from the shape and dtype
+this store paged out, touching no file on the calling thread; one reader thread opens the file, checks its
+prefix and header against that tensor, reads the bytes straight into it and verifies them:
+`PendingRead.result()`, which the runtime calls where the tensor is first used, waits for them and raises if
+anything fails. (A file this store did not write has its header read first, to learn what to allocate.)
+File I/O is raw `os` calls on the tensor's own memory: no file objects, no intermediate copies. A tensor
 whose memory is a permutation of a dense layout (attention's output) is stored in memory order with the
 permutation, and comes back with its strides: the plan's views of it must stay views.
 """
@@ -75,26 +78,77 @@ def _write(path: Path, head: bytes, box: list[Tensor]) -> int:
     anywhere once this returns (the writer thread's work item keeps its arguments a little longer)."""
     data = _bytes_of(box.pop())
     crc = zlib.crc32(data, zlib.crc32(head))
+    prefix = _PREFIX.pack(MAGIC, len(head), crc) + head
     # Overwritten in place, not truncated first: the previous step's pages of the file are reused.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    with open(fd, "wb", buffering=0) as f:  # unbuffered: the tensor's bytes go to the kernel uncopied
-        f.write(_PREFIX.pack(MAGIC, len(head), crc) + head)
-        f.write(data)
-        f.truncate()
+    try:  # raw calls: each one a system call that releases the GIL, no file object around them
+        done = os.pwritev(fd, [prefix, data], 0) if _PWRITEV else os.write(fd, prefix)
+        while done < len(prefix):  # a write may store less than asked (a full disk raises on the next)
+            done += os.pwrite(fd, memoryview(prefix)[done:], done)
+        while done < len(prefix) + data.nbytes:
+            done += os.pwrite(fd, data[done - len(prefix):], done)
+        os.ftruncate(fd, done)
+    finally:
+        os.close(fd)
     return crc
 
 
-def _read(name: str, path: Path, f, head: bytes, crc: int, t: Tensor, holds: object, written: int) -> None:
-    """Fill `t` from the open page file `f` (positioned at the data), then verify the CRC-32, the name the
-    header `holds` and that the file is the version whose CRC-32 was `written`; closes `f`."""
-    with f:
+_PWRITEV = hasattr(os, "pwritev")
+
+
+def _preadv(fd: int, buf: memoryview, offset: int) -> int:
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [buf], offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.readv(fd, [buf])
+
+
+def _header(name: str, path: Path, fd: int) -> tuple[bytes, int, dict, list[int], torch.dtype, int]:
+    """The page file's header, checked against the file's length: (header bytes, CRC-32, header, shape,
+    dtype, data bytes), or PageStoreError naming what is wrong."""
+    try:
+        magic, n_head, crc = _PREFIX.unpack(os.pread(fd, _PREFIX.size, 0))
+        if magic != MAGIC:
+            raise ValueError("not a page file (bad magic)")
+        head = os.pread(fd, n_head, _PREFIX.size)
+        header = json.loads(head)
+        shape = [int(s) for s in header["shape"]]
+        dtype = _dtype(header["dtype"])
+        want = dtype.itemsize * int(torch.Size(shape).numel())
+        have = os.fstat(fd).st_size - _PREFIX.size - n_head
+        if want != have:  # checked before allocating: a damaged shape must not ask for gigabytes
+            raise ValueError(f"{have} data bytes for {want} expected")
+    except (ValueError, KeyError, TypeError, struct.error, RuntimeError) as e:  # json's errors are ValueErrors
+        raise PageStoreError(f"page-in of '{name}': file {path} is unreadable ({e})") from None
+    return head, crc, header, shape, dtype, want
+
+
+def _open(name: str, path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise PageStoreError(f"page-in of '{name}': file {path} is missing") from None
+
+
+def _read(name: str, path: Path, t: Tensor, written: int | None) -> None:
+    """Fill `t` from its page file, checking the header (name, dtype, shape, length), the CRC-32 over header
+    and bytes, and that the file is the version whose CRC-32 was `written` (None: any version)."""
+    fd = _open(name, path)
+    try:
+        head, crc, header, shape, dtype, want = _header(name, path, fd)
+        if dtype != t.dtype or shape != list(t.shape):
+            raise PageStoreError(f"page-in of '{name}': file {path} holds '{header.get('name')}', a "
+                                 f"{header['dtype']}{shape} tensor, not the "
+                                 f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)} paged out")
         data = _bytes_of(t)
-        got = 0
-        while got < data.nbytes:  # a read may return less than asked (large files)
-            k = f.readinto(data[got:])
+        got, at = 0, _PREFIX.size + len(head)
+        while got < data.nbytes:  # straight into the tensor's memory; a read may return less than asked
+            k = _preadv(fd, data[got:], at + got)
             if not k:
                 break
             got += k
+    finally:
+        os.close(fd)
     if got != data.nbytes:
         raise PageStoreError(f"page-in of '{name}': file {path} is unreadable ({got} data bytes for "
                              f"{data.nbytes} expected)")
@@ -102,10 +156,17 @@ def _read(name: str, path: Path, f, head: bytes, crc: int, t: Tensor, holds: obj
     if actual != crc:
         raise PageStoreError(f"page-in of '{name}': checksum mismatch in {path} "
                              f"(file says CRC-32 {crc:08x}, bytes give {actual:08x})")
-    if holds != name:
-        raise PageStoreError(f"page-in of '{name}': file {path} holds '{holds}'")
-    if written != crc:
+    if header.get("name") != name:
+        raise PageStoreError(f"page-in of '{name}': file {path} holds '{header.get('name')}'")
+    if written is not None and written != crc:
         raise PageStoreError(f"page-in of '{name}': {path} is not the version this store paged out")
+
+
+def _collect(job: tuple) -> object:
+    """The result of (future, fn, args) handed to a thread: run here if the thread has not started it yet (the
+    caller would otherwise stand still while the jobs queued before it run), else waited for."""
+    fut, fn, args = job
+    return fn(*args) if fut.cancel() else fut.result()
 
 
 def _done(fn, *args) -> Future:
@@ -121,13 +182,13 @@ def _done(fn, *args) -> Future:
 class PendingRead:
     """A page-in under way: its tensor is allocated (and counted) already; `result()` waits for its bytes."""
 
-    def __init__(self, name: str, t: Tensor, perm, device: torch.device, nbytes: int, fut: Future) -> None:
+    def __init__(self, name: str, t: Tensor, perm, device: torch.device, nbytes: int, job: tuple) -> None:
         self.name, self.nbytes = name, nbytes
-        self._t, self._perm, self._device, self._fut = t, perm, device, fut
+        self._t, self._perm, self._device, self._job = t, perm, device, job
 
     def result(self) -> Tensor:
         try:
-            self._fut.result()
+            _collect(self._job)
         except OSError as e:
             raise PageStoreError(f"page-in of '{self.name}': reading failed ({e.strerror or e})") from None
         t = self._t
@@ -144,12 +205,18 @@ class FileStore:
         self.bytes_out = 0
         self.bytes_in = 0
         self._written: dict[str, int] = {}  # name -> CRC-32 of the last page_out by this store
-        self._pending: dict[str, Future] = {}  # name -> its write on the background thread
+        self._pages: dict[str, tuple] = {}  # name -> (shape, dtype, permutation) of its last page_out
+        self._heads: dict[str, bytes] = {}  # name -> the JSON header of its last page_out
+        self._pending: dict[str, tuple] = {}  # name -> its write on the background thread: (future, fn, args)
+        self._paths: dict[str, Path] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-pages") if background else None
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-reads") if background else None
 
     def path_of(self, name: str) -> Path:
-        return self.dir / f"{safe_file_name(name)}{SUFFIX}"
+        path = self._paths.get(name)
+        if path is None:  # named once per tensor: a step pages the same names again
+            path = self._paths[name] = self.dir / f"{safe_file_name(name)}{SUFFIX}"
+        return path
 
     def page_out(self, name: str, tensor: Tensor) -> Path:
         """Start writing `tensor` to its page file (on the background writer, unless the store has none)."""
@@ -158,15 +225,20 @@ class FileStore:
         t, perm = _memory_order(tensor.detach())
         if t.device.type != "cpu":
             t = t.cpu()
-        header = {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-        if perm:
-            header["permute"] = perm
-        head = json.dumps(header, separators=(",", ":")).encode()
+        page = (list(t.shape), t.dtype, perm)
+        if self._pages.get(name) != page:  # a step pages the same tensors again: their headers are kept
+            header = {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+            if perm:
+                header["permute"] = perm
+            self._heads[name] = json.dumps(header, separators=(",", ":")).encode()
+        head = self._heads[name]
         self.bytes_out += t.numel() * t.element_size()
+        self._pages[name] = page
         if self._writer is None:
             self._written[name] = self._finish(name, lambda: _write(path, head, [t]))
         else:
-            self._pending[name] = self._writer.submit(_write, path, head, [t])
+            args = (path, head, [t])
+            self._pending[name] = (self._writer.submit(_write, *args), _write, args)
         return path
 
     def _finish(self, name: str, write) -> int:
@@ -186,46 +258,34 @@ class FileStore:
         """Return once the write of `name` (None: of every tensor) is done and holds no reference to it;
         raise PageStoreError if it failed."""
         for n in [name] if name is not None else list(self._pending):
-            fut = self._pending.pop(n, None)
-            if fut is not None:
-                self._written[n] = self._finish(n, fut.result)
+            job = self._pending.pop(n, None)
+            if job is not None:
+                self._written[n] = self._finish(n, lambda: _collect(job))
 
     def page_in(self, name: str, device: torch.device | str = "cpu") -> Tensor:
         return self.start_page_in(name, device).result()
 
     def start_page_in(self, name: str, device: torch.device | str = "cpu") -> "PendingRead":
-        """Check the page file's header and allocate its tensor now; read and verify the bytes on the reader
-        thread (unless the store has none). `result()` gives the tensor, or raises PageStoreError."""
+        """Allocate the tensor now (from what this store paged out; a file it did not write: from the file's
+        header, checked here) and read and verify the file on the reader thread (unless the store has none):
+        `result()` gives the tensor, or raises PageStoreError."""
         self.wait(name)
         path = self.path_of(name)
-        try:
-            f = open(path, "rb", buffering=0)
-        except FileNotFoundError:
-            raise PageStoreError(f"page-in of '{name}': file {path} is missing") from None
-        try:
+        page = self._pages.get(name)
+        if page is None:  # not paged out by this store: the file says what it holds
+            fd = _open(name, path)
             try:
-                magic, n_head, crc = _PREFIX.unpack(f.read(_PREFIX.size))
-                if magic != MAGIC:
-                    raise ValueError("not a page file (bad magic)")
-                head = f.read(n_head)
-                header = json.loads(head)
-                shape = [int(s) for s in header["shape"]]
-                dtype = _dtype(header["dtype"])
-                want = dtype.itemsize * int(torch.Size(shape).numel())
-                have = os.fstat(f.fileno()).st_size - _PREFIX.size - n_head
-                if want != have:  # checked before allocating: a damaged shape must not ask for gigabytes
-                    raise ValueError(f"{have} data bytes for {want} expected")
-            except (ValueError, KeyError, TypeError, struct.error, RuntimeError) as e:  # json's errors are ValueErrors
-                raise PageStoreError(f"page-in of '{name}': file {path} is unreadable ({e})") from None
-        except BaseException:
-            f.close()
-            raise
+                _, _, header, shape, dtype, _ = _header(name, path, fd)
+            finally:
+                os.close(fd)
+            page = (shape, dtype, header.get("permute"))
+        shape, dtype, perm = page
         t = torch.empty(shape, dtype=dtype)
+        want = t.numel() * t.element_size()
         self.bytes_in += want
-        job = (name, path, f, head, crc, t, header.get("name"), self._written.get(name, crc))
-        fut = self._reader.submit(_read, *job) if self._reader is not None else None
-        return PendingRead(name, t, header.get("permute"), torch.device(device), want,
-                           fut if fut is not None else _done(_read, *job))
+        job = (name, path, t, self._written.get(name))
+        fut = self._reader.submit(_read, *job) if self._reader is not None else _done(_read, *job)
+        return PendingRead(name, t, perm, torch.device(device), want, (fut, _read, job))
 
     def discard(self, name: str) -> None:
         """Forget a paged tensor and delete its file."""
@@ -234,6 +294,8 @@ class FileStore:
         except PageStoreError:
             pass  # its file goes anyway
         self._written.pop(name, None)
+        self._pages.pop(name, None)
+        self._heads.pop(name, None)
         self.path_of(name).unlink(missing_ok=True)
 
     def names(self) -> list[str]:

@@ -216,7 +216,11 @@ class Runtime:
         aux = self._require(f"{aux_of}.aux") if aux_of is not None else None
         spot = self._inplace_spot(op, attrs, inputs, ins) if "dying" in attrs else None
         # A kernel's scratch (the compiler's rule, in the plan) is held while its op runs and its outputs are applied.
-        with self.ledger.transient(attrs.get("scratch", 0), label=f"{name} (kernel scratch)"):
+        scratch = attrs.get("scratch", 0)
+        if scratch:
+            with self.ledger.transient(scratch, label=f"{name} (kernel scratch)"):
+                held, outs = self._own_op(first, name, op, ins, attrs, aux, spot)
+        else:  # nothing to hold: no context to enter (a step runs hundreds of ops)
             held, outs = self._own_op(first, name, op, ins, attrs, aux, spot)
         if spot is not None:  # the operand's bytes are the output's now: any read before its free is refused
             self._live[inputs[spot[0]]] = _Overwritten(self._op, name)
@@ -243,16 +247,19 @@ class Runtime:
     def _own_op(self, first, name, op, ins, attrs, aux, spot=None):
         """The node's own op: its outputs held (and aux), its updates applied while the rest are dropped.
         `spot`: run the op's in-place twin into that operand (`inplace.plan`)."""
+        grad_was = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # torch.no_grad() without its context object, once per op
         try:
-            with torch.no_grad():
-                if spot is None:
-                    outs = aten_call.call(op, attrs, ins, self._params, self._buffers, aux, self.device, self.seed,
-                                          self.step)
-                else:
-                    outs = aten_call.call(inplace.INPLACE[op], dict(attrs, args=spot[1]), ins, self._params,
-                                          self._buffers, aux, self.device, self.seed, self.step)
+            if spot is None:
+                outs = aten_call.call(op, attrs, ins, self._params, self._buffers, aux, self.device, self.seed,
+                                      self.step)
+            else:
+                outs = aten_call.call(inplace.INPLACE[op], dict(attrs, args=spot[1]), ins, self._params,
+                                      self._buffers, aux, self.device, self.seed, self.step)
         except KeyError as e:
             raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
+        finally:
+            torch._C._set_grad_enabled(grad_was)
         keep = attrs.get("keep")
         held = aten_call.held(outs, keep)
         if held is not None and spot is None:

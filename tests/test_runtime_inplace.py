@@ -118,3 +118,43 @@ def test_dying_operands_are_those_freed_before_anything_else_runs():
     assert dying_operands(steps, 0, {"inputs": [{"t": "b"}, {"t": "b"}]}) == []  # read twice
     assert dying_operands(steps, 3, node) == [0]
     assert dying_operands(steps, 4, node) == []
+
+
+BN = "aten._native_batch_norm_legit_functional.default"
+
+
+def bn_attrs(mean="rm", var="rv"):
+    return {"args": [T(0), {"$p": "w"}, {"$p": "b"}, {"$b": "rm"}, {"$b": "rv"}, True, 0.1, 1e-5], "aux": [1, 2],
+            "keep": 0, "updates": [{"buffer": mean, "item": 3}, {"buffer": var, "item": 4}]}
+
+
+def test_batch_norm_updates_its_running_statistics_in_place_as_eager_does(tmp_path):
+    g = torch.Generator().manual_seed(7)
+    w, b, rm, rv = torch.rand(3, generator=g), torch.randn(3, generator=g), torch.randn(3, generator=g), torch.rand(3)
+    save_file({"param/w": w, "param/b": b, "buffer/rm": rm, "buffer/rv": rv}, str(tmp_path / "w.safetensors"))
+    r = Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cpu", lr=0.1)
+    x = torch.randn(4, 3, 5, 5, generator=g)
+    r.begin_step(x, torch.zeros(4, dtype=torch.long))
+    r.load_input()
+    rm_ref, rv_ref = rm.clone(), rv.clone()
+    want = torch.nn.functional.batch_norm(x, rm_ref, rv_ref, w, b, training=True, momentum=0.1, eps=1e-5)
+    live = r.ledger.live_bytes
+    out = r.compute("bn", BN, ["input"], params=["w", "b"], buffers=["rm", "rv"], attrs=bn_attrs())
+    assert torch.equal(out, want)
+    assert torch.equal(r.buffers["rm"], rm_ref) and torch.equal(r.buffers["rv"], rv_ref)
+    assert r.ledger.live_bytes == live + out.numel() * 4 + 2 * 3 * 4  # the output and its two statistics (aux)
+    r.free("bn")
+    r.recompute("bn", BN, ["input"], params=["w", "b"], buffers=["rm", "rv"], attrs=bn_attrs())
+    assert torch.equal(r.tensor("bn"), want)
+    assert torch.equal(r.buffers["rm"], rm_ref) and torch.equal(r.buffers["rv"], rv_ref)  # updated once only
+
+
+def test_batch_norm_in_place_only_where_each_update_writes_the_buffer_it_reads():
+    from edgetrain.runtime.python.inplace import updates_buffers_in_place
+    assert updates_buffers_in_place(BN, bn_attrs())
+    assert not updates_buffers_in_place(BN, bn_attrs(mean="rv", var="rm"))  # crossed
+    crossed_view = bn_attrs()
+    crossed_view["updates"][0]["view"] = [["aten.t.default", []]]
+    assert not updates_buffers_in_place(BN, crossed_view)
+    assert not updates_buffers_in_place(BN, {**bn_attrs(), "updates": bn_attrs()["updates"][:1]})
+    assert not updates_buffers_in_place("aten.native_batch_norm.default", bn_attrs())

@@ -249,8 +249,15 @@ class Runtime:
         `spot`: run the op's in-place twin into that operand (`inplace.plan`)."""
         grad_was = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # torch.no_grad() without its context object, once per op
+        updates = attrs.get("updates", ())
         try:
-            if spot is None:
+            if spot is None and first and updates and inplace.updates_buffers_in_place(op, attrs):
+                outs = aten_call.call(inplace.BUFFER_UPDATES[op][0], attrs, ins, self._params, self._buffers, aux,
+                                      self.device, self.seed, self.step)
+                new = {u["item"]: self._buffers[u["buffer"]] for u in updates}  # the new values, in place already
+                outs += [new[k] for k in range(len(outs), len(outs) + len(new))]
+                updates = ()
+            elif spot is None:
                 outs = aten_call.call(op, attrs, ins, self._params, self._buffers, aux, self.device, self.seed,
                                       self.step)
             else:
@@ -274,7 +281,6 @@ class Runtime:
         if first and aux_items:
             aux_out = tuple(outs[k] for k in aux_items)
             self._hold(f"{name}.aux", aux_out, sum(nbytes(a) for a in aux_out))
-        updates = attrs.get("updates", ())
         dropped = aten_call.dropped_bytes(outs, keep, aux_items) if len(outs) > 1 or keep is not None else 0
         if dropped:
             with self.ledger.transient(dropped, label=f"{name} (dropped outputs)"):

@@ -31,7 +31,34 @@ INPLACE = {
 # binary ops whose operands may swap (without alpha): the in-place twin writes into its first argument
 COMMUTATIVE = frozenset({"aten.add.Tensor", "aten.mul.Tensor"})
 
+# functional op -> the op that updates those buffers in place (eager's batch norm), and for each output that
+# is a buffer's new value, the argument holding that buffer
+BUFFER_UPDATES = {
+    "aten._native_batch_norm_legit_functional.default": ("aten._native_batch_norm_legit.default", {3: 3, 4: 4}),
+}
+
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def updates_buffers_in_place(op: str, attrs: dict) -> bool:
+    """Whether a first computation of `op` may run the variant that updates the buffers itself: each of the
+    node's updates writes output item k into the buffer that argument k of the map passes as it is. The
+    functional op runs that same kernel on clones of the buffers, and the node copies the clones back."""
+    spec = BUFFER_UPDATES.get(op)
+    if spec is None or attrs.get("then"):
+        return False
+    args, items = attrs.get("args", []), spec[1]
+    updates = attrs.get("updates", ())
+    if len(updates) != len(items):
+        return False
+    for u in updates:
+        k = items.get(u.get("item"))
+        if k is None or "buffer" not in u or u.get("view") or k >= len(args):
+            return False
+        a = args[k]
+        if not (isinstance(a, dict) and a.get("$b") == u["buffer"] and not a.get("view")):
+            return False
+    return True
 
 
 def _dense(t: Tensor) -> bool:

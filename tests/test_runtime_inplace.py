@@ -158,3 +158,31 @@ def test_batch_norm_in_place_only_where_each_update_writes_the_buffer_it_reads()
     assert not updates_buffers_in_place(BN, crossed_view)
     assert not updates_buffers_in_place(BN, {**bn_attrs(), "updates": bn_attrs()["updates"][:1]})
     assert not updates_buffers_in_place("aten.native_batch_norm.default", bn_attrs())
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_adds_the_weight_decay_into_a_dying_gradient_with_the_same_bits(nesterov):
+    from edgetrain.runtime.python.optim import Optimizer
+    g = torch.Generator().manual_seed(2)
+    p0, grads = torch.randn(5, 4, generator=g), [torch.randn(5, 4, generator=g) for _ in range(3)]
+    cfg = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": nesterov}
+    params = {"copy": {"w": p0.clone()}, "in place": {"w": p0.clone()}}
+    opts = {k: Optimizer(cfg, v, ["w"]) for k, v in params.items()}
+    for grad in grads:
+        opts["copy"].update("w", params["copy"]["w"], grad)
+        scratch = grad.clone()
+        opts["in place"].update("w", params["in place"]["w"], scratch, grad_is_scratch=True)
+        assert not torch.equal(scratch, grad)  # the decay went into the dying gradient
+    assert torch.equal(params["copy"]["w"], params["in place"]["w"])
+    assert torch.equal(opts["copy"].state["w"]["momentum"], opts["in place"].state["w"]["momentum"])
+
+
+def test_a_gradient_the_node_holds_is_not_written_into(tmp_path):
+    save_file({"param/w": torch.ones(4, 3)}, str(tmp_path / "w.safetensors"))
+    r = Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cpu", lr=0.1, weight_decay=0.5)
+    r.begin_step(torch.randn(4, 3), torch.zeros(4, dtype=torch.long))
+    x = r.load_input()
+    held = r.compute("g", "aten.mul.Tensor", ["input", "input"],
+                     attrs={"args": [T(0), T(1)], "updates": [{"param": "w", "item": None}]})
+    assert torch.equal(held, x * x)  # held by the node: the update read it, never wrote into it
+    assert torch.equal(r.params["w"], 1 - 0.1 * (x * x + 0.5))

@@ -149,6 +149,15 @@ def held(outs: list, keep):
     return outs[keep]
 
 
+def held_items(keep) -> tuple:
+    """The output items a node holds, by its `keep` (see `held`)."""
+    if keep is None:
+        return (0,)
+    if keep == "none":
+        return ()
+    return tuple(keep) if isinstance(keep, list) else (keep,)
+
+
 def update_value(outs: list, update: dict):
     """The tensor an update reads: an output of the op, through the update's view chain."""
     return apply_view(outs[0] if update.get("item") is None else outs[update["item"]], update.get("view"))

@@ -282,18 +282,21 @@ class Runtime:
             aux_out = tuple(outs[k] for k in aux_items)
             self._hold(f"{name}.aux", aux_out, sum(nbytes(a) for a in aux_out))
         dropped = aten_call.dropped_bytes(outs, keep, aux_items) if len(outs) > 1 or keep is not None else 0
+        kept = (*aten_call.held_items(keep), *aux_items) if updates else ()
         if dropped:
             with self.ledger.transient(dropped, label=f"{name} (dropped outputs)"):
-                self._apply_updates(first, outs, updates)
+                self._apply_updates(first, outs, updates, kept)
         elif updates:  # nothing dropped: the updates add nothing to the count
-            self._apply_updates(first, outs, updates)
+            self._apply_updates(first, outs, updates, kept)
         return held, outs
 
-    def _apply_updates(self, first: bool, outs: list, updates) -> None:
+    def _apply_updates(self, first: bool, outs: list, updates, kept=()) -> None:
+        """`kept`: the output items the node holds (or keeps as aux); any other gradient dies with the update."""
         for u in updates:
             value = aten_call.update_value(outs, u)
             if "param" in u:
-                self.optim.update(u["param"], self._params[u["param"]], value)
+                scratch = not u.get("view") and (u.get("item") or 0) not in kept and inplace.sole_owner(value)
+                self.optim.update(u["param"], self._params[u["param"]], value, scratch)
             elif first:  # a recompute never updates running statistics again
                 self._buffers[u["buffer"]].copy_(value)
 

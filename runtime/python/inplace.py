@@ -65,7 +65,7 @@ def _dense(t: Tensor) -> bool:
     return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
 
 
-def _sole_owner(t: Tensor) -> bool:
+def sole_owner(t: Tensor) -> bool:
     """No other tensor (a view, a parameter, a page being written) shares the operand's storage: the tensor
     itself and its storage's Python object are its only users."""
     if _use_count is None:
@@ -103,7 +103,7 @@ def plan(op: str, attrs: dict, ins: list, plain: list[bool]) -> tuple[int, list]
             return None
         t = ins[k]
         template = args
-    if not (isinstance(t, Tensor) and t.numel() and t.is_floating_point() and _dense(t) and _sole_owner(t)):
+    if not (isinstance(t, Tensor) and t.numel() and t.is_floating_point() and _dense(t) and sole_owner(t)):
         return None
     ptr = t.untyped_storage().data_ptr()
     if any(isinstance(o, Tensor) and j != k and o.numel() and o.untyped_storage().data_ptr() == ptr

@@ -187,3 +187,4 @@ def test_a_gradient_the_node_holds_is_not_written_into(tmp_path):
     assert torch.equal(held, x * x)  # held by the node: the update read it, never wrote into it
     w = torch.ones(4, 3)
     assert torch.equal(r.params["w"], w.add((x * x).add(w, alpha=0.5), alpha=-0.1))  # SGD's own arithmetic
+

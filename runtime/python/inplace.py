@@ -85,6 +85,8 @@ def plan(op: str, attrs: dict, ins: list, plain: list[bool]) -> tuple[int, list]
         return None
     first = args[0]["$t"]
     refs = [a["$t"] for a in args if isinstance(a, dict) and "$t" in a]
+    if any(not isinstance(r, int) or not 0 <= r < len(ins) for r in refs):  # the op's own call names the error
+        return None
     if op in COMMUTATIVE:
         if attrs.get("kwargs") or len(args) != 2 or len(refs) != 2 or refs[0] == refs[1]:
             return None

@@ -9,7 +9,7 @@ FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
 APT_PACKAGES := gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
 
-.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-runtime bench-host-costs figures clean distclean
+.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-runtime bench-runtime-profile bench-host-costs figures clean distclean
 
 venv: $(INSTALL_STAMP)
 
@@ -59,6 +59,9 @@ bench-cortex-m: venv toolchain
 
 bench-runtime: venv
 	$(PY) benchmarks/runtime.py
+
+bench-runtime-profile: venv
+	$(PY) benchmarks/runtime_profile.py
 
 bench-host-costs: venv
 	$(PY) benchmarks/host_costs.py

@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format, not a solver
+from edgetrain.runtime.python.inplace import INPLACE
 
 from .templating import environment
 
@@ -42,12 +43,34 @@ def _extras(node: dict) -> str:
 _ENV.filters.update(py=_py, operands=_operands, extras=_extras)
 
 
+def dying_operands(steps: list[dict], i: int, node: dict) -> list[int]:
+    """Operands of step i's op (as they are, not through a view) that the steps right after it free before
+    anything else runs: the runtime may write an in-place op's output into them (runtime/python/inplace.py)."""
+    freed = set()
+    for st in steps[i + 1:]:
+        if st["action"] != "free":
+            break
+        freed.add(st["tensor"])
+    names = [r["t"] for r in node["inputs"]]
+    return [k for k, r in enumerate(node["inputs"])
+            if not r.get("view") and r["t"] in freed and names.count(r["t"]) == 1]
+
+
+def _step_node(steps: list[dict], i: int, node: dict | None) -> dict | None:
+    """The node as step i runs it: an in-place-capable op gets `attrs.dying` where the plan frees an operand next."""
+    if node is None or steps[i]["action"] not in ("compute", "recompute") or node["op"] not in INPLACE:
+        return node
+    dying = dying_operands(steps, i, node)
+    return dict(node, attrs={**node["attrs"], "dying": dying}) if dying else node
+
+
 def render_python_plan(schedule: dict, out_dir: str, schedule_file: str = "schedule.json") -> str:
     nodes = schedule["graph"]["nodes"]
     by_name = {n["name"]: n for n in nodes}
     stages = [{"index": t, "node": n, "steps": []} for t, n in enumerate(nodes)]
-    for st in schedule["steps"]:
-        stages[st["stage"]]["steps"].append(dict(st, node=by_name.get(st["tensor"])))
+    steps = schedule["steps"]
+    for i, st in enumerate(steps):
+        stages[st["stage"]]["steps"].append(dict(st, node=_step_node(steps, i, by_name.get(st["tensor"]))))
     text = _ENV.get_template("plan.py.j2").render(s=schedule, stages=stages, schedule_file=schedule_file,
                                                    content=content_hash(schedule))
     path = os.path.join(out_dir, "plan.py")

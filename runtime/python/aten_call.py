@@ -33,6 +33,12 @@ def resolve(op: str):
         raise KeyError(f"no aten op named '{op}' in this torch ({torch.__version__})") from None
 
 
+@lru_cache(maxsize=None)
+def _kernel(op: str):
+    """The op's C++ entry point (what OpOverload.__call__ forwards to, without that Python frame)."""
+    return resolve(op)._op
+
+
 def seed_for(seed: int, step: int, key: str) -> int:
     return zlib.crc32(f"{int(seed)}:{int(step)}:{key}".encode())
 
@@ -74,6 +80,18 @@ _SPECIAL = {
 
 def fill(template, tensors, params, buffers, aux, device, own=None):
     """The op's arguments: the template with each marker replaced by its tensor or value."""
+    kind = type(template)
+    if kind is list:  # an op's argument list: operands and plain literals inline (hundreds of ops a step)
+        out = []
+        for v in template:
+            k = type(v)
+            if k is dict and "$t" in v:
+                out.append(tensors[v["$t"]])
+            elif k is int or k is float or k is bool or v is None:
+                out.append(v)
+            else:
+                out.append(fill(v, tensors, params, buffers, aux, device, own))
+        return out
     if isinstance(template, dict):
         if "$t" in template:
             return tensors[template["$t"]]
@@ -103,9 +121,10 @@ def call(op: str, attrs: dict, ins: list, params: dict, buffers: dict, aux, devi
          own=None) -> list:
     """Run a plan node's op; returns every output of the op (a one-element list for a single tensor).
     `own`: what the node's first op holds, for the ops fused after it."""
-    fn = resolve(op)
+    fn = _kernel(op)
     args = fill(attrs.get("args", []), ins, params, buffers, aux, device, own)
-    kwargs = fill(attrs.get("kwargs", {}), ins, params, buffers, aux, device, own)
+    kwargs = attrs.get("kwargs")
+    kwargs = fill(kwargs, ins, params, buffers, aux, device, own) if kwargs else {}
     if "seed_key" in attrs:
         with seeded(seed, step, attrs["seed_key"], device):
             res = fn(*args, **kwargs)
@@ -128,6 +147,15 @@ def held(outs: list, keep):
     if isinstance(keep, list):
         return tuple(outs[k] for k in keep)
     return outs[keep]
+
+
+def held_items(keep) -> tuple:
+    """The output items a node holds, by its `keep` (see `held`)."""
+    if keep is None:
+        return (0,)
+    if keep == "none":
+        return ()
+    return tuple(keep) if isinstance(keep, list) else (keep,)
 
 
 def update_value(outs: list, update: dict):

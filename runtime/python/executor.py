@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .integrity import read_weights
-from . import aten_call, heap
+from . import aten_call, heap, inplace
 from .ledger import Ledger
 from .optim import Optimizer
 from .storage import FileStore, PendingRead
@@ -26,6 +26,14 @@ INPUT, LABELS = "input", "labels"
 
 class PlanError(RuntimeError):
     """The plan asked for something the runtime's state does not allow."""
+
+
+class _Overwritten:
+    """Stands for a resident tensor whose storage an in-place op took (`inplace.py`) until the plan frees it."""
+    __slots__ = ("op", "by")
+
+    def __init__(self, op: int, by: str) -> None:
+        self.op, self.by = op, by
 
 
 def nbytes(t: Tensor) -> int:
@@ -91,6 +99,7 @@ class Runtime:
         self._paged_out: set[str] = set()
         self._step_loss: float | None = None
         self.view_copied_bytes = 0  # views never copy: aten view ops alias their base
+        self.in_place_ops = 0  # ops that wrote their output into an operand the plan freed next (inplace.py)
         self.paging_wait_s = 0.0  # seconds the plan waited for the page store (writes, reads, checksums)
 
     # -- properties -----------------------------------------------------------------------------------
@@ -140,6 +149,9 @@ class Runtime:
             value = self._live[name]
             if isinstance(value, PendingRead):  # a page-in read ahead: its bytes are needed now
                 value = self._live[name] = self._waited(value.result)
+            elif value.__class__ is _Overwritten:
+                raise PlanError(f"{self._what}: tensor '{name}' was overwritten in place by '{value.by}' at op "
+                                f"#{value.op}, where the plan said it would be freed next")
             return value
         why = f"freed at op #{self._freed_at[name]}" if name in self._freed_at else "never computed in this step"
         raise PlanError(f"{self._what}: tensor '{name}' is not resident ({why})")
@@ -202,9 +214,17 @@ class Runtime:
             except (RuntimeError, IndexError, TypeError) as e:
                 raise PlanError(f"{self._what}: view {view} of '{r['t']}': {e}") from None
         aux = self._require(f"{aux_of}.aux") if aux_of is not None else None
+        spot = self._inplace_spot(op, attrs, inputs, ins) if "dying" in attrs else None
         # A kernel's scratch (the compiler's rule, in the plan) is held while its op runs and its outputs are applied.
-        with self.ledger.transient(attrs.get("scratch", 0), label=f"{name} (kernel scratch)"):
-            held, outs = self._own_op(first, name, op, ins, attrs, aux)
+        scratch = attrs.get("scratch", 0)
+        if scratch:
+            with self.ledger.transient(scratch, label=f"{name} (kernel scratch)"):
+                held, outs = self._own_op(first, name, op, ins, attrs, aux, spot)
+        else:  # nothing to hold: no context to enter (a step runs hundreds of ops)
+            held, outs = self._own_op(first, name, op, ins, attrs, aux, spot)
+        if spot is not None:  # the operand's bytes are the output's now: any read before its free is refused
+            self._live[inputs[spot[0]]] = _Overwritten(self._op, name)
+            self.in_place_ops += 1
         for sub in attrs.get("then", ()):  # each holds nothing
             with self.ledger.transient(sub.get("scratch", 0), label=f"{name} (then {sub['op']}, kernel scratch)"):
                 more = aten_call.call(sub["op"], sub, ins, self._params, self._buffers, aux, self.device, self.seed,
@@ -217,40 +237,66 @@ class Runtime:
             self.losses.append(self._step_loss)
         return held
 
-    def _own_op(self, first, name, op, ins, attrs, aux):
-        """The node's own op: its outputs held (and aux), its updates applied while the rest are dropped."""
+    def _inplace_spot(self, op, attrs, inputs, ins):
+        """(operand, arguments) where the op may write into an operand the plan frees right after it."""
+        spot = inplace.plan(op, attrs, ins, [isinstance(r, str) for r in inputs])
+        if spot is None or self.store.writing(inputs[spot[0]]):  # a page-out still reading it keeps it
+            return None
+        return spot
+
+    def _own_op(self, first, name, op, ins, attrs, aux, spot=None):
+        """The node's own op: its outputs held (and aux), its updates applied while the rest are dropped.
+        `spot`: run the op's in-place twin into that operand (`inplace.plan`)."""
+        grad_was = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # torch.no_grad() without its context object, once per op
+        updates = attrs.get("updates", ())
         try:
-            with torch.no_grad():
+            if spot is None and first and updates and inplace.updates_buffers_in_place(op, attrs):
+                outs = aten_call.call(inplace.BUFFER_UPDATES[op][0], attrs, ins, self._params, self._buffers, aux,
+                                      self.device, self.seed, self.step)
+                new = {u["item"]: self._buffers[u["buffer"]] for u in updates}  # the new values, in place already
+                outs += [new[k] for k in range(len(outs), len(outs) + len(new))]
+                updates = ()
+            elif spot is None:
                 outs = aten_call.call(op, attrs, ins, self._params, self._buffers, aux, self.device, self.seed,
                                       self.step)
+            else:
+                outs = aten_call.call(inplace.INPLACE[op], dict(attrs, args=spot[1]), ins, self._params,
+                                      self._buffers, aux, self.device, self.seed, self.step)
         except KeyError as e:
             raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
+        finally:
+            torch._C._set_grad_enabled(grad_was)
         keep = attrs.get("keep")
         held = aten_call.held(outs, keep)
-        if held is not None:
+        if held is not None and spot is None:
             held_items = held if isinstance(held, tuple) else (held,)
             in_ptrs = {_storage_ptr(t) for t in ins if isinstance(t, Tensor) and t.numel()}
             if any(isinstance(o, Tensor) and o.numel() and _storage_ptr(o) in in_ptrs for o in held_items):
                 raise PlanError(f"{self._what}: the op's output aliases an operand")
             self._hold(name, held, sum(nbytes(o) for o in held_items))
+        elif held is not None:  # counted as a new tensor, as the schedule does; the operand's bytes go at its free
+            self._hold(name, held, nbytes(held))
         aux_items = attrs.get("aux", ())
         if first and aux_items:
             aux_out = tuple(outs[k] for k in aux_items)
             self._hold(f"{name}.aux", aux_out, sum(nbytes(a) for a in aux_out))
-        updates = attrs.get("updates", ())
         dropped = aten_call.dropped_bytes(outs, keep, aux_items) if len(outs) > 1 or keep is not None else 0
+        kept = (*aten_call.held_items(keep), *aux_items) if updates else ()
         if dropped:
             with self.ledger.transient(dropped, label=f"{name} (dropped outputs)"):
-                self._apply_updates(first, outs, updates)
+                self._apply_updates(first, outs, updates, kept)
         elif updates:  # nothing dropped: the updates add nothing to the count
-            self._apply_updates(first, outs, updates)
+            self._apply_updates(first, outs, updates, kept)
         return held, outs
 
-    def _apply_updates(self, first: bool, outs: list, updates) -> None:
+    def _apply_updates(self, first: bool, outs: list, updates, kept=()) -> None:
+        """`kept`: the output items the node holds (or keeps as aux); any other gradient dies with the update."""
         for u in updates:
             value = aten_call.update_value(outs, u)
             if "param" in u:
-                self.optim.update(u["param"], self._params[u["param"]], value)
+                scratch = not u.get("view") and (u.get("item") or 0) not in kept and inplace.sole_owner(value)
+                self.optim.update(u["param"], self._params[u["param"]], value, scratch)
             elif first:  # a recompute never updates running statistics again
                 self._buffers[u["buffer"]].copy_(value)
 
@@ -285,7 +331,8 @@ class Runtime:
 
     def free(self, name: str) -> None:
         self._begin_op(("free '{}'", name))
-        self._require(name)
+        if self._live.get(name).__class__ is not _Overwritten:
+            self._require(name)
         if self.store.writing(name):  # a page-out still writing it lets go first: the bytes go when the ledger's do
             self._waited(lambda: self.store.wait(name))
         self.ledger.release(name)

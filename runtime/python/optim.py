@@ -58,11 +58,12 @@ class Optimizer:
         return {f"optim/{p}/{s}": t.numel() * t.element_size() for p, st in self.state.items() for s, t in st.items()}
 
     @torch.no_grad()
-    def update(self, name: str, param: Tensor, grad: Tensor) -> None:
+    def update(self, name: str, param: Tensor, grad: Tensor, grad_is_scratch: bool = False) -> None:
+        """`grad_is_scratch`: nothing reads the gradient after this update, so SGD may add into it."""
         c, st = self.config, self.state[name]
         if self.name == "sgd":
             _sgd(param, grad, st.get("momentum"), c["lr"], c.get("momentum", 0.0), c.get("weight_decay", 0.0),
-                 c.get("nesterov", False))
+                 c.get("nesterov", False), grad_is_scratch)
             return
         beta1, beta2 = c.get("betas", (0.9, 0.999))
         _adam.adam([param], [grad], [st["exp_avg"]], [st["exp_avg_sq"]], [], [st["step"]], foreach=False,
@@ -73,12 +74,13 @@ class Optimizer:
 
 
 def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, lr: float, momentum: float, weight_decay: float,
-         nesterov: bool) -> None:
+         nesterov: bool, grad_is_scratch: bool = False) -> None:
     """torch's `_single_tensor_sgd` (dampening 0): the buffer starts at zeros, so the first step's
-    buf = 0*m + d equals torch's clone(d) exactly."""
+    buf = 0*m + d equals torch's clone(d) exactly. A gradient nothing reads afterwards takes the weight decay
+    in place (the same add, without a parameter-sized temporary)."""
     d = grad
     if weight_decay != 0:
-        d = d.add(param, alpha=weight_decay)
+        d = d.add_(param, alpha=weight_decay) if grad_is_scratch else d.add(param, alpha=weight_decay)
     if momentum != 0:
         buf.mul_(momentum).add_(d, alpha=1)
         d = d.add(buf, alpha=momentum) if nesterov else buf

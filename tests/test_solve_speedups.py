@@ -343,3 +343,32 @@ def test_phased_solve_reports_a_proven_bound():
     assert "LNS" in info.get("notice", "")
     assert info["bound"] <= info["objective"] and s.report.energy_j <= info["objective"] * (1 + 1e-12)
     assert s.report.peak_bytes <= G.min
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    return Graph("resnet18")
+
+
+@pytest.mark.parametrize("frac, repaired", [(0.3, True), (0.5, True), (0.7, False)])
+def test_rounded_recompute_only_start(resnet18, frac, repaired):
+    """The restriction's LP rounded (and, where the rounding overflows a stage, repaired by the sub-MIP over the
+    overflowing stages' tensors): a schedule of the full model that pages nothing, replays in the validator at the
+    MILP's energy within the budget, comes out the same twice, and costs less than the restriction's first MIP
+    schedule (the probe's feasibility-jump draw) on ResNet-18 at batch 2."""
+    from edgetrain.compiler.scheduling.rounding import recompute_start
+    from edgetrain.compiler.scheduling.search import recompute_only
+
+    G, b = resnet18, resnet18.budget(frac)
+    pm = build_poet(G.g, G.lv, TARGET, b)
+    r = recompute_start(pm, G.lv, 60, threads=1)
+    assert r.values is not None and pm.milp.is_feasible(r.values)
+    assert (r.repaired == "first schedule") is repaired and (r.overflow > 0) is repaired
+    assert not any(r.values[j] > 0.5 for j in list(pm.PO.values()) + list(pm.P.values()))
+    assert r.lp <= r.objective and r.objective == pytest.approx(pm.milp.objective(r.values), rel=1e-12)
+    rep = validate(G.g, build_steps(G.g, G.lv, pm.decisions(r.values, G.lv)), TARGET, b)
+    assert math.isclose(rep.energy_j, r.objective, rel_tol=1e-9) and rep.peak_bytes <= b
+    again = recompute_start(pm, G.lv, 60, threads=1)
+    assert np.array_equal(again.values, r.values)
+    draw = highs.solve(recompute_only(pm), time_limit=60, threads=1, solutions=1)
+    assert draw.values is not None and r.objective < draw.objective

@@ -197,35 +197,34 @@ def test_greedy_keep_beats_paging_everything_on_resnet18():
 @pytest.mark.parametrize("name", ["mcu_resnet", "small_cnn"])
 def test_best_start_is_never_worse_than_one_greedy_and_is_deterministic(name, frac, request):
     """Every drop order and the refill validate within the budget; the best is the cheapest of them, never
-    above the single default-order greedy, and the same on a second run."""
+    above the first order's greedy alone, and the same on a second run."""
     from edgetrain.compiler.scheduling import warmstart as W
 
     G = request.getfixturevalue(name)
     b = G.budget(frac)
     for paging in (True, False):
-        one = W.greedy_keep(G.g, G.lv, TARGET, b, paging=paging, retain=True)
+        one = W._greedy(G.g, G.lv, TARGET, b, paging, True, *W.RUNS[0])
         best, info = W.best_start(G.g, G.lv, TARGET, b, paging=paging)
         if one is None:
             assert best is None or validate(G.g, build_steps(G.g, G.lv, best.decisions), TARGET, b)
             continue
-        single = validate(G.g, build_steps(G.g, G.lv, one), TARGET, b).energy_j
+        single = validate(G.g, build_steps(G.g, G.lv, one.decisions), TARGET, b).energy_j
         rep = validate(G.g, build_steps(G.g, G.lv, best.decisions), TARGET, b)  # raises if over the budget
         assert rep.energy_j == pytest.approx(best.energy_j, rel=1e-12) == info["energy_j"]
         assert best.energy_j <= single * (1 + 1e-12)
-        assert info["starts"] == info["of"] == 1 + len(W.JITTER_SEEDS) + len(W.ORDERS) and info["evaluations"] > 0
+        assert info["starts"] == info["of"] == len(W.RUNS) and info["evaluations"] > 0
         again, info2 = W.best_start(G.g, G.lv, TARGET, b, paging=paging)
         assert again.energy_j == best.energy_j and again.keep == best.keep and info2["order"] == info["order"]
         assert again.decisions == best.decisions
 
 
 def test_a_spent_time_share_runs_only_the_first_cheap_order(small_cnn):
-    """With no time left after the first order, only it runs: a jitter covering the excess at once, not the
-    dearer one-tensor-at-a-time default."""
+    """With no time left after the first order, only it runs: a jitter covering the excess at once."""
     from edgetrain.compiler.scheduling import warmstart as W
 
     G = small_cnn
     best, info = W.best_start(G.g, G.lv, TARGET, G.budget(0.5), seconds=0.0)
-    assert info["starts"] == 1 and info["of"] == 1 + len(W.JITTER_SEEDS) + len(W.ORDERS)
+    assert info["starts"] == 1 and info["of"] == len(W.RUNS)
     assert best is not None and best.order.startswith(f"bytes-per-joule~{W.JITTER_SEEDS[0]}/batch")
 
 

@@ -197,35 +197,34 @@ def test_greedy_keep_beats_paging_everything_on_resnet18():
 @pytest.mark.parametrize("name", ["mcu_resnet", "small_cnn"])
 def test_best_start_is_never_worse_than_one_greedy_and_is_deterministic(name, frac, request):
     """Every drop order and the refill validate within the budget; the best is the cheapest of them, never
-    above the single default-order greedy, and the same on a second run."""
+    above the first order's greedy alone, and the same on a second run."""
     from edgetrain.compiler.scheduling import warmstart as W
 
     G = request.getfixturevalue(name)
     b = G.budget(frac)
     for paging in (True, False):
-        one = W.greedy_keep(G.g, G.lv, TARGET, b, paging=paging, retain=True)
+        one = W._greedy(G.g, G.lv, TARGET, b, paging, True, *W.RUNS[0])
         best, info = W.best_start(G.g, G.lv, TARGET, b, paging=paging)
         if one is None:
             assert best is None or validate(G.g, build_steps(G.g, G.lv, best.decisions), TARGET, b)
             continue
-        single = validate(G.g, build_steps(G.g, G.lv, one), TARGET, b).energy_j
+        single = validate(G.g, build_steps(G.g, G.lv, one.decisions), TARGET, b).energy_j
         rep = validate(G.g, build_steps(G.g, G.lv, best.decisions), TARGET, b)  # raises if over the budget
         assert rep.energy_j == pytest.approx(best.energy_j, rel=1e-12) == info["energy_j"]
         assert best.energy_j <= single * (1 + 1e-12)
-        assert info["starts"] == info["of"] == 1 + len(W.JITTER_SEEDS) + len(W.ORDERS) and info["evaluations"] > 0
+        assert info["starts"] == info["of"] == len(W.RUNS) and info["evaluations"] > 0
         again, info2 = W.best_start(G.g, G.lv, TARGET, b, paging=paging)
         assert again.energy_j == best.energy_j and again.keep == best.keep and info2["order"] == info["order"]
         assert again.decisions == best.decisions
 
 
 def test_a_spent_time_share_runs_only_the_first_cheap_order(small_cnn):
-    """With no time left after the first order, only it runs: a jitter covering the excess at once, not the
-    dearer one-tensor-at-a-time default."""
+    """With no time left after the first order, only it runs: a jitter covering the excess at once."""
     from edgetrain.compiler.scheduling import warmstart as W
 
     G = small_cnn
     best, info = W.best_start(G.g, G.lv, TARGET, G.budget(0.5), seconds=0.0)
-    assert info["starts"] == 1 and info["of"] == 1 + len(W.JITTER_SEEDS) + len(W.ORDERS)
+    assert info["starts"] == 1 and info["of"] == len(W.RUNS)
     assert best is not None and best.order.startswith(f"bytes-per-joule~{W.JITTER_SEEDS[0]}/batch")
 
 
@@ -343,3 +342,32 @@ def test_phased_solve_reports_a_proven_bound():
     assert "LNS" in info.get("notice", "")
     assert info["bound"] <= info["objective"] and s.report.energy_j <= info["objective"] * (1 + 1e-12)
     assert s.report.peak_bytes <= G.min
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    return Graph("resnet18")
+
+
+@pytest.mark.parametrize("frac, repaired", [(0.3, True), (0.5, True), (0.7, False)])
+def test_rounded_recompute_only_start(resnet18, frac, repaired):
+    """The restriction's LP rounded (and, where the rounding overflows a stage, repaired by the sub-MIP over the
+    overflowing stages' tensors): a schedule of the full model that pages nothing, replays in the validator at the
+    MILP's energy within the budget, comes out the same twice, and costs less than the restriction's first MIP
+    schedule (the probe's feasibility-jump draw) on ResNet-18 at batch 2."""
+    from edgetrain.compiler.scheduling.rounding import recompute_start
+    from edgetrain.compiler.scheduling.search import recompute_only
+
+    G, b = resnet18, resnet18.budget(frac)
+    pm = build_poet(G.g, G.lv, TARGET, b)
+    r = recompute_start(pm, G.lv, 60, threads=1)
+    assert r.values is not None and pm.milp.is_feasible(r.values)
+    assert (r.repaired == "first schedule") is repaired and (r.overflow > 0) is repaired
+    assert not any(r.values[j] > 0.5 for j in list(pm.PO.values()) + list(pm.P.values()))
+    assert r.lp <= r.objective and r.objective == pytest.approx(pm.milp.objective(r.values), rel=1e-12)
+    rep = validate(G.g, build_steps(G.g, G.lv, pm.decisions(r.values, G.lv)), TARGET, b)
+    assert math.isclose(rep.energy_j, r.objective, rel_tol=1e-9) and rep.peak_bytes <= b
+    again = recompute_start(pm, G.lv, 60, threads=1)
+    assert np.array_equal(again.values, r.values)
+    draw = highs.solve(recompute_only(pm), time_limit=60, threads=1, solutions=1)
+    assert draw.values is not None and r.objective < draw.objective

@@ -10,14 +10,16 @@ import numpy as np
 from edgetrain.compiler.graph.liveness import Liveness
 
 from .poet import PoetModel, without_redundant_holds
+from .rounding import recompute_start
 from .search import improve, recompute_only
 
 # Share of the time limit for the first full solve: its bound and the search's first incumbent. Measurements
 # behind this and the constants below: docs/solver.md.
 FIRST_SHARE = 0.2
-# Far from proven (gap above PROBE_GAP), the recompute-only restriction, an easier MIP, is solved for at most
-# PROBE_SHARE of the time (taken from the search) as a better start. Near a proof it finds worse than the first
-# solve's incumbent, and at the smallest budgets it is infeasible: hence the gate.
+# Far from proven (gap above PROBE_GAP), a start from the recompute-only restriction (its LP rounded and repaired,
+# rounding.recompute_start; else, the restriction solved as a MIP) in at most PROBE_SHARE of the time (taken from
+# the search). Near a proof it finds worse than the first solve's incumbent, and at the smallest budgets it is
+# infeasible: hence the gate.
 PROBE_GAP = 0.02
 PROBE_SHARE = 0.15
 # A last solve on the plain model with at most REDO times the first solve's time is skipped (see solve_phased).
@@ -29,7 +31,8 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
                  warm_start: np.ndarray | None, threads: int | None, lns: float, cuts: float = 0.0):
     """Full solve for FIRST_SHARE of the time; if it did not finish, in order:
 
-    - above a PROBE_GAP gap, the recompute-only restriction for at most PROBE_SHARE of the time (a better start);
+    - above a PROBE_GAP gap, a recompute-only start for at most PROBE_SHARE of the time: the restriction's LP rounded
+      and repaired (rounding.recompute_start), or where that finds none, the restriction as a MIP for the rest;
     - `cuts` > 0: window and memory cuts for at most that share (cuts.strengthen). The last solve runs on the model with
       them when their LP alone lifts the bound at least 3/4 of the way from the plain LP to what the first solve
       proved (see _worth_it). Where the LP is too slow for the last solve to re-solve it with them, the cut
@@ -53,17 +56,21 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
     if start is None:
         return first
     search = lns * time_limit
-    probe = None
+    probe, rounding = None, None
     if first.gap is not None and first.gap > PROBE_GAP and pm.PO:
-        # Far from proven: try the recompute-only restriction (page-outs fixed at 0; an easier MIP whose schedules
-        # are schedules of the full model) for a better start, in the search's time.
+        # Far from proven: a start from the recompute-only restriction (page-outs fixed at 0; its schedules are
+        # schedules of the full model), in the search's time. Its LP rounded first (deterministic); the
+        # restriction as a MIP (feasibility jump's draw, by the seed) only where that finds nothing.
         began = time.perf_counter()
-        probe = solve_with(solver, recompute_only(pm), time_limit=PROBE_SHARE * time_limit,
-                           mip_gap=mip_gap, threads=threads)
+        rounding = recompute_start(pm, lv, PROBE_SHARE * time_limit, threads=threads)
+        found = rounding.values
+        left = PROBE_SHARE * time_limit - (time.perf_counter() - began)
+        if found is None and left > 1.0:
+            probe = solve_with(solver, recompute_only(pm), time_limit=left, mip_gap=mip_gap, threads=threads)
+            found = probe.values
         search = max(search - (time.perf_counter() - began), 0.0)
-        if probe.values is not None and pm.milp.is_feasible(probe.values) and \
-                pm.milp.objective(probe.values) < pm.milp.objective(start):
-            start = probe.values
+        if found is not None and pm.milp.is_feasible(found) and pm.milp.objective(found) < pm.milp.objective(start):
+            start = found
     # What the last solve gets: the rest of the time after the search and the cuts' shares.
     reserve = max(time_limit - (time.perf_counter() - t0) - search - cuts * time_limit, 0.0)
     final, report, bounds, cut_off = pm, None, [first.bound], False
@@ -108,6 +115,8 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
     out = replace(last, values=values, objective=objective, bound=bound, gap=gap, status=status,
                   seconds=time.perf_counter() - t0)
     notes = [out.notice]
+    if rounding is not None:
+        notes.append(rounding.note())
     if probe is not None:
         found = "no schedule" if probe.objective is None else f"{probe.objective:.6g} J"
         notes.append(f"recompute-only probe: {probe.status}, {found}, {probe.seconds:.1f} s")

@@ -66,8 +66,12 @@ def _lp(m: SparseMILP, scale: float, integer: bool) -> highspy.HighsLp:
 
 
 def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, warm_start: np.ndarray | None = None,
-          threads: int | None = None) -> SolveResult:
+          threads: int | None = None, solutions: int | None = None) -> SolveResult:
+    """`solutions`: stop after that many improving schedules (a rule that, unlike a time limit, does not depend on
+    the machine's speed)."""
     h = _highs(threads, time_limit)
+    if solutions:
+        h.setOptionValue("mip_max_improving_sols", int(solutions))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     h.setOptionValue("mip_abs_gap", 0.0)  # energies can be ~1e-6 J: an absolute gap would hide a relative one
     scale = objective_scale(np.asarray(m.cost, dtype=np.float64))

@@ -22,7 +22,6 @@ from math import prod
 import networkx as nx
 import torch
 import torch.fx as fx
-from torch.utils.flop_counter import flop_registry
 
 from edgetrain.runtime.python.aten_call import dropped_bytes
 from edgetrain.runtime.python.optim import update_flops_per_element
@@ -30,46 +29,12 @@ from edgetrain.runtime.python.optim import update_flops_per_element
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.frontend.capture import JointCapture
 
+from .aten_node import ALIASES, dtype_name, is_view, literal, numel, op_flops, op_name, op_scratch, spec_of
 from .fusion import fuse_updates, remap_operands as _remap
-from .ir import DTYPE_BYTES, Node, OptimizerConfig, TensorRef, TensorSpec, TrainingGraph
-from .workspace import WITH_SCRATCH, kernel_scratch_bytes
+from .ir import Node, OptimizerConfig, TensorRef, TrainingGraph
 
-_ALIASES = {"aten.detach.default", "aten.alias.default"}
-_VIEWS = {"aten._unsafe_view.default"}  # a view torch's schema does not mark as one
 _AUX_SHARE = 8  # a side output at most 1/8 of the op's main output may ride along as aux
 _RANDOM = ("native_dropout", "bernoulli", "rand_like", "randn_like", "randint_like")
-
-
-def _dtype(t) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
-def _spec(t) -> TensorSpec:
-    dt = _dtype(t)
-    if dt not in DTYPE_BYTES:
-        raise UnsupportedModelError(f"tensors of dtype {dt} are not supported (supported: {', '.join(DTYPE_BYTES)})")
-    return TensorSpec(tuple(int(s) for s in t.shape), dt)
-
-
-def _numel(t) -> int:
-    return prod(int(s) for s in t.shape) if isinstance(t, torch.Tensor) else 0
-
-
-def _literal(a, where: str):
-    """A non-tensor argument as JSON."""
-    if a is None or isinstance(a, (bool, int, float, str)):
-        return a
-    if isinstance(a, (list, tuple)):
-        return [_literal(x, where) for x in a]
-    if isinstance(a, torch.dtype):
-        return {"$dtype": str(a).removeprefix("torch.")}
-    if isinstance(a, torch.device):
-        return {"$device": str(a)}
-    if isinstance(a, torch.layout):
-        return {"$layout": str(a).removeprefix("torch.")}
-    if isinstance(a, torch.memory_format):
-        return {"$mf": str(a).removeprefix("torch.")}
-    raise UnsupportedModelError(f"{where}: argument {a!r} of type {type(a).__name__} cannot be written to a plan")
 
 
 @dataclass
@@ -100,15 +65,6 @@ class _Op:
     kind: str = "forward"
 
 
-def _opname(target) -> str:
-    return f"aten.{target._schema.name.split('::')[1]}.{target._overloadname}" if hasattr(target, "_schema") else str(target)
-
-
-def _is_view(target) -> bool:
-    name = _opname(target)
-    return name in _ALIASES or name in _VIEWS or bool(getattr(target, "is_view", False))
-
-
 class _Builder:
     def __init__(self, cap: JointCapture) -> None:
         self.cap = cap
@@ -134,12 +90,12 @@ class _Builder:
                     self.ref[n.name] = _Out(base.node, k)
                 else:  # an item of a list of views (split, unbind)
                     self.ref[n.name] = self._viewed(base, ("item", k))
-            elif n.op == "call_function" and _is_view(n.target):
+            elif n.op == "call_function" and is_view(n.target):
                 base = self.ref[n.args[0].name] if isinstance(n.args[0], fx.Node) else None
                 if base is None:
                     raise UnsupportedModelError(f"view {n.name} of a non-tensor")
-                name = _opname(n.target)
-                view = () if name in _ALIASES else ((name, tuple(_tuplify(_literal(a, n.name)) for a in n.args[1:])),)
+                name = op_name(n.target)
+                view = () if name in ALIASES else ((name, tuple(_tuplify(literal(a, n.name)) for a in n.args[1:])),)
                 if n.kwargs:
                     raise UnsupportedModelError(f"view op {name} with keyword arguments at node {n.name}")
                 self.ref[n.name] = self._viewed(base, *view) if view else base
@@ -173,12 +129,12 @@ class _Builder:
                     raise UnsupportedModelError(f"node {n.name}: operand {a.name} is not a tensor")
                 val = a.meta.get("val")
                 if isinstance(val, torch.Tensor) and val.numel() == 0:  # no data: made where it is read
-                    return {"$empty": list(val.shape), "dtype": _dtype(val)}
+                    return {"$empty": list(val.shape), "dtype": dtype_name(val)}
                 operands.append(r)
                 return {"$t": len(operands) - 1}
             if isinstance(a, (list, tuple)) and any(isinstance(x, fx.Node) for x in a):
                 return [marker(x) for x in a]
-            return _literal(a, f"node {n.name} ({_opname(n.target)})")
+            return literal(a, f"node {n.name} ({op_name(n.target)})")
 
         args = [marker(a) for a in n.args]
         kwargs = {k: marker(v) for k, v in n.kwargs.items()}
@@ -272,9 +228,9 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
     # input first; labels right before the first node that reads them.
     x_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[0]).meta["val"]
     y_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[1]).meta["val"]
-    input_node = Node(name="input", kind="input", op="input", shape=_spec(x_val).shape, dtype=_dtype(x_val),
+    input_node = Node(name="input", kind="input", op="input", shape=spec_of(x_val).shape, dtype=dtype_name(x_val),
                       source="the data batch")
-    labels_node = Node(name="labels", kind="labels", op="labels", shape=_spec(y_val).shape, dtype=_dtype(y_val),
+    labels_node = Node(name="labels", kind="labels", op="labels", shape=spec_of(y_val).shape, dtype=dtype_name(y_val),
                        source="the data batch")
     first_label = next((i for i, n in enumerate(nodes) if any(r.name == "labels" for r in n.inputs)), len(nodes))
     nodes = [input_node] + nodes[:first_label] + [labels_node] + nodes[first_label:]
@@ -282,11 +238,11 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
     model_params = {}
     for ph, p in cap.params.items():
         val = next(n for n in cap.gm.graph.nodes if n.name == ph).meta["val"]
-        model_params[p] = _spec(val)
+        model_params[p] = spec_of(val)
     model_buffers = {}
     for ph, buf in cap.buffers.items():
         val = next(n for n in cap.gm.graph.nodes if n.name == ph).meta.get("val")
-        model_buffers[buf] = _spec(val if val is not None else cap.constants[buf])
+        model_buffers[buf] = spec_of(val if val is not None else cap.constants[buf])
     trainable = tuple(p for p in model_params if p in set(cap.grads.values()))
     # A node that completes gradients also runs their optimizer steps: their arithmetic is part of its cost.
     per_element = update_flops_per_element(optimizer.to_json())
@@ -307,7 +263,7 @@ def _read_running_stats_from_buffers(ops: dict[str, _Op], updates: dict[str, lis
     new_value = {(node, u["item"]): u["buffer"] for node, us in updates.items() for u in us
                  if "buffer" in u and not u.get("view")}
     for name, op in ops.items():
-        if _opname(op.fx.target) != _BN_BACKWARD or op.args[7] is not True:
+        if op_name(op.fx.target) != _BN_BACKWARD or op.args[7] is not True:
             continue
         by_buffer: dict[int, str] = {}
         for pos in (3, 4):  # running_mean, running_var
@@ -359,40 +315,6 @@ def _state_names(op: _Op, key: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _flops(op: _Op, outs: list) -> int:
-    target = op.fx.target
-    formula = flop_registry.get(getattr(target, "overloadpacket", target))
-    if formula is not None:
-        def val(a):
-            return a.meta.get("val") if isinstance(a, fx.Node) else [val(x) for x in a] if isinstance(a, (list, tuple)) else a
-
-        try:
-            args = [val(a) for a in op.fx.args]
-            kwargs = {k: val(v) for k, v in op.fx.kwargs.items()}
-            out = op.fx.meta.get("val")
-            return int(formula(*args, out_val=out, **kwargs))
-        except Exception:  # a formula that does not take this overload's arguments: the generic rule
-            pass
-    read = sum(_numel(a.meta.get("val")) for a in op.fx.all_input_nodes)
-    return read + sum(_numel(o) for o in outs)
-
-
-def _scratch(op: _Op) -> int:
-    """The op's kernel scratch (workspace.py), from its operands' shapes."""
-    name = _opname(op.fx.target)
-    if name not in WITH_SCRATCH:
-        return 0
-
-    def spec(a):
-        v = a.meta.get("val") if isinstance(a, fx.Node) else a
-        return _spec(v) if isinstance(v, torch.Tensor) else v
-
-    out = op.fx.meta.get("val")
-    out = out[0] if isinstance(out, (tuple, list)) else out
-    out_bytes = _spec(out).bytes if isinstance(out, torch.Tensor) else 0
-    return kernel_scratch_bytes(name, [spec(a) for a in op.fx.args], out_bytes)
-
-
 def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, loss_ref: _Out,
            cap: JointCapture, seed_keys: dict[str, str], kernel_scratch: bool = True) -> list[Node]:
     """One Node per op (two or more for a forward op whose large outputs are read apart)."""
@@ -425,8 +347,8 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 for j, k in enumerate(read):
                     held[(name, k)] = (name, (("item", j),))
             continue
-        main = max(read, key=lambda k: _numel(outs[k]))
-        small = [k for k in read if k != main and _numel(outs[k]) * _AUX_SHARE <= _numel(outs[main])]
+        main = max(read, key=lambda k: numel(outs[k]))
+        small = [k for k in read if k != main and numel(outs[k]) * _AUX_SHARE <= numel(outs[main])]
         readers = {r for k in small for r in op.readers[k]}
         aux_ok = small and len(readers) == 1 and all(ops[r].kind == "backward" for r in readers) \
             and next(iter(readers)) not in aux_of_reader
@@ -453,8 +375,8 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
     for name in ordered:
         op = ops[name]
         outs = _outputs(op)
-        flops = _flops(op, outs)
-        opname = _opname(op.fx.target)
+        flops = op_flops(op.fx, outs)
+        opname = op_name(op.fx.target)
         aux_from = aux_of_reader.get(name)
         operands = []
         args, kwargs = op.args, op.kwargs
@@ -476,22 +398,22 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
         params = tuple(_state_names(op, "$p"))
         buffers = tuple(_state_names(op, "$b"))
         ups = updates.get(name, [])
-        scratch = _scratch(op) if kernel_scratch else 0
+        scratch = op_scratch(op.fx) if kernel_scratch else 0
         for part_i, part in enumerate(plan[name]):
             keep = part["keep"]
             if keep == "none":
                 shape, dtype, items = None, "float32", None
             elif keep is None:
-                spec = _spec(outs[0])
+                spec = spec_of(outs[0])
                 shape, dtype, items = spec.shape, spec.dtype, None
             elif isinstance(keep, list):
                 shape, dtype = None, "float32"
-                items = tuple(_spec(outs[k]) for k in keep) if keep else None
+                items = tuple(spec_of(outs[k]) for k in keep) if keep else None
             else:
-                spec = _spec(outs[keep])
+                spec = spec_of(outs[keep])
                 shape, dtype, items = spec.shape, spec.dtype, None
             dropped = dropped_bytes(outs, keep, part["aux"])
-            aux_bytes = sum(_spec(outs[k]).bytes for k in part["aux"])
+            aux_bytes = sum(spec_of(outs[k]).bytes for k in part["aux"])
             attrs: dict = {"args": args, **({"kwargs": kwargs} if kwargs else {})}
             if keep is not None:  # None: the op's single result (the runtime's default)
                 attrs["keep"] = keep
@@ -528,8 +450,8 @@ def _source(op: _Op, ops: dict[str, _Op], sources: dict[str, str], updated: set[
     owner = next((o for o in forward if params & set(_state_names(o, "$p"))), None)
     if owner is None:
         read = [ops[r.node] for r in op.operands if r.node in ops and ops[r.node].kind == "forward"]
-        name = _opname(op.fx.target).split(".")[1]
-        owner = next((o for o in read if name.startswith(_opname(o.fx.target).split(".")[1])), None) \
+        name = op_name(op.fx.target).split(".")[1]
+        owner = next((o for o in read if name.startswith(op_name(o.fx.target).split(".")[1])), None) \
             or (read[-1] if read else None)
     if owner is None:
         return ""

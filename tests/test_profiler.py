@@ -180,6 +180,20 @@ def test_a_node_carries_the_runtime_work_around_its_op(small_cnn, monkeypatch):
     assert all(v < 0.03 for k, v in times.items() if k != reader)
 
 
+def test_nodes_sum_to_the_fastest_whole_walk(small_cnn, monkeypatch):
+    """What a step spends outside any node (here a begin_step made 50 ms slower) is in the nodes' sum: the minima,
+    taken from different walks, are scaled to the fastest whole walk."""
+    from edgetrain.runtime.python.executor import Runtime
+
+    real_begin = Runtime.begin_step
+    monkeypatch.setattr(Runtime, "begin_step", lambda self, x, y: _spin(0.05) or real_begin(self, x, y))
+    slow = profile_nodes(small_cnn, repeats=3, warmup=1, min_walk_s=0.0)
+    monkeypatch.setattr(Runtime, "begin_step", real_begin)
+    plain = profile_nodes(small_cnn, repeats=3, warmup=1, min_walk_s=0.0)
+    assert sum(slow.values()) >= 0.05
+    assert sum(slow.values()) - sum(plain.values()) >= 0.04
+
+
 def test_a_small_graph_is_walked_until_the_timed_walks_span_min_walk_s(small_cnn, monkeypatch):
     """Five walks of a small model take milliseconds, one moment of the machine's load: it walks on, up to a cap."""
     import time

@@ -8,7 +8,8 @@ it reads last). A walk is a whole step, made `warmup` untimed and `repeats` time
 until the timed walks span `min_walk_s`), so each op runs among the step's live tensors on freshly allocated
 outputs (an op repeated at once on the same operands reuses the memory it just freed, and ran 1.5-4x faster
 than inside a step). A node's cost is the minimum of its timed runs (the least a busy machine adds; a median
-carries other processes' load into the plan), timed as the CPU time of the one thread that runs it when torch
+carries other processes' load into the plan), scaled so that the nodes sum to the fastest whole walk (minima
+taken from different walks sum below any step that ran), timed as the CPU time of the one thread that runs it when torch
 has one thread, as wall time otherwise. The runtime's per-op cost was once measured apart, on a one-element op:
 8-27 us, where inside a step it is tens to hundreds (views, ledger, frees of large blocks), so it is timed
 where it happens. torch runs with `threads` intra-op threads while profiling (the runtime's `PLAN_THREADS` by
@@ -69,9 +70,10 @@ def _last_use(graph: TrainingGraph) -> dict[str, int]:
 
 
 def _walk(graph: TrainingGraph, rt, frees: list[list[str]], batch, samples: dict[str, list[float]] | None,
-          clock) -> None:
+          clock) -> float:
     """One store-all step through the graph in order on the runtime, each compute and the frees that follow it
-    timed together (appended to `samples`), as a plan's step runs them."""
+    timed together (appended to `samples`), as a plan's step runs them; returns the whole step's time."""
+    began = clock()
     rt.begin_step(*batch)
     for t, n in enumerate(graph.nodes):
         start = clock()
@@ -87,6 +89,7 @@ def _walk(graph: TrainingGraph, rt, frees: list[list[str]], batch, samples: dict
         if samples is not None and n.name in samples:
             samples[n.name].append(clock() - start)
     rt.end_step()
+    return clock() - began
 
 
 def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, overhead: float,
@@ -117,25 +120,33 @@ def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, ov
         del params, buffers  # the runtime holds its own copies
         rt = Runtime(weights, os.path.join(tmp, "pages"), device="cpu", optimizer=graph.optimizer.to_json(),
                      trainable=graph.trainable_params, seed=seed)
-        walk, timed_from = 0, None
+        walk, timed_from, fastest = 0, None, float("inf")
         while walk < warmup + repeats or (time.perf_counter() - timed_from < min_walk_s
                                           and walk < warmup + MAX_REPEATS):
             if walk == warmup:
                 timed_from = time.perf_counter()
             try:
-                _walk(graph, rt, frees, batches[walk % len(batches)], samples if walk >= warmup else None, clock)
+                took = _walk(graph, rt, frees, batches[walk % len(batches)], samples if walk >= warmup else None,
+                             clock)
             except PlanError as e:
                 raise EdgetrainError(f"profiler: {e}") from None
+            if walk >= warmup:
+                fastest = min(fastest, took)
             walk += 1
-    return {k: max(min(v) + overhead, _MIN_S) for k, v in samples.items()}
+    least = {k: min(v) for k, v in samples.items()}
+    # The minima come from different walks: their sum is below any whole step (small_cnn: 7.16 ms against its
+    # fastest walk's 8.05 ms), which also holds the step's own begin and end. Scaled to the fastest walk, the
+    # nodes keep their minima's proportions and sum to a step that ran.
+    scale = max(fastest / sum(least.values()), 1.0) if least and sum(least.values()) > 0 else 1.0
+    return {k: max(v * scale + overhead, _MIN_S) for k, v in least.items()}
 
 
 def profile_nodes(graph: TrainingGraph, repeats: int = 5, seed: int = 0, *, warmup: int = 2,
                   threads: int = PLAN_THREADS, overhead_s: float = 0.0, min_walk_s: float = 1.0) -> dict[str, float]:
     """Seconds of each compute node of `graph` (input and labels are not computed, so not listed): the
-    minimum of `repeats` timed runs after `warmup` untimed ones (more, up to MAX_REPEATS, until the timed walks
-    span `min_walk_s`: five walks of a small model take milliseconds, all inside one moment of the machine's
-    load), with `threads` intra-op threads, plus `overhead_s` (a cost the walk does not see, if one is known)."""
+    minimum of `repeats` timed runs after `warmup` untimed ones, scaled so the nodes sum to the fastest timed
+    walk (more walks, up to MAX_REPEATS, until the timed walks span `min_walk_s`: five walks of a small model take
+    milliseconds, all inside one moment of the machine's load), with `threads` intra-op threads, plus `overhead_s` (a cost the walk does not see, if one is known)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if threads < 1:

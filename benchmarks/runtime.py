@@ -59,6 +59,24 @@ def _torch_step(model, opt, x, y) -> None:
     opt.step()
 
 
+def plan_runtime(body: dict, out: str, pages: str) -> Runtime:
+    """A CPU runtime for the compiled plan in `out` (its weights and the schedule's SGD), paging into `pages`."""
+    opt_cfg = body["graph"]["optimizer"]
+    return Runtime(os.path.join(out, "weights.safetensors"), pages, device="cpu", lr=opt_cfg["lr"],
+                   momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"], seed=body["seed"])
+
+
+def pytorch_side(body: dict, out: str):
+    """(the model as written with the plan's weights, in training mode; torch.optim.SGD with the plan's settings)."""
+    torch.manual_seed(body["seed"])
+    spec, opt_cfg = body["model"], body["graph"]["optimizer"]
+    ref = resolve(spec["spec"], **spec["kwargs"]).module
+    load_weights(ref, os.path.join(out, "weights.safetensors"))
+    ref.train()
+    return ref, torch.optim.SGD(ref.parameters(), lr=opt_cfg["lr"], momentum=opt_cfg["momentum"],
+                                weight_decay=opt_cfg["weight_decay"])
+
+
 def _plan(model: str, budget: str, overlap: str, args, work: str) -> tuple[dict, str]:
     out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}-{overlap}")
     if not os.path.exists(os.path.join(out, "plan.py")):  # one compile per (model, budget, overlap)
@@ -93,21 +111,13 @@ def bench(model: str, budget: str, threads: int, overlaps: list[str], args, work
             for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
                 row[key] = sum(st["action"] == action for st in body["steps"])
             row["predicted_s"] = body["predicted"]["time_s"]  # the target's figure: a step's time on that device
-            opt_cfg = body["graph"]["optimizer"]
             pages = os.path.join(work, f"pages-{overlap}-{len(runs)}")
-            rt = Runtime(os.path.join(out, "weights.safetensors"), pages, device="cpu", lr=opt_cfg["lr"],
-                         momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"], seed=body["seed"])
+            rt = plan_runtime(body, out, pages)
             if store != "this":
                 rt.store = _other_store(store)(pages)
             rows.append(row)
             runs.append((load_plan(out), rt, [], [], []))
-    torch.manual_seed(body["seed"])
-    spec = body["model"]
-    ref = resolve(spec["spec"], **spec["kwargs"]).module
-    load_weights(ref, os.path.join(out, "weights.safetensors"))
-    ref.train()
-    opt = torch.optim.SGD(ref.parameters(), lr=opt_cfg["lr"], momentum=opt_cfg["momentum"],
-                          weight_decay=opt_cfg["weight_decay"])
+    ref, opt = pytorch_side(body, out)
     t_pt, c_pt = [], []
     for k, (x, y) in enumerate(schedule_batches(body, "random", args.warmup + args.steps, seed=1)):
         turn = [*range(len(runs)), None]

@@ -29,13 +29,11 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from benchmarks.runtime import _torch_step  # noqa: E402
-from edgetrain.compiler.frontend.modelspec import resolve  # noqa: E402
+from benchmarks.runtime import _torch_step, plan_runtime, pytorch_side  # noqa: E402
 from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
 from edgetrain.compiler.schedule_file import format as schedule_format  # noqa: E402
-from edgetrain.compiler.workbench.reference import load_weights  # noqa: E402
 from edgetrain.compiler.workbench.run import schedule_batches  # noqa: E402
-from edgetrain.runtime.python import Runtime, load_plan  # noqa: E402
+from edgetrain.runtime.python import load_plan  # noqa: E402
 
 
 def _profiled(fn) -> tuple[float, dict[str, tuple[float, int]]]:
@@ -53,15 +51,9 @@ def profile_model(model: str, budget: str, args, work: str) -> dict:
     compile_model(CompileOptions(model=model, target="rpi4", budget=budget, out=out, batch_size=8,
                                  time_limit=args.time_limit))
     body = schedule_format.load(out)
-    opt_cfg = body["graph"]["optimizer"]
-    sgd = {k: opt_cfg[k] for k in ("lr", "momentum", "weight_decay")}
-    rt = Runtime(os.path.join(out, "weights.safetensors"), os.path.join(work, "pages"), device="cpu",
-                 seed=body["seed"], **sgd)
+    rt = plan_runtime(body, out, os.path.join(work, "pages"))
     plan = load_plan(out)
-    ref = resolve(body["model"]["spec"], **body["model"]["kwargs"]).module
-    load_weights(ref, os.path.join(out, "weights.safetensors"))
-    ref.train()
-    opt = torch.optim.SGD(ref.parameters(), **sgd)
+    ref, opt = pytorch_side(body, out)
 
     def runtime_step(x, y):
         rt.begin_step(x, y)

@@ -9,9 +9,10 @@ import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
 from edgetrain.compiler.errors import UnsupportedModelError
+from edgetrain.runtime.python.kernel_scratch import WITH_SCRATCH
 
 from .ir import DTYPE_BYTES, TensorSpec
-from .workspace import WITH_SCRATCH, kernel_scratch_bytes
+from .workspace import kernel_scratch_bytes
 
 ALIASES = {"aten.detach.default", "aten.alias.default"}
 VIEWS = {"aten._unsafe_view.default"}  # a view torch's schema does not mark as one

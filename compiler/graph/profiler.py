@@ -146,7 +146,8 @@ def profile_nodes(graph: TrainingGraph, repeats: int = 5, seed: int = 0, *, warm
     """Seconds of each compute node of `graph` (input and labels are not computed, so not listed): the
     minimum of `repeats` timed runs after `warmup` untimed ones, scaled so the nodes sum to the fastest timed
     walk (more walks, up to MAX_REPEATS, until the timed walks span `min_walk_s`: five walks of a small model take
-    milliseconds, all inside one moment of the machine's load), with `threads` intra-op threads, plus `overhead_s` (a cost the walk does not see, if one is known)."""
+    milliseconds, all inside one moment of the machine's load), with `threads` intra-op threads, plus
+    `overhead_s` (a cost the walk does not see, if one is known)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if threads < 1:

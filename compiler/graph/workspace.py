@@ -14,20 +14,17 @@ resident-set high-water growth over each node of the zoo's models and over singl
 
 Batch 1 and pointwise convolutions measured far less than the rule (oneDNN then keeps the plain layout): the
 rule stays an upper bound rather than follow each of oneDNN's choices. Plans are compiled for the runtime's
-plan thread count (runtime/python/threads.py: 1), which `edgetrain run` pins for every plan it trains on the CPU. The term is for the targets torch's kernels train on (Raspberry Pi, Jetson,
-host: `applies`); the C runtime's kernels have no scratch (`c_lower.py` sets every workspace to the streamed
-weights alone), and a microcontroller profile's graph has none even in a Python plan.
+plan thread count (runtime/python/threads.py: 1), which `edgetrain run` pins for every plan it trains on the
+CPU. The term is for the targets torch's kernels train on (Raspberry Pi, Jetson, host: `applies`); the C
+runtime's kernels have no scratch (`c_lower.py` sets every workspace to the streamed weights alone), and a
+microcontroller profile's graph has none even in a Python plan.
 """
 from __future__ import annotations
 
-from edgetrain.runtime.python.kernel_scratch import convolution_backward_scratch, convolution_scratch
+from edgetrain.runtime.python.kernel_scratch import scratch_bytes
 from edgetrain.runtime.python.threads import PLAN_THREADS
 
 from .ir import TensorSpec
-
-CONVOLUTION = "aten.convolution.default"
-CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
-WITH_SCRATCH = (CONVOLUTION, CONVOLUTION_BACKWARD)  # the ops a rule names; every other op's scratch is 0
 
 
 def _bytes(t) -> int:
@@ -43,8 +40,4 @@ def applies(target) -> bool:
 def kernel_scratch_bytes(op: str, args: list, out_bytes: int, threads: int = PLAN_THREADS) -> int:
     """Bytes `op` holds inside its kernel beyond its outputs, run with `threads` intra-op threads; `args` are its
     positional arguments, tensors as TensorSpec; `out_bytes` its (first) output's bytes, as traced."""
-    if op == CONVOLUTION:
-        return convolution_scratch(_bytes(args[0]), _bytes(args[1]), out_bytes, bool(args[6]), threads)
-    if op == CONVOLUTION_BACKWARD:
-        return convolution_backward_scratch(_bytes(args[0]), _bytes(args[1]), _bytes(args[2]), threads)
-    return 0
+    return scratch_bytes(op, args, out_bytes, threads, _bytes)

@@ -29,7 +29,6 @@ from .validator import validate
 ORDERS = {
     "bytes-per-joule": lambda size, cost, uses: size / max(cost * uses, 1e-30),
     "bytes-per-joule-once": lambda size, cost, uses: size / max(cost, 1e-30),
-    "largest": lambda size, cost, uses: float(size),
     "cheapest": lambda size, cost, uses: 1.0 / max(cost * uses, 1e-30),
 }
 JITTER_SEEDS = (1, 2, 3)  # seeded jitters of the default order, each score times exp(U(-0.5, 0.5))
@@ -172,10 +171,9 @@ def best_start(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, pag
     "evaluations", "seconds", "order"}. `seconds`: no further order is started once they have taken that long
     (the first order always runs), so the starts' time stays within a share of a solve's time limit."""
     t0 = time.perf_counter()
-    runs = RUNS
     found: list[Start] = []
     tried, tally = 0, [0]
-    for order, seed, batch in runs:
+    for order, seed, batch in RUNS:
         if tried and seconds is not None and time.perf_counter() - t0 > seconds:
             break
         tried += 1
@@ -184,7 +182,7 @@ def best_start(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, pag
             tally[0] += min(REFILL_TRIES, len(s.dropped))
             found.append(refill(g, lv, target, budget_bytes, s, paging, retain))
     best = min(found, key=lambda s: s.energy_j, default=None)  # the first of equals: the earliest order
-    info = {"starts": tried, "of": len(runs), "evaluations": tally[0],
+    info = {"starts": tried, "of": len(RUNS), "evaluations": tally[0],
             "seconds": time.perf_counter() - t0, "order": best.order if best else None,
             "energy_j": best.energy_j if best else None}
     return best, info

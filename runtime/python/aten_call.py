@@ -137,25 +137,22 @@ def call(op: str, attrs: dict, ins: list, params: dict, buffers: dict, aux, devi
     return outs
 
 
-def held(outs: list, keep):
-    """What the node keeps of its op's outputs: the single result (keep None), one output (an index), a tuple
-    of outputs (a list of indices), or nothing ("none" or [])."""
-    if keep is None:
-        return outs[0]
-    if keep == "none" or keep == []:
-        return None
-    if isinstance(keep, list):
-        return tuple(outs[k] for k in keep)
-    return outs[keep]
-
-
 def held_items(keep) -> tuple:
-    """The output items a node holds, by its `keep` (see `held`)."""
+    """The output items a node holds, by its `keep`: the single result (None), one output (an index), several
+    (a list of indices), or none ("none" or [])."""
     if keep is None:
         return (0,)
     if keep == "none":
         return ()
     return tuple(keep) if isinstance(keep, list) else (keep,)
+
+
+def held(outs: list, keep):
+    """What the node keeps of its op's outputs (`held_items`): a tensor, a tuple of them (a list `keep`), or None."""
+    items = held_items(keep)
+    if not items:
+        return None
+    return tuple(outs[k] for k in items) if isinstance(keep, list) else outs[items[0]]
 
 
 def update_value(outs: list, update: dict):
@@ -172,14 +169,6 @@ def dropped_bytes(outs: list, keep, aux=()) -> int:
     """Bytes of the outputs an op makes and the node drops at once (its transient), the scratch excepted.
     `outs` may be real or fake tensors: the compiler and the runtime count with this one rule."""
     sizes = [o.numel() * o.element_size() if isinstance(o, torch.Tensor) else 0 for o in outs]
-    if keep is None:
-        held_items = {0}
-    elif keep == "none":
-        held_items = set()
-    elif isinstance(keep, list):
-        held_items = set(keep)
-    else:
-        held_items = {keep}
+    kept = {*held_items(keep), *aux}
     largest = max(sizes, default=0)
-    return sum(b for k, b in enumerate(sizes)
-               if k not in held_items and k not in set(aux) and b * SCRATCH_SHARE > largest)
+    return sum(b for k, b in enumerate(sizes) if k not in kept and b * SCRATCH_SHARE > largest)

@@ -15,6 +15,9 @@ Every other op measured no scratch beyond the pages its outputs map.
 """
 from __future__ import annotations
 
+CONVOLUTION = "aten.convolution.default"
+CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
+WITH_SCRATCH = (CONVOLUTION, CONVOLUTION_BACKWARD)  # the ops the rule names; every other op's scratch is 0
 THREAD_BYTES = 64 * 1024  # each intra-op thread past the first: its own blocks of the activations, at most
 SLACK = 8  # 1/SLACK of the activation term more: a convolution's figure moved by 12% of it from run to run
 
@@ -27,3 +30,14 @@ def convolution_scratch(x_bytes: int, w_bytes: int, out_bytes: int, transposed: 
 def convolution_backward_scratch(grad_out_bytes: int, x_bytes: int, w_bytes: int, threads: int) -> int:
     act = 2 * max(x_bytes, grad_out_bytes)
     return threads * w_bytes + act + act // SLACK + (threads - 1) * THREAD_BYTES
+
+
+def scratch_bytes(op: str, args: list, out_bytes: int, threads: int, nbytes) -> int:
+    """Bytes `op` (`aten.<name>.<overload>`) holds inside its kernel beyond its outputs, with `threads` intra-op
+    threads; `args` its positional arguments, `nbytes(arg)` an argument's bytes (0 for a non-tensor), `out_bytes`
+    its (first) output's bytes."""
+    if op == CONVOLUTION:
+        return convolution_scratch(nbytes(args[0]), nbytes(args[1]), out_bytes, bool(args[6]), threads)
+    if op == CONVOLUTION_BACKWARD:
+        return convolution_backward_scratch(nbytes(args[0]), nbytes(args[1]), nbytes(args[2]), threads)
+    return 0

@@ -21,7 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .kernel_scratch import convolution_backward_scratch, convolution_scratch
+from .kernel_scratch import scratch_bytes
 
 __all__ = ["StepBytes", "count_saved", "static_bytes"]
 
@@ -85,16 +85,6 @@ def _size(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-def _scratch(func, args, out) -> int:
-    """A convolution's kernel scratch by the compiler's rule, at torch's intra-op thread count; 0 for other ops."""
-    if func is torch.ops.aten.convolution.default:
-        return convolution_scratch(_size(args[0]), _size(args[1]), _size(out), bool(args[6]),
-                                   torch.get_num_threads())
-    if func is torch.ops.aten.convolution_backward.default:
-        return convolution_backward_scratch(_size(args[0]), _size(args[1]), _size(args[2]), torch.get_num_threads())
-    return 0
-
-
 class _Made(TorchDispatchMode):
     """Sees every op the block runs (autograd's backward ones too) and the storages they make: `peak` is the most
     those alive at once take, with the running op's kernel scratch, and `scratch` that op's scratch."""
@@ -122,7 +112,8 @@ class _Made(TorchDispatchMode):
                     self.bytes -= self.live[key][1] if key in self.live else 0
                     self.live[key] = (StorageWeakRef(s), s.nbytes())
                     self.bytes += s.nbytes()
-        scratch = _scratch(func, args, out)
+        # str(func) is aten.<op>.<overload>, the name the rule goes by
+        scratch = scratch_bytes(str(func), args, _size(out), torch.get_num_threads(), _size)
         if self.bytes + scratch > self.peak:
             self.peak, self.scratch = self.bytes + scratch, scratch
         return out

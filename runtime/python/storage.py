@@ -205,8 +205,8 @@ class FileStore:
         self.bytes_out = 0
         self.bytes_in = 0
         self._written: dict[str, int] = {}  # name -> CRC-32 of the last page_out by this store
-        self._pages: dict[str, tuple] = {}  # name -> (shape, dtype, permutation) of its last page_out
-        self._heads: dict[str, bytes] = {}  # name -> the JSON header of its last page_out
+        # name -> ((shape, dtype, permutation), its JSON header) of its last page_out
+        self._pages: dict[str, tuple[tuple, bytes]] = {}
         self._pending: dict[str, tuple] = {}  # name -> its write on the background thread: (future, fn, args)
         self._paths: dict[str, Path] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-pages") if background else None
@@ -226,14 +226,16 @@ class FileStore:
         if t.device.type != "cpu":
             t = t.cpu()
         page = (list(t.shape), t.dtype, perm)
-        if self._pages.get(name) != page:  # a step pages the same tensors again: their headers are kept
+        known = self._pages.get(name)
+        if known is not None and known[0] == page:  # a step pages the same tensors again: their headers are kept
+            head = known[1]
+        else:
             header = {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
             if perm:
                 header["permute"] = perm
-            self._heads[name] = json.dumps(header, separators=(",", ":")).encode()
-        head = self._heads[name]
+            head = json.dumps(header, separators=(",", ":")).encode()
         self.bytes_out += t.numel() * t.element_size()
-        self._pages[name] = page
+        self._pages[name] = (page, head)
         if self._writer is None:
             self._written[name] = self._finish(name, lambda: _write(path, head, [t]))
         else:
@@ -271,7 +273,8 @@ class FileStore:
         `result()` gives the tensor, or raises PageStoreError."""
         self.wait(name)
         path = self.path_of(name)
-        page = self._pages.get(name)
+        known = self._pages.get(name)
+        page = known[0] if known is not None else None
         if page is None:  # not paged out by this store: the file says what it holds
             fd = _open(name, path)
             try:
@@ -295,7 +298,6 @@ class FileStore:
             pass  # its file goes anyway
         self._written.pop(name, None)
         self._pages.pop(name, None)
-        self._heads.pop(name, None)
         self.path_of(name).unlink(missing_ok=True)
 
     def names(self) -> list[str]:

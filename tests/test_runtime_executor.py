@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from edgetrain.runtime.python import Ledger, LedgerError, PageStoreError, PlanError, Runtime, load_plan, runtime_for
+from edgetrain.runtime.python import storage
 from edgetrain.runtime.python.storage import FileStore
 
 B, D, H, C = 4, 6, 5, 3
@@ -214,8 +215,11 @@ def test_page_in_of_own_page_touches_no_file_until_read(tmp_path):
         store.page_in("a")
 
 
-def test_page_store_catches_every_single_bit_flip(tmp_path):
-    """A flipped bit anywhere in a page file (prefix, header or data) is refused, never read as a tensor."""
+@pytest.mark.parametrize("algorithm", ["xxh3_64", "crc32"])
+def test_page_store_catches_every_single_bit_flip(tmp_path, monkeypatch, algorithm):
+    """A flipped bit anywhere in a page file (prefix, header or data) is refused, never read as a tensor, with
+    XXH3-64 and with the CRC-32 a runtime without xxhash writes."""
+    monkeypatch.setattr(storage, "CHECKSUM", algorithm)
     store = FileStore(tmp_path)
     t = torch.randn(2, 3, 5)
     path = store.page_out("x", t)
@@ -232,6 +236,24 @@ def test_page_store_catches_every_single_bit_flip(tmp_path):
                 store.page_in("x")
     path.write_bytes(good)
     assert torch.equal(store.page_in("x"), t)
+
+
+def test_a_page_names_its_checksum_and_is_read_by_it(tmp_path, monkeypatch):
+    """Each page file says which checksum it carries: a CRC-32 page reads back in a store that writes XXH3-64,
+    and a checksum this runtime cannot compute is refused by name."""
+    t = torch.randn(4, 5)
+    monkeypatch.setattr(storage, "CHECKSUM", "crc32")
+    writer = FileStore(tmp_path)
+    path = writer.page_out("w", t)
+    writer.wait()
+    monkeypatch.setattr(storage, "CHECKSUM", "xxh3_64")
+    store = FileStore(tmp_path)
+    raw = path.read_bytes()
+    assert b'"checksum":"crc32"' in raw
+    assert torch.equal(store.page_in("w"), t)  # a file this store did not write: its header says how to check it
+    path.write_bytes(raw.replace(b'"checksum":"crc32"', b'"checksum":"md4xx"'))
+    with pytest.raises(PageStoreError, match=r"'w'.*checksum 'md4xx' is not available"):
+        store.page_in("w")
 
 
 def test_background_page_out_returns_at_once_and_lets_go_on_wait(tmp_path, monkeypatch):
@@ -342,7 +364,7 @@ def test_runtime_free_waits_for_the_page_out(mlp_rt, monkeypatch):
 
 def test_page_in_reads_ahead_counted_at_once_and_verified_at_use(mlp_rt, monkeypatch):
     """rt.page_in allocates and counts the tensor at once and returns while the reader thread fills it; the
-    first use waits for the bytes and their CRC-32, so a corrupted page is refused there, naming it, and a
+    first use waits for the bytes and their checksum, so a corrupted page is refused there, naming it, and a
     page read ahead but freed unused is verified too."""
     import time
 

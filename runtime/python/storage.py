@@ -1,9 +1,12 @@
 """The page store: tensors paged out to real files, verified when paged in.
 
-Each tensor goes to `<dir>/<safe name>.page`, a raw file: a fixed prefix (magic, header length, CRC-32), a
-JSON header (name, dtype, shape, permutation) and the tensor's bytes in memory order. The CRC-32 (zlib's,
-over header and bytes) is computed once, while paging out, and checked at page-in together with the file's
-length and the tensor's name: a flipped bit, a truncated or foreign file is refused, never read as data.
+Each tensor goes to `<dir>/<safe name>.page`, a raw file: a fixed prefix (magic, header length, a 64-bit
+checksum), a JSON header (name, dtype, shape, permutation, the checksum's algorithm) and the tensor's bytes in
+memory order. The checksum (xxHash's XXH3-64 of the bytes, seeded with the header's; zlib's CRC-32 where the
+`xxhash` package is missing) is computed once, while paging out, and checked at page-in together with the
+file's length and the tensor's name: a flipped bit, a truncated or foreign file is refused, never read as
+data. XXH3 runs at memory speed (about 19 GB/s against CRC-32's 2-3 GB/s on one x86-64 core), so checking
+costs a page little beside copying it.
 
 Files are written in place, without a temporary file and rename: a page file lives for one training step,
 and a write torn by a crash fails its checksum at the next read instead of passing for a tensor.
@@ -36,9 +39,24 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-MAGIC = b"ETPAGE1\n"
-_PREFIX = struct.Struct("<8sII")  # magic, header length, CRC-32 of header + data
+try:
+    import xxhash
+except ImportError:  # a runtime installed without it checks with CRC-32 (slower; damaged pages refused all the same)
+    xxhash = None
+
+MAGIC = b"ETPAGE2\n"
+_PREFIX = struct.Struct("<8sIQ")  # magic, header length, checksum of header + data
 SUFFIX = ".page"
+CHECKSUM = "xxh3_64" if xxhash is not None else "crc32"  # what this store writes; a header names its own
+
+
+def checksum(algorithm: str, head: bytes, data) -> int:
+    """A page's checksum over its header and bytes (both released from the GIL while they are hashed)."""
+    if algorithm == "xxh3_64" and xxhash is not None:
+        return xxhash.xxh3_64_intdigest(data, seed=xxhash.xxh3_64_intdigest(head))
+    if algorithm == "crc32":
+        return zlib.crc32(data, zlib.crc32(head))
+    raise ValueError(f"checksum '{algorithm}' is not available here (pip install xxhash)")
 
 
 class PageStoreError(RuntimeError):
@@ -74,11 +92,11 @@ def _dtype(name: object) -> torch.dtype:
 
 
 def _write(path: Path, head: bytes, box: list[Tensor]) -> int:
-    """Write one page file; returns its CRC-32. Takes the tensor out of `box`, so no reference to it is left
+    """Write one page file; returns its checksum. Takes the tensor out of `box`, so no reference to it is left
     anywhere once this returns (the writer thread's work item keeps its arguments a little longer)."""
     data = _bytes_of(box.pop())
-    crc = zlib.crc32(data, zlib.crc32(head))
-    prefix = _PREFIX.pack(MAGIC, len(head), crc) + head
+    check = checksum(CHECKSUM, head, data)
+    prefix = _PREFIX.pack(MAGIC, len(head), check) + head
     # Overwritten in place, not truncated first: the previous step's pages of the file are reused.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:  # raw calls: each one a system call that releases the GIL, no file object around them
@@ -90,7 +108,7 @@ def _write(path: Path, head: bytes, box: list[Tensor]) -> int:
         os.ftruncate(fd, done)
     finally:
         os.close(fd)
-    return crc
+    return check
 
 
 _PWRITEV = hasattr(os, "pwritev")
@@ -104,12 +122,13 @@ def _preadv(fd: int, buf: memoryview, offset: int) -> int:
 
 
 def _header(name: str, path: Path, fd: int) -> tuple[bytes, int, dict, list[int], torch.dtype, int]:
-    """The page file's header, checked against the file's length: (header bytes, CRC-32, header, shape,
+    """The page file's header, checked against the file's length: (header bytes, checksum, header, shape,
     dtype, data bytes), or PageStoreError naming what is wrong."""
     try:
-        magic, n_head, crc = _PREFIX.unpack(os.pread(fd, _PREFIX.size, 0))
-        if magic != MAGIC:
+        prefix = os.pread(fd, _PREFIX.size, 0)
+        if len(prefix) < _PREFIX.size or not prefix.startswith(MAGIC):
             raise ValueError("not a page file (bad magic)")
+        _, n_head, check = _PREFIX.unpack(prefix)
         head = os.pread(fd, n_head, _PREFIX.size)
         header = json.loads(head)
         shape = [int(s) for s in header["shape"]]
@@ -120,7 +139,7 @@ def _header(name: str, path: Path, fd: int) -> tuple[bytes, int, dict, list[int]
             raise ValueError(f"{have} data bytes for {want} expected")
     except (ValueError, KeyError, TypeError, struct.error, RuntimeError) as e:  # json's errors are ValueErrors
         raise PageStoreError(f"page-in of '{name}': file {path} is unreadable ({e})") from None
-    return head, crc, header, shape, dtype, want
+    return head, check, header, shape, dtype, want
 
 
 def _open(name: str, path: Path) -> int:
@@ -131,11 +150,11 @@ def _open(name: str, path: Path) -> int:
 
 
 def _read(name: str, path: Path, t: Tensor, written: int | None) -> None:
-    """Fill `t` from its page file, checking the header (name, dtype, shape, length), the CRC-32 over header
-    and bytes, and that the file is the version whose CRC-32 was `written` (None: any version)."""
+    """Fill `t` from its page file, checking the header (name, dtype, shape, length), the checksum over header
+    and bytes, and that the file is the version whose checksum was `written` (None: any version)."""
     fd = _open(name, path)
     try:
-        head, crc, header, shape, dtype, want = _header(name, path, fd)
+        head, check, header, shape, dtype, want = _header(name, path, fd)
         if dtype != t.dtype or shape != list(t.shape):
             raise PageStoreError(f"page-in of '{name}': file {path} holds '{header.get('name')}', a "
                                  f"{header['dtype']}{shape} tensor, not the "
@@ -152,13 +171,17 @@ def _read(name: str, path: Path, t: Tensor, written: int | None) -> None:
     if got != data.nbytes:
         raise PageStoreError(f"page-in of '{name}': file {path} is unreadable ({got} data bytes for "
                              f"{data.nbytes} expected)")
-    actual = zlib.crc32(data, zlib.crc32(head))
-    if actual != crc:
+    algorithm = header.get("checksum")
+    try:
+        actual = checksum(algorithm, head, data)
+    except ValueError as e:
+        raise PageStoreError(f"page-in of '{name}': {path}: {e}") from None
+    if actual != check:
         raise PageStoreError(f"page-in of '{name}': checksum mismatch in {path} "
-                             f"(file says CRC-32 {crc:08x}, bytes give {actual:08x})")
+                             f"(file says {algorithm} {check:016x}, bytes give {actual:016x})")
     if header.get("name") != name:
         raise PageStoreError(f"page-in of '{name}': file {path} holds '{header.get('name')}'")
-    if written is not None and written != crc:
+    if written is not None and written != check:
         raise PageStoreError(f"page-in of '{name}': {path} is not the version this store paged out")
 
 
@@ -204,7 +227,7 @@ class FileStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bytes_out = 0
         self.bytes_in = 0
-        self._written: dict[str, int] = {}  # name -> CRC-32 of the last page_out by this store
+        self._written: dict[str, int] = {}  # name -> checksum of the last page_out by this store
         # name -> ((shape, dtype, permutation), its JSON header) of its last page_out
         self._pages: dict[str, tuple[tuple, bytes]] = {}
         self._pending: dict[str, tuple] = {}  # name -> its write on the background thread: (future, fn, args)
@@ -230,7 +253,8 @@ class FileStore:
         if known is not None and known[0] == page:  # a step pages the same tensors again: their headers are kept
             head = known[1]
         else:
-            header = {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+            header = {"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                      "checksum": CHECKSUM}
             if perm:
                 header["permute"] = perm
             head = json.dumps(header, separators=(",", ":")).encode()
@@ -244,7 +268,7 @@ class FileStore:
         return path
 
     def _finish(self, name: str, write) -> int:
-        """The CRC-32 of a finished write (`write()` runs it, or collects it from the writer)."""
+        """The checksum of a finished write (`write()` runs it, or collects it from the writer)."""
         try:
             return write()
         except OSError as e:

@@ -91,10 +91,11 @@ def _dtype(name: object) -> torch.dtype:
     return dtype
 
 
-def _write(path: Path, head: bytes, box: list[Tensor]) -> int:
-    """Write one page file; returns its checksum. Takes the tensor out of `box`, so no reference to it is left
-    anywhere once this returns (the writer thread's work item keeps its arguments a little longer)."""
-    data = _bytes_of(box.pop())
+def _write(path: Path, head: bytes, box: list[memoryview], truncate: bool = True) -> int:
+    """Write one page file; returns its checksum. Takes the tensor's bytes out of `box`, so no reference to it is
+    left anywhere once this returns (the writer thread's work item keeps its arguments a little longer).
+    `truncate=False`: the file already has this page's length (the same tensor paged out again)."""
+    data = box.pop()
     check = checksum(CHECKSUM, head, data)
     prefix = _PREFIX.pack(MAGIC, len(head), check) + head
     # Overwritten in place, not truncated first: the previous step's pages of the file are reused.
@@ -105,13 +106,15 @@ def _write(path: Path, head: bytes, box: list[Tensor]) -> int:
             done += os.pwrite(fd, memoryview(prefix)[done:], done)
         while done < len(prefix) + data.nbytes:
             done += os.pwrite(fd, data[done - len(prefix):], done)
-        os.ftruncate(fd, done)
+        if truncate:
+            os.ftruncate(fd, done)
     finally:
         os.close(fd)
     return check
 
 
 _PWRITEV = hasattr(os, "pwritev")
+_PREADV = hasattr(os, "preadv")
 
 
 def _preadv(fd: int, buf: memoryview, offset: int) -> int:
@@ -183,6 +186,27 @@ def _read(name: str, path: Path, t: Tensor, written: int | None) -> None:
         raise PageStoreError(f"page-in of '{name}': file {path} holds '{header.get('name')}'")
     if written is not None and written != check:
         raise PageStoreError(f"page-in of '{name}': {path} is not the version this store paged out")
+
+
+def _read_own(name: str, path: Path, t: Tensor, data: memoryview, head: bytes, written: int) -> None:
+    """Fill `t` from a page this store wrote (`head`, checksum `written`): prefix, header and bytes in one system
+    call, checked against what was written. Anything unexpected is read again by `_read`, which names it."""
+    # Few GIL hand-offs per page: each one can hold up the compute thread when its kernel returns.
+    meta = bytearray(_PREFIX.size + len(head))
+    beyond = bytearray(1)  # a byte past the page's end: a longer file is not this page
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return _read(name, path, t, written)
+    try:
+        got = os.preadv(fd, [meta, data, beyond], 0)
+    except OSError:
+        got = -1
+    finally:
+        os.close(fd)
+    if (got != len(meta) + data.nbytes or meta != _PREFIX.pack(MAGIC, len(head), written) + head
+            or checksum(CHECKSUM, head, data) != written):
+        _read(name, path, t, written)
 
 
 def _collect(job: tuple) -> object:
@@ -260,10 +284,10 @@ class FileStore:
             head = json.dumps(header, separators=(",", ":")).encode()
         self.bytes_out += t.numel() * t.element_size()
         self._pages[name] = (page, head)
+        args = (path, head, [_bytes_of(t)], known is None or known[0] != page)
         if self._writer is None:
-            self._written[name] = self._finish(name, lambda: _write(path, head, [t]))
+            self._written[name] = self._finish(name, lambda: _write(*args))
         else:
-            args = (path, head, [t])
             self._pending[name] = (self._writer.submit(_write, *args), _write, args)
         return path
 
@@ -310,9 +334,13 @@ class FileStore:
         t = torch.empty(shape, dtype=dtype)
         want = t.numel() * t.element_size()
         self.bytes_in += want
-        job = (name, path, t, self._written.get(name))
-        fut = self._reader.submit(_read, *job) if self._reader is not None else _done(_read, *job)
-        return PendingRead(name, t, perm, torch.device(device), want, (fut, _read, job))
+        written = self._written.get(name)
+        if known is not None and written is not None and _PREADV:  # its own page: one read, checked as written
+            read, job = _read_own, (name, path, t, _bytes_of(t), known[1], written)
+        else:
+            read, job = _read, (name, path, t, written)
+        fut = self._reader.submit(read, *job) if self._reader is not None else _done(read, *job)
+        return PendingRead(name, t, perm, torch.device(device), want, (fut, read, job))
 
     def discard(self, name: str) -> None:
         """Forget a paged tensor and delete its file."""

@@ -33,11 +33,12 @@ import os
 import re
 import struct
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from .page_jobs import Job, Worker, finished
 
 try:
     import xxhash
@@ -209,33 +210,16 @@ def _read_own(name: str, path: Path, t: Tensor, data: memoryview, head: bytes, w
         _read(name, path, t, written)
 
 
-def _collect(job: tuple) -> object:
-    """The result of (future, fn, args) handed to a thread: run here if the thread has not started it yet (the
-    caller would otherwise stand still while the jobs queued before it run), else waited for."""
-    fut, fn, args = job
-    return fn(*args) if fut.cancel() else fut.result()
-
-
-def _done(fn, *args) -> Future:
-    """A finished Future of `fn(*args)`: the same interface when a store reads synchronously."""
-    fut: Future = Future()
-    try:
-        fut.set_result(fn(*args))
-    except BaseException as e:  # noqa: BLE001 - handed to whoever asks for the result
-        fut.set_exception(e)
-    return fut
-
-
 class PendingRead:
     """A page-in under way: its tensor is allocated (and counted) already; `result()` waits for its bytes."""
 
-    def __init__(self, name: str, t: Tensor, perm, device: torch.device, nbytes: int, job: tuple) -> None:
+    def __init__(self, name: str, t: Tensor, perm, device: torch.device, nbytes: int, job: Job) -> None:
         self.name, self.nbytes = name, nbytes
         self._t, self._perm, self._device, self._job = t, perm, device, job
 
     def result(self) -> Tensor:
         try:
-            _collect(self._job)
+            self._job.result()
         except OSError as e:
             raise PageStoreError(f"page-in of '{self.name}': reading failed ({e.strerror or e})") from None
         t = self._t
@@ -254,10 +238,10 @@ class FileStore:
         self._written: dict[str, int] = {}  # name -> checksum of the last page_out by this store
         # name -> ((shape, dtype, permutation), its JSON header) of its last page_out
         self._pages: dict[str, tuple[tuple, bytes]] = {}
-        self._pending: dict[str, tuple] = {}  # name -> its write on the background thread: (future, fn, args)
+        self._pending: dict[str, Job] = {}  # name -> its write on the background thread
         self._paths: dict[str, Path] = {}
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-pages") if background else None
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-reads") if background else None
+        self._writer = Worker("edgetrain-pages") if background else None
+        self._reader = Worker("edgetrain-reads") if background else None
 
     def path_of(self, name: str) -> Path:
         path = self._paths.get(name)
@@ -288,7 +272,7 @@ class FileStore:
         if self._writer is None:
             self._written[name] = self._finish(name, lambda: _write(*args))
         else:
-            self._pending[name] = (self._writer.submit(_write, *args), _write, args)
+            self._pending[name] = self._writer.submit(_write, *args)
         return path
 
     def _finish(self, name: str, write) -> int:
@@ -310,7 +294,7 @@ class FileStore:
         for n in [name] if name is not None else list(self._pending):
             job = self._pending.pop(n, None)
             if job is not None:
-                self._written[n] = self._finish(n, lambda: _collect(job))
+                self._written[n] = self._finish(n, job.result)
 
     def page_in(self, name: str, device: torch.device | str = "cpu") -> Tensor:
         return self.start_page_in(name, device).result()
@@ -339,8 +323,8 @@ class FileStore:
             read, job = _read_own, (name, path, t, _bytes_of(t), known[1], written)
         else:
             read, job = _read, (name, path, t, written)
-        fut = self._reader.submit(read, *job) if self._reader is not None else _done(read, *job)
-        return PendingRead(name, t, perm, torch.device(device), want, (fut, read, job))
+        work = self._reader.submit(read, *job) if self._reader is not None else finished(read, *job)
+        return PendingRead(name, t, perm, torch.device(device), want, work)
 
     def discard(self, name: str) -> None:
         """Forget a paged tensor and delete its file."""

@@ -52,7 +52,7 @@ CHECKSUM = "xxh3_64" if xxhash is not None else "crc32"  # what this store write
 
 
 def checksum(algorithm: str, head: bytes, data) -> int:
-    """A page's checksum over its header and bytes (both released from the GIL while they are hashed)."""
+    """A page's checksum over its header and bytes (either algorithm hashes with the GIL released)."""
     if algorithm == "xxh3_64" and xxhash is not None:
         return xxhash.xxh3_64_intdigest(data, seed=xxhash.xxh3_64_intdigest(head))
     if algorithm == "crc32":

@@ -5,10 +5,10 @@ read and check; no datasheet gives those. So a plan compiled for a measured targ
 measured with the runtime's `FileStore`: float32 tensors of the plan's sizes (powers of 4 from its smallest
 tensor to its largest, within 4 KiB-16 MiB) paged out and in on the calling thread, in the temporary directory
 (whose free bytes are the profile's storage), as the compute thread pays for them: a slice of small ops with
-one page op after its first op, less the same slice alone, in the CPU time of that thread (other processes'
-load stays out). Timed alone, in a loop of page ops, a 4-64 KiB page cost about half of what it costs beside
-compute (the call itself runs slower there, and so do the ops after it: caches, and the system calls' wake),
-which priced gpt_tiny's 16 KiB pages below their cost in a step. A figure is never below the page op's own time.
+a few page ops spread through it, less the same slice alone, per page op, in the CPU time of that thread (other
+processes' Timed in a loop of page ops instead, a 4-64 KiB page cost 0.55-0.8 of what it costs beside compute (the call
+runs slower there, and so do the ops after it: caches, and the system calls' wake). A figure is never below the
+page ops' own time.
 `latency + bytes / bandwidth` is fitted to the fastest run of each size, in relative error, so small pages'
 fixed costs count as much as large pages' bytes. A page at or above the store's `INLINE_PAGE_BYTES` is done on
 its threads in a plan, so its figure (work on the calling thread) is what the serial time model charges it
@@ -28,9 +28,10 @@ from .ir import TrainingGraph
 
 MIN_BYTES, MAX_BYTES = 4 << 10, 16 << 20
 REPEATS = 20
-SLICE_OPS = 40  # small ops in the compute slice a page op is timed in: ~1 ms, long enough to feel its wake
+SLICE_OPS = 40  # small ops in the compute slice the page ops are timed in: ~1 ms
+PAGES_PER_SLICE = 4  # page ops spread through a slice: their cost is the slice's extra time over this many
 _SOURCE = ("Measured: the runtime's page store on the compiling machine ({what}), as the compute thread pays it: a "
-           "slice of small ops with the page op beside it less the slice alone, fastest of {n} runs at each of "
+           "slice of small ops with page ops in it less the slice alone, fastest of {n} runs at each of "
            "{sizes}, in CPU time, latency + bytes / bandwidth fitted; once per process")
 
 
@@ -40,23 +41,25 @@ def _small_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _slice(a: torch.Tensor, b: torch.Tensor, page=None) -> tuple[float, float]:
-    """(thread CPU s of the whole slice, of `page()` alone): SLICE_OPS small ops, `page()` after the first."""
+    """(thread CPU s of the whole slice, of the `page()` calls alone): SLICE_OPS small ops, `page()` after every
+    SLICE_OPS / PAGES_PER_SLICE of them from the first."""
     t0 = time.thread_time()
     own = 0.0
     for k in range(SLICE_OPS):
         a = _small_op(a, b)
-        if k == 0 and page is not None:
+        if k % (SLICE_OPS // PAGES_PER_SLICE) == 0 and page is not None:
             p0 = time.thread_time()
             page()
-            own = time.thread_time() - p0
+            own += time.thread_time() - p0
     return time.thread_time() - t0, own
 
 
 @functools.cache
 def page_times(nbytes: int, repeats: int = REPEATS) -> tuple[float, float]:
     """The (page-out, page-in) CPU seconds of a float32 tensor of `nbytes` as the compute thread pays them: a
-    slice of small ops with the page op after its first op, less the same slice alone (the fastest of `repeats`
-    each; at least the page op's own time), through a FileStore that writes and reads on the calling thread."""
+    slice of small ops with PAGES_PER_SLICE page ops in it, less the same slice alone (the fastest of `repeats`
+    each; at least the page ops' own time), per page op, through a FileStore that writes and reads on the
+    calling thread."""
     from edgetrain.runtime.python import heap
     from edgetrain.runtime.python.storage import FileStore
 
@@ -75,7 +78,8 @@ def page_times(nbytes: int, repeats: int = REPEATS) -> tuple[float, float]:
                 if k:  # the first round warms the allocator and the page cache
                     runs[what].append(got)
     alone = min(w for w, _ in runs["alone"])
-    return tuple(max(min(w for w, _ in runs[what]) - alone, min(o for _, o in runs[what])) for what in ("out", "in"))
+    return tuple(max(min(w for w, _ in runs[what]) - alone, min(o for _, o in runs[what])) / PAGES_PER_SLICE
+                 for what in ("out", "in"))
 
 
 def probe_sizes(graph: TrainingGraph) -> list[int]:

@@ -2,6 +2,7 @@
 weights."""
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -256,6 +257,27 @@ def test_a_page_names_its_checksum_and_is_read_by_it(tmp_path, monkeypatch):
         store.page_in("w")
 
 
+def test_own_page_is_read_in_one_system_call_and_checked_as_written(tmp_path, monkeypatch):
+    """A page this store wrote comes back in one preadv (prefix, header, bytes and one byte beyond), checked
+    against what was written; the careful reader runs only when something differs, and names it."""
+    from edgetrain.runtime.python import storage
+
+    calls, careful = [], []
+    real_preadv, real_read = os.preadv, storage._read
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, at: calls.append(len(bufs)) or real_preadv(fd, bufs, at))
+    monkeypatch.setattr(storage, "_read", lambda *a: careful.append(a[0]) or real_read(*a))
+    store = FileStore(tmp_path, background=False)
+    t = torch.randn(64, 33)
+    path = store.page_out("t", t)
+    assert torch.equal(store.page_in("t"), t) and calls == [3] and careful == []
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(PageStoreError, match="'t'.*checksum mismatch"):
+        store.page_in("t")
+    assert careful == ["t"]
+
+
 def test_background_page_out_returns_at_once_and_lets_go_on_wait(tmp_path, monkeypatch):
     """A page-out is written by the background writer while the caller goes on; wait() returns once it is
     written and the writer holds no reference to the tensor (so freeing it then frees its bytes)."""
@@ -298,11 +320,11 @@ def test_wait_for_a_queued_write_does_it_instead_of_standing_still(tmp_path, mon
 
     real, release, who = storage._write, threading.Event(), {}
 
-    def write(path, head, box):
+    def write(path, *rest):
         who[path.name] = threading.current_thread().name
         if path.name.startswith("slow"):
             release.wait(5)
-        return real(path, head, box)
+        return real(path, *rest)
 
     monkeypatch.setattr(storage, "_write", write)
     store = FileStore(tmp_path, inline_below=0)
@@ -325,18 +347,17 @@ def test_small_pages_skip_the_threads_large_ones_use_them(tmp_path, monkeypatch)
 
     from edgetrain.runtime.python import storage
 
-    real_write, real_read, where = storage._write, storage._read, []
+    where = []
 
-    def write(*args):
-        where.append(("write", threading.current_thread().name))
-        return real_write(*args)
+    def logged(what, real):
+        def run(*args):
+            where.append((what, threading.current_thread().name))
+            return real(*args)
+        return run
 
-    def read(*args):
-        where.append(("read", threading.current_thread().name))
-        return real_read(*args)
-
-    monkeypatch.setattr(storage, "_write", write)
-    monkeypatch.setattr(storage, "_read", read)
+    monkeypatch.setattr(storage, "_write", logged("write", storage._write))
+    for reader in ("_read", "_read_own"):  # a page of another store's, and this store's own
+        monkeypatch.setattr(storage, reader, logged("read", getattr(storage, reader)))
     assert FileStore(tmp_path / "default").inline_below == storage.INLINE_PAGE_BYTES > 0
     store = FileStore(tmp_path, inline_below=400)
     small, large = torch.randn(99), torch.randn(100)  # 396 and 400 bytes
@@ -344,7 +365,7 @@ def test_small_pages_skip_the_threads_large_ones_use_them(tmp_path, monkeypatch)
     store.page_out("small", small)
     assert where == [("write", me)] and not store.writing("small")  # written already, nothing pending
     pending = store.start_page_in("small")
-    assert where[-1] == ("read", me) and pending._job[0].done()
+    assert where[-1] == ("read", me)  # read and checked already
     assert torch.equal(pending.result(), small)
     where.clear()
 
@@ -420,13 +441,14 @@ def test_page_in_reads_ahead_counted_at_once_and_verified_at_use(mlp_rt, monkeyp
 
     from edgetrain.runtime.python import storage
 
-    real = storage._read
+    def slowed(real):
+        def slow_read(*args):
+            time.sleep(0.3)
+            return real(*args)
+        return slow_read
 
-    def slow_read(*args):
-        time.sleep(0.3)
-        return real(*args)
-
-    monkeypatch.setattr(storage, "_read", slow_read)
+    for reader in ("_read", "_read_own"):  # a page of another store's, and this store's own
+        monkeypatch.setattr(storage, reader, slowed(getattr(storage, reader)))
     model, rt = mlp_rt
     rt.store.inline_below = 0  # the input's page goes to the reader thread, small as it is
     x, y = batches(1)[0]

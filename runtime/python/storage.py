@@ -27,7 +27,7 @@ permutation, and comes back with its strides: the plan's views of it must stay v
 
 A page smaller than `INLINE_PAGE_BYTES` skips the threads: it is written, or read and checked, on the calling
 thread at once. Waking a store thread for it cost the compute thread more than the page's own work (the
-woken thread preempts it, and takes the GIL back and forth; docs/performance.md, benchmarks/page_handoff.py).
+woken thread preempts it, and takes the GIL back and forth; docs/performance.md, benchmarks/page_crossover.py).
 """
 from __future__ import annotations
 
@@ -37,11 +37,12 @@ import os
 import re
 import struct
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from .page_jobs import Job, Worker, finished
 
 try:
     import xxhash
@@ -53,7 +54,7 @@ _PREFIX = struct.Struct("<8sIQ")  # magic, header length, checksum of header + d
 SUFFIX = ".page"
 CHECKSUM = "xxh3_64" if xxhash is not None else "crc32"  # what this store writes; a header names its own
 # Pages smaller than this are written and read on the calling thread: handing one to a store thread costs the
-# compute thread more than the page itself (the wake-up preempts it; benchmarks/page_handoff.py measures where).
+# compute thread more than the page itself (the wake-up preempts it; benchmarks/page_crossover.py measures where).
 INLINE_PAGE_BYTES = 1 << 20
 
 
@@ -98,10 +99,11 @@ def _dtype(name: object) -> torch.dtype:
     return dtype
 
 
-def _write(path: Path, head: bytes, box: list[Tensor]) -> int:
-    """Write one page file; returns its checksum. Takes the tensor out of `box`, so no reference to it is left
-    anywhere once this returns (the writer thread's work item keeps its arguments a little longer)."""
-    data = _bytes_of(box.pop())
+def _write(path: Path, head: bytes, box: list[memoryview], truncate: bool = True) -> int:
+    """Write one page file; returns its checksum. Takes the tensor's bytes out of `box`, so no reference to it is
+    left anywhere once this returns (the writer thread's work item keeps its arguments a little longer).
+    `truncate=False`: the file already has this page's length (the same tensor paged out again)."""
+    data = box.pop()
     check = checksum(CHECKSUM, head, data)
     prefix = _PREFIX.pack(MAGIC, len(head), check) + head
     # Overwritten in place, not truncated first: the previous step's pages of the file are reused.
@@ -112,13 +114,15 @@ def _write(path: Path, head: bytes, box: list[Tensor]) -> int:
             done += os.pwrite(fd, memoryview(prefix)[done:], done)
         while done < len(prefix) + data.nbytes:
             done += os.pwrite(fd, data[done - len(prefix):], done)
-        os.ftruncate(fd, done)
+        if truncate:
+            os.ftruncate(fd, done)
     finally:
         os.close(fd)
     return check
 
 
 _PWRITEV = hasattr(os, "pwritev")
+_PREADV = hasattr(os, "preadv")
 
 
 def _preadv(fd: int, buf: memoryview, offset: int) -> int:
@@ -192,33 +196,37 @@ def _read(name: str, path: Path, t: Tensor, written: int | None) -> None:
         raise PageStoreError(f"page-in of '{name}': {path} is not the version this store paged out")
 
 
-def _collect(job: tuple) -> object:
-    """The result of (future, fn, args) handed to a thread: run here if the thread has not started it yet (the
-    caller would otherwise stand still while the jobs queued before it run), else waited for."""
-    fut, fn, args = job
-    return fn(*args) if fut.cancel() else fut.result()
-
-
-def _done(fn, *args) -> Future:
-    """A finished Future of `fn(*args)`: the same interface when a store reads synchronously."""
-    fut: Future = Future()
+def _read_own(name: str, path: Path, t: Tensor, data: memoryview, head: bytes, written: int) -> None:
+    """Fill `t` from a page this store wrote (`head`, checksum `written`): prefix, header and bytes in one system
+    call, checked against what was written. Anything unexpected is read again by `_read`, which names it."""
+    # Few GIL hand-offs per page: each one can hold up the compute thread when its kernel returns.
+    meta = bytearray(_PREFIX.size + len(head))
+    beyond = bytearray(1)  # a byte past the page's end: a longer file is not this page
     try:
-        fut.set_result(fn(*args))
-    except BaseException as e:  # noqa: BLE001 - handed to whoever asks for the result
-        fut.set_exception(e)
-    return fut
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return _read(name, path, t, written)
+    try:
+        got = os.preadv(fd, [meta, data, beyond], 0)
+    except OSError:
+        got = -1
+    finally:
+        os.close(fd)
+    if (got != len(meta) + data.nbytes or meta != _PREFIX.pack(MAGIC, len(head), written) + head
+            or checksum(CHECKSUM, head, data) != written):
+        _read(name, path, t, written)
 
 
 class PendingRead:
     """A page-in under way: its tensor is allocated (and counted) already; `result()` waits for its bytes."""
 
-    def __init__(self, name: str, t: Tensor, perm, device: torch.device, nbytes: int, job: tuple) -> None:
+    def __init__(self, name: str, t: Tensor, perm, device: torch.device, nbytes: int, job: Job) -> None:
         self.name, self.nbytes = name, nbytes
         self._t, self._perm, self._device, self._job = t, perm, device, job
 
     def result(self) -> Tensor:
         try:
-            _collect(self._job)
+            self._job.result()
         except OSError as e:
             raise PageStoreError(f"page-in of '{self.name}': reading failed ({e.strerror or e})") from None
         t = self._t
@@ -239,10 +247,10 @@ class FileStore:
         self._written: dict[str, int] = {}  # name -> checksum of the last page_out by this store
         # name -> ((shape, dtype, permutation), its JSON header) of its last page_out
         self._pages: dict[str, tuple[tuple, bytes]] = {}
-        self._pending: dict[str, tuple] = {}  # name -> its write on the background thread: (future, fn, args)
+        self._pending: dict[str, Job] = {}  # name -> its write on the background thread
         self._paths: dict[str, Path] = {}
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-pages") if background else None
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="edgetrain-reads") if background else None
+        self._writer = Worker("edgetrain-pages") if background else None
+        self._reader = Worker("edgetrain-reads") if background else None
 
     def path_of(self, name: str) -> Path:
         path = self._paths.get(name)
@@ -271,11 +279,11 @@ class FileStore:
         size = t.numel() * t.element_size()
         self.bytes_out += size
         self._pages[name] = (page, head)
+        args = (path, head, [_bytes_of(t)], known is None or known[0] != page)
         if self._writer is None or size < self.inline_below:
-            self._written[name] = self._finish(name, lambda: _write(path, head, [t]))
+            self._written[name] = self._finish(name, lambda: _write(*args))
         else:
-            args = (path, head, [t])
-            self._pending[name] = (self._writer.submit(_write, *args), _write, args)
+            self._pending[name] = self._writer.submit(_write, *args)
         return path
 
     def _finish(self, name: str, write) -> int:
@@ -297,7 +305,7 @@ class FileStore:
         for n in [name] if name is not None else list(self._pending):
             job = self._pending.pop(n, None)
             if job is not None:
-                self._written[n] = self._finish(n, lambda: _collect(job))
+                self._written[n] = self._finish(n, job.result)
 
     def page_in(self, name: str, device: torch.device | str = "cpu") -> Tensor:
         return self.start_page_in(name, device).result()
@@ -322,10 +330,14 @@ class FileStore:
         t = torch.empty(shape, dtype=dtype)
         want = t.numel() * t.element_size()
         self.bytes_in += want
-        job = (name, path, t, self._written.get(name))
+        written = self._written.get(name)
+        if known is not None and written is not None and _PREADV:  # its own page: one read, checked as written
+            read, job = _read_own, (name, path, t, _bytes_of(t), known[1], written)
+        else:
+            read, job = _read, (name, path, t, written)
         threaded = self._reader is not None and want >= self.inline_below
-        fut = self._reader.submit(_read, *job) if threaded else _done(_read, *job)
-        return PendingRead(name, t, perm, torch.device(device), want, (fut, _read, job))
+        work = self._reader.submit(read, *job) if threaded else finished(read, *job)
+        return PendingRead(name, t, perm, torch.device(device), want, work)
 
     def discard(self, name: str) -> None:
         """Forget a paged tensor and delete its file."""

@@ -6,13 +6,13 @@
 A compute slice stands in for a plan's step: small torch ops called from Python, one after the other (each
 releases and takes back the GIL, as the runtime's ops do): --ops of them, or more for a large page, enough to
 cover twice the page's own time between page-out and free and again between page-in and use. Per page size,
-three variants alternate in one loop, so they see the same machine load: the slice alone; the slice with a page-out after its first op,
-a wait for that write after its middle op (where a plan frees the tensor), a page-in and its bytes collected
-at the end, all on the calling thread (a `FileStore` without threads); and the same on the store's writer and
-reader threads (every page handed off, whatever its size). A row gives the medians of the wall time each
-variant adds to the slice alone, and of the compute thread's CPU time, and which is cheaper: the smallest
-size where the threads win is the crossover that `storage.INLINE_PAGE_BYTES` keeps. Prints a table with the
-1-minute load average before and after, and writes the rows as JSON.
+three variants alternate in one loop, so they see the same machine load: the slice alone; the slice with a
+page-out after its first op, a wait for that write after its middle op (where a plan frees the tensor), a
+page-in and its bytes collected at the end, all on the calling thread (a `FileStore` without threads); and the
+same on the store's writer and reader threads (every page handed off, whatever its size). A row gives the
+medians of the wall time each variant adds to the slice alone, and of the compute thread's CPU time, and which
+is cheaper: the smallest size where the threads win is the crossover that `storage.INLINE_PAGE_BYTES` keeps.
+Prints a table with the 1-minute load average before and after, and writes the rows as JSON.
 """
 from __future__ import annotations
 
@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(f"{r['bytes'] >> 10} KiB", str(r["ops"]), f"{r['alone_s'] * 1e3:.2f}",
-                  f"{r['inline_added_s'] * 1e3:.3f}", f"{r['threads_added_s'] * 1e3:.3f}", f"{r['inline_added_cpu_s'] * 1e3:.3f}",
-                  f"{r['threads_added_cpu_s'] * 1e3:.3f}", r["cheaper"])
+                  f"{r['inline_added_s'] * 1e3:.3f}", f"{r['threads_added_s'] * 1e3:.3f}",
+                  f"{r['inline_added_cpu_s'] * 1e3:.3f}", f"{r['threads_added_cpu_s'] * 1e3:.3f}", r["cheaper"])
     Console(width=160).print(t)
     print(f"wrote {a.json}")
     return 0

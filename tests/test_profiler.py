@@ -269,6 +269,47 @@ def test_paging_fit_and_probe_sizes(small_cnn):
     assert with_measured_paging(rpi4, small_cnn) is rpi4  # a device's figures are its datasheet's
 
 
+def test_page_times_price_what_the_compute_thread_pays_after_the_page(monkeypatch):
+    """A page's figure is the compute slice with page ops in it less the slice alone: a page op that makes
+    the ops after it slower (here each op spins 0.1 ms of CPU more once the page-out ran) is charged for that,
+    not only for its own time; without it, the figure is the page op's own cost."""
+    import time
+
+    from edgetrain.compiler.graph import paging_profile
+    from edgetrain.runtime.python.storage import FileStore
+
+    def spin(seconds):
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < seconds:
+            pass
+
+    state = {"after_page": False}
+
+    def small_op(a, b):
+        spin(0.0002 if state["after_page"] else 0.0001)
+        return a
+
+    real_page_out = FileStore.page_out
+
+    def page_out(self, name, tensor):
+        state["after_page"] = True
+        return real_page_out(self, name, tensor)
+
+    def slice_(a, b, page=None):
+        state["after_page"] = False
+        return real_slice(a, b, page)
+
+    real_slice = paging_profile._slice
+    monkeypatch.setattr(paging_profile, "_small_op", small_op)
+    monkeypatch.setattr(paging_profile, "_slice", slice_)
+    monkeypatch.setattr(FileStore, "page_out", page_out)
+    out_s, in_s = paging_profile.page_times.__wrapped__(4096, repeats=2)
+    # the ops after the first page-out, 0.1 ms slower each, shared by the slice's page-outs
+    slowed = (paging_profile.SLICE_OPS - 1) * 0.0001 / paging_profile.PAGES_PER_SLICE
+    assert out_s >= 0.8 * slowed  # the page-out's own call is far cheaper than that
+    assert in_s < 0.5 * slowed  # a page-in leaves the ops as they were
+
+
 def test_resnet18_profiles_quickly():
     import time
 

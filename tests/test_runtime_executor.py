@@ -294,7 +294,7 @@ def test_background_page_out_returns_at_once_and_lets_go_on_wait(tmp_path, monke
         return real(*args)
 
     monkeypatch.setattr(storage, "_write", slow_write)
-    store = FileStore(tmp_path)
+    store = FileStore(tmp_path, inline_below=0)  # every page on the threads, however small
     t = torch.randn(1000)
     want, ref = t.clone(), StorageWeakRef(t.untyped_storage())  # the bytes, not the Python object
     start = time.perf_counter()
@@ -327,7 +327,7 @@ def test_wait_for_a_queued_write_does_it_instead_of_standing_still(tmp_path, mon
         return real(path, *rest)
 
     monkeypatch.setattr(storage, "_write", write)
-    store = FileStore(tmp_path)
+    store = FileStore(tmp_path, inline_below=0)
     a, b = torch.randn(5), torch.randn(7)
     store.page_out("slow", a)
     store.page_out("next", b)
@@ -339,6 +339,55 @@ def test_wait_for_a_queued_write_does_it_instead_of_standing_still(tmp_path, mon
     assert torch.equal(store.page_in("slow"), a) and torch.equal(store.page_in("next"), b)
 
 
+def test_small_pages_skip_the_threads_large_ones_use_them(tmp_path, monkeypatch):
+    """A page below `inline_below` bytes is written, and read and checked, on the calling thread at once (no
+    job left for a thread); one at or above it goes to the writer and reader threads. Both come back exact."""
+    import threading
+    import time
+
+    from edgetrain.runtime.python import storage
+
+    where = []
+
+    def logged(what, real):
+        def run(*args):
+            where.append((what, threading.current_thread().name))
+            return real(*args)
+        return run
+
+    monkeypatch.setattr(storage, "_write", logged("write", storage._write))
+    for reader in ("_read", "_read_own"):  # a page of another store's, and this store's own
+        monkeypatch.setattr(storage, reader, logged("read", getattr(storage, reader)))
+    assert FileStore(tmp_path / "default").inline_below == storage.INLINE_PAGE_BYTES > 0
+    store = FileStore(tmp_path, inline_below=400)
+    small, large = torch.randn(99), torch.randn(100)  # 396 and 400 bytes
+    me = threading.current_thread().name
+    store.page_out("small", small)
+    assert where == [("write", me)] and not store.writing("small")  # written already, nothing pending
+    pending = store.start_page_in("small")
+    assert where[-1] == ("read", me)  # read and checked already
+    assert torch.equal(pending.result(), small)
+    where.clear()
+
+    def picked_up(k):  # a job is left to its thread (a waiting caller would run a job not started yet itself)
+        deadline = time.monotonic() + 10
+        while len(where) < k and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    store.page_out("large", large)
+    assert store.writing("large")
+    picked_up(1)
+    store.wait("large")
+    pending = store.start_page_in("large")
+    picked_up(2)
+    assert torch.equal(pending.result(), large)
+    assert [w for w, _ in where] == ["write", "read"] and all(n != me for _, n in where)  # on the store's threads
+    inline = FileStore(tmp_path / "inline", background=False, inline_below=0)  # no threads: everything here
+    where.clear()
+    inline.page_out("large", large)
+    assert torch.equal(inline.page_in("large"), large) and all(n == me for _, n in where)
+
+
 def test_a_failed_background_write_raises_at_wait_naming_the_file(tmp_path, monkeypatch):
     from edgetrain.runtime.python import storage
 
@@ -346,7 +395,7 @@ def test_a_failed_background_write_raises_at_wait_naming_the_file(tmp_path, monk
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(storage, "_write", full)
-    store = FileStore(tmp_path)
+    store = FileStore(tmp_path, inline_below=0)
     store.page_out("x", torch.zeros(4))
     with pytest.raises(PageStoreError, match=r"page-out of 'x': writing .*x-\w+\.page failed \(No space left"):
         store.wait("x")
@@ -401,6 +450,7 @@ def test_page_in_reads_ahead_counted_at_once_and_verified_at_use(mlp_rt, monkeyp
     for reader in ("_read", "_read_own"):  # a page of another store's, and this store's own
         monkeypatch.setattr(storage, reader, slowed(getattr(storage, reader)))
     model, rt = mlp_rt
+    rt.store.inline_below = 0  # the input's page goes to the reader thread, small as it is
     x, y = batches(1)[0]
     timed = {}
 

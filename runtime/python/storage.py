@@ -24,6 +24,10 @@ anything fails. (A file this store did not write has its header read first, to l
 File I/O is raw `os` calls on the tensor's own memory: no file objects, no intermediate copies. A tensor
 whose memory is a permutation of a dense layout (attention's output) is stored in memory order with the
 permutation, and comes back with its strides: the plan's views of it must stay views.
+
+A page smaller than `INLINE_PAGE_BYTES` skips the threads: it is written, or read and checked, on the calling
+thread at once. Waking a store thread for it cost the compute thread more than the page's own work (the
+woken thread preempts it, and takes the GIL back and forth; docs/performance.md, benchmarks/page_crossover.py).
 """
 from __future__ import annotations
 
@@ -49,6 +53,9 @@ MAGIC = b"ETPAGE2\n"
 _PREFIX = struct.Struct("<8sIQ")  # magic, header length, checksum of header + data
 SUFFIX = ".page"
 CHECKSUM = "xxh3_64" if xxhash is not None else "crc32"  # what this store writes; a header names its own
+# Pages smaller than this are written and read on the calling thread: handing one to a store thread costs the
+# compute thread more than the page itself (the wake-up preempts it; benchmarks/page_crossover.py measures where).
+INLINE_PAGE_BYTES = 1 << 20
 
 
 def checksum(algorithm: str, head: bytes, data) -> int:
@@ -230,8 +237,10 @@ class PendingRead:
 
 
 class FileStore:
-    def __init__(self, directory: str | os.PathLike, *, background: bool = True) -> None:
+    def __init__(self, directory: str | os.PathLike, *, background: bool = True,
+                 inline_below: int = INLINE_PAGE_BYTES) -> None:
         self.dir = Path(directory)
+        self.inline_below = inline_below  # pages of fewer bytes skip the threads
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bytes_out = 0
         self.bytes_in = 0
@@ -250,7 +259,8 @@ class FileStore:
         return path
 
     def page_out(self, name: str, tensor: Tensor) -> Path:
-        """Start writing `tensor` to its page file (on the background writer, unless the store has none)."""
+        """Start writing `tensor` to its page file (on the background writer, unless the store has none or the
+        page is smaller than `inline_below`: then written here)."""
         path = self.path_of(name)
         self.wait(name)  # a name paged out again is written after its previous write
         t, perm = _memory_order(tensor.detach())
@@ -266,10 +276,11 @@ class FileStore:
             if perm:
                 header["permute"] = perm
             head = json.dumps(header, separators=(",", ":")).encode()
-        self.bytes_out += t.numel() * t.element_size()
+        size = t.numel() * t.element_size()
+        self.bytes_out += size
         self._pages[name] = (page, head)
         args = (path, head, [_bytes_of(t)], known is None or known[0] != page)
-        if self._writer is None:
+        if self._writer is None or size < self.inline_below:
             self._written[name] = self._finish(name, lambda: _write(*args))
         else:
             self._pending[name] = self._writer.submit(_write, *args)
@@ -301,7 +312,8 @@ class FileStore:
 
     def start_page_in(self, name: str, device: torch.device | str = "cpu") -> "PendingRead":
         """Allocate the tensor now (from what this store paged out; a file it did not write: from the file's
-        header, checked here) and read and verify the file on the reader thread (unless the store has none):
+        header, checked here) and read and verify the file on the reader thread (unless the store has none or the
+        page is smaller than `inline_below`: then read here, at once):
         `result()` gives the tensor, or raises PageStoreError."""
         self.wait(name)
         path = self.path_of(name)
@@ -323,7 +335,8 @@ class FileStore:
             read, job = _read_own, (name, path, t, _bytes_of(t), known[1], written)
         else:
             read, job = _read, (name, path, t, written)
-        work = self._reader.submit(read, *job) if self._reader is not None else finished(read, *job)
+        threaded = self._reader is not None and want >= self.inline_below
+        work = self._reader.submit(read, *job) if threaded else finished(read, *job)
         return PendingRead(name, t, perm, torch.device(device), want, work)
 
     def discard(self, name: str) -> None:

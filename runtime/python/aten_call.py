@@ -213,6 +213,6 @@ def dropped_bytes(outs: list, keep, aux=()) -> int:
 
 def dropped_among(outs: list, kept) -> int:
     """`dropped_bytes` with the items the node keeps (held or aux) given as a set."""
-    sizes = [o.numel() * o.element_size() if isinstance(o, torch.Tensor) else 0 for o in outs]
+    sizes = [o.nbytes if isinstance(o, torch.Tensor) else 0 for o in outs]  # numel x element size
     largest = max(sizes, default=0)
     return sum(b for k, b in enumerate(sizes) if k not in kept and b * SCRATCH_SHARE > largest)

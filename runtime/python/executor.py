@@ -39,11 +39,17 @@ class _Overwritten:
 
 
 def nbytes(t: Tensor) -> int:
-    return t.numel() * t.element_size()
+    return t.nbytes  # numel x element size
 
 
-def _storage_ptr(t: Tensor) -> int:
-    return t.untyped_storage().data_ptr() if t.numel() else 0
+def _aliases(outs, ins) -> bool:
+    """Whether an output with elements shares its storage with an operand with elements."""
+    ptrs = [o.untyped_storage().data_ptr() for o in outs if isinstance(o, Tensor) and o.numel()]
+    if ptrs:
+        for t in ins:
+            if isinstance(t, Tensor) and t.numel() and t.untyped_storage().data_ptr() in ptrs:
+                return True
+    return False
 
 
 def _words(what) -> str:
@@ -304,15 +310,14 @@ class Runtime:
             held = outs[items[0]]
         if held is not None and spot is None:
             held_items = held if node.keep_list else (held,)
-            in_ptrs = {_storage_ptr(t) for t in ins if isinstance(t, Tensor) and t.numel()}
-            if any(isinstance(o, Tensor) and o.numel() and _storage_ptr(o) in in_ptrs for o in held_items):
+            if _aliases(held_items, ins):
                 raise PlanError(f"{self._what}: the op's output aliases an operand")
-            self._hold(name, held, sum(nbytes(o) for o in held_items))
+            self._hold(name, held, sum(o.nbytes for o in held_items) if node.keep_list else held.nbytes)
         elif held is not None:  # counted as a new tensor, as the schedule does; the operand's bytes go at its free
-            self._hold(name, held, nbytes(held))
+            self._hold(name, held, held.nbytes)
         if first and node.aux_items:
             aux_out = tuple(outs[k] for k in node.aux_items)
-            self._hold(f"{name}.aux", aux_out, sum(nbytes(a) for a in aux_out))
+            self._hold(f"{name}.aux", aux_out, sum(a.nbytes for a in aux_out))
         dropped = aten_call.dropped_among(outs, node.kept) if len(outs) > 1 or node.multi_out else 0
         if dropped:
             self.ledger.enter(dropped, node.drop_label)

@@ -4,7 +4,7 @@ The runtime holds every tensor by name, counts it in the ledger, runs each step'
 kernel, the one autograd runs), applies the optimizer right after a parameter's gradient is made, and pages
 tensors to files. It checks the plan as it goes: an operand that is not resident, a
 tensor computed twice, a page-in of something never paged out all raise `PlanError` naming the tensor and
-the step.
+the step. What a node's call reads from the plan's literals is read once and reused (`prepared.py`).
 """
 from __future__ import annotations
 

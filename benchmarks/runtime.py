@@ -10,8 +10,9 @@ runtime (edgetrain.runtime, pages on local disk) and plain PyTorch (the model as
 torch.optim.SGD with the plan's hyper-parameters) start from the same weights and train on the same random
 batches. Their steps alternate in one process, so both see the same machine load; after --warmup steps of
 each, --steps steps of each are timed, and the row gives both medians and their ratio (runtime / PyTorch),
-and the same ratio of the process's CPU time per step (every thread's: the page store's too), which other
-processes' load moves far less than wall time.
+the median of each runtime step's time over the PyTorch step of the same rotation ("paired": a load that
+drifts between rotations cancels), and the same ratio of the process's CPU time per step (every thread's:
+the page store's too), which other processes' load moves far less than wall time.
 torch runs with --threads intra-op threads. Rows also carry the schedule's predicted step time (with
 `--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's) and
 the time the runtime's step stood still for the page store (`Runtime.paging_wait_s`: page-outs handed to
@@ -159,6 +160,8 @@ def bench(model: str, budget: str, threads: int, overlaps: list[str], args, work
         row["runtime_s"] = statistics.median(times)
         row["pytorch_s"] = statistics.median(t_pt)
         row["ratio"] = row["runtime_s"] / row["pytorch_s"]
+        # each runtime step over the PyTorch step of the same rotation (seconds apart): load that drifts cancels
+        row["paired_ratio"] = statistics.median(t / p for t, p in zip(times, t_pt))
         row["runtime_cpu_s"] = statistics.median(cpus)
         row["pytorch_cpu_s"] = statistics.median(c_pt)
         row["cpu_ratio"] = row["runtime_cpu_s"] / row["pytorch_cpu_s"]
@@ -208,17 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     t = Table(title=f"runtime step vs plain PyTorch step ({a.target} plans, batch {a.batch_size}, medians of "
                     f"{a.steps} steps after {a.warmup}; load {load[0]:.2f} -> {load_after[0]:.2f})")
     for col in ("model", "budget", "threads", "overlap", "store", "runtime", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio",
-                "CPU ratio", "paged MB/step", "paging wait ms", "paging share", "predicted ms"):
+                "paired", "CPU ratio", "paged MB/step", "paging wait ms", "paging share", "predicted ms"):
         t.add_column(col, justify="right")
     for r in rows:
         if "ratio" not in r:
             t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"], "-", "-", "-", "-", "-", "error", "-",
-                      "-", "-", "-", "-")
+                      "-", "-", "-", "-", "-")
             continue
         t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"], "this" if r["store"] == "this" else "compared",
                   "this" if r["runtime"] == "this" else "compared",
                   f"{r['recomputes']}/{r['page_ins']}/{r['page_outs']}", f"{r['runtime_s'] * 1e3:.1f}",
-                  f"{r['pytorch_s'] * 1e3:.1f}", f"{r['ratio']:.2f}x", f"{r['cpu_ratio']:.2f}x",
+                  f"{r['pytorch_s'] * 1e3:.1f}", f"{r['ratio']:.2f}x", f"{r['paired_ratio']:.2f}x", f"{r['cpu_ratio']:.2f}x",
                   f"{r['paged_bytes_per_step'] / 1e6:.1f}",
                   f"{r['paging_wait_s'] * 1e3:.1f}", f"{r['paging_share']:.1%}", f"{r['predicted_s'] * 1e3:.1f}")
     Console(width=180).print(t)

@@ -9,7 +9,7 @@ FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
 APT_PACKAGES := gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
 
-.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-runtime bench-runtime-profile bench-host-costs figures clean distclean
+.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-runtime bench-runtime-profile bench-page-handoff bench-host-costs figures clean distclean
 
 venv: $(INSTALL_STAMP)
 
@@ -62,6 +62,9 @@ bench-runtime: venv
 
 bench-runtime-profile: venv
 	$(PY) benchmarks/runtime_profile.py
+
+bench-page-handoff: venv
+	$(PY) benchmarks/page_handoff.py
 
 bench-host-costs: venv
 	$(PY) benchmarks/host_costs.py

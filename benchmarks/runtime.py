@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -92,7 +93,10 @@ def _plan(model: str, budget: str, overlap: str, args, work: str) -> tuple[dict,
 def _other_store(checkout: str):
     """The FileStore class of another checkout's runtime/python/storage.py (it imports torch and the stdlib)."""
     path = os.path.join(checkout, "runtime", "python", "storage.py")
-    spec = importlib.util.spec_from_file_location("edgetrain_compared_storage", path)
+    package = types.ModuleType("edgetrain_compared")  # its relative imports resolve in its own folder
+    package.__path__ = [os.path.dirname(path)]
+    sys.modules["edgetrain_compared"] = package
+    spec = importlib.util.spec_from_file_location("edgetrain_compared.storage", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # The runtime knows a read-ahead page-in by this checkout's class: the other's reads are made that too.

@@ -2,8 +2,8 @@
 
 - The four code folders import under one root: compiler/ is `edgetrain.compiler`, codegen/ `edgetrain.codegen`,
   runtime/ `edgetrain.runtime`, targets/ `edgetrain.targets`; every package folder is installed.
-- runtime/ never imports compiler/, codegen/ or targets/ (a device installs the runtime alone, with torch and
-  safetensors), nor the compiler's own dependencies (a solver, jinja2, jsonschema).
+- runtime/ never imports compiler/, codegen/ or targets/ (a device installs the runtime alone, with torch,
+  safetensors and xxhash), nor the compiler's own dependencies (a solver, jinja2, jsonschema).
 - codegen/ never imports a scheduler, the POET/MILP passes or a solver: it renders a schedule, never solves one.
 - targets/ imports nothing from compiler/, codegen/ or runtime/: it is the leaf every stage may use.
 - No import runs back up the pipeline: frontend -> graph -> scheduling and local learning -> schedule file ->

@@ -1,9 +1,10 @@
 """The device runtime installs and runs alone: `pip install ./runtime` gives `edgetrain.runtime` with torch,
-safetensors and numpy only, and a compiled plan trains there, where nothing of the compiler can be imported.
+safetensors, numpy and xxhash only, and a compiled plan trains there, where nothing of the compiler can be
+imported.
 
 The environment is real but assembled without a download: the runtime is built and installed from its own
-pyproject.toml into a fresh folder, and torch, safetensors and what they require are linked in from this
-interpreter's site-packages; the interpreter runs with `-S -I` (no site-packages, no user paths).
+pyproject.toml into a fresh folder, and torch, safetensors, numpy, xxhash and what they require are linked in
+from this interpreter's site-packages; the interpreter runs with `-S -I` (no site-packages, no user paths).
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def _link_distributions(dists: set[str], into: Path) -> None:
 
 @pytest.fixture(scope="module")
 def device(tmp_path_factory) -> Path:
-    """A folder holding the installed runtime, torch, safetensors, numpy and their requirements, nothing else."""
+    """A folder holding the installed runtime, torch, safetensors, numpy, xxhash and their requirements, nothing else."""
     where = tmp_path_factory.mktemp("device")
     site = where / "site"
     site.mkdir()
@@ -60,7 +61,7 @@ def device(tmp_path_factory) -> Path:
     assert (site / "edgetrain" / "runtime" / "python" / "executor.py").is_file()
     assert not (site / "edgetrain" / "compiler").exists()
     wanted: set[str] = set()
-    for dist in ("torch", "safetensors", "numpy"):
+    for dist in ("torch", "safetensors", "numpy", "xxhash"):
         _requirements(dist, wanted)
     _link_distributions(wanted, site)
     return site
@@ -72,11 +73,11 @@ def _run(site: Path, code: str) -> subprocess.CompletedProcess:
                           timeout=300, cwd=site)
 
 
-def test_the_installed_runtime_declares_torch_safetensors_and_numpy_only(device):
+def test_the_installed_runtime_declares_torch_safetensors_numpy_and_xxhash_only(device):
     meta = next(device.glob("edgetrain_runtime-*.dist-info")) / "METADATA"
     requires = sorted(line.split(":", 1)[1].strip() for line in meta.read_text().splitlines()
                       if line.startswith("Requires-Dist:"))
-    assert [re.split(r"[<>=!~ ]", r)[0] for r in requires] == ["numpy", "safetensors", "torch"]
+    assert [re.split(r"[<>=!~ ]", r)[0] for r in requires] == ["numpy", "safetensors", "torch", "xxhash"]
 
 
 def test_the_compiler_cannot_be_imported_there(device):

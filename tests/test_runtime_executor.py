@@ -2,6 +2,7 @@
 weights."""
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from edgetrain.runtime.python import Ledger, LedgerError, PageStoreError, PlanError, Runtime, load_plan, runtime_for
+from edgetrain.runtime.python import storage
 from edgetrain.runtime.python.storage import FileStore
 
 B, D, H, C = 4, 6, 5, 3
@@ -214,8 +216,11 @@ def test_page_in_of_own_page_touches_no_file_until_read(tmp_path):
         store.page_in("a")
 
 
-def test_page_store_catches_every_single_bit_flip(tmp_path):
-    """A flipped bit anywhere in a page file (prefix, header or data) is refused, never read as a tensor."""
+@pytest.mark.parametrize("algorithm", ["xxh3_64", "crc32"])
+def test_page_store_catches_every_single_bit_flip(tmp_path, monkeypatch, algorithm):
+    """A flipped bit anywhere in a page file (prefix, header or data) is refused, never read as a tensor, with
+    XXH3-64 and with the CRC-32 a runtime without xxhash writes."""
+    monkeypatch.setattr(storage, "CHECKSUM", algorithm)
     store = FileStore(tmp_path)
     t = torch.randn(2, 3, 5)
     path = store.page_out("x", t)
@@ -232,6 +237,45 @@ def test_page_store_catches_every_single_bit_flip(tmp_path):
                 store.page_in("x")
     path.write_bytes(good)
     assert torch.equal(store.page_in("x"), t)
+
+
+def test_a_page_names_its_checksum_and_is_read_by_it(tmp_path, monkeypatch):
+    """Each page file says which checksum it carries: a CRC-32 page reads back in a store that writes XXH3-64,
+    and a checksum this runtime cannot compute is refused by name."""
+    t = torch.randn(4, 5)
+    monkeypatch.setattr(storage, "CHECKSUM", "crc32")
+    writer = FileStore(tmp_path)
+    path = writer.page_out("w", t)
+    writer.wait()
+    monkeypatch.setattr(storage, "CHECKSUM", "xxh3_64")
+    store = FileStore(tmp_path)
+    raw = path.read_bytes()
+    assert b'"checksum":"crc32"' in raw
+    assert torch.equal(store.page_in("w"), t)  # a file this store did not write: its header says how to check it
+    path.write_bytes(raw.replace(b'"checksum":"crc32"', b'"checksum":"md4xx"'))
+    with pytest.raises(PageStoreError, match=r"'w'.*checksum 'md4xx' is not available"):
+        store.page_in("w")
+
+
+def test_own_page_is_read_in_one_system_call_and_checked_as_written(tmp_path, monkeypatch):
+    """A page this store wrote comes back in one preadv (prefix, header, bytes and one byte beyond), checked
+    against what was written; the careful reader runs only when something differs, and names it."""
+    from edgetrain.runtime.python import storage
+
+    calls, careful = [], []
+    real_preadv, real_read = os.preadv, storage._read
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, at: calls.append(len(bufs)) or real_preadv(fd, bufs, at))
+    monkeypatch.setattr(storage, "_read", lambda *a: careful.append(a[0]) or real_read(*a))
+    store = FileStore(tmp_path, background=False)
+    t = torch.randn(64, 33)
+    path = store.page_out("t", t)
+    assert torch.equal(store.page_in("t"), t) and calls == [3] and careful == []
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(PageStoreError, match="'t'.*checksum mismatch"):
+        store.page_in("t")
+    assert careful == ["t"]
 
 
 def test_background_page_out_returns_at_once_and_lets_go_on_wait(tmp_path, monkeypatch):
@@ -276,11 +320,11 @@ def test_wait_for_a_queued_write_does_it_instead_of_standing_still(tmp_path, mon
 
     real, release, who = storage._write, threading.Event(), {}
 
-    def write(path, head, box):
+    def write(path, *rest):
         who[path.name] = threading.current_thread().name
         if path.name.startswith("slow"):
             release.wait(5)
-        return real(path, head, box)
+        return real(path, *rest)
 
     monkeypatch.setattr(storage, "_write", write)
     store = FileStore(tmp_path)
@@ -342,19 +386,20 @@ def test_runtime_free_waits_for_the_page_out(mlp_rt, monkeypatch):
 
 def test_page_in_reads_ahead_counted_at_once_and_verified_at_use(mlp_rt, monkeypatch):
     """rt.page_in allocates and counts the tensor at once and returns while the reader thread fills it; the
-    first use waits for the bytes and their CRC-32, so a corrupted page is refused there, naming it, and a
+    first use waits for the bytes and their checksum, so a corrupted page is refused there, naming it, and a
     page read ahead but freed unused is verified too."""
     import time
 
     from edgetrain.runtime.python import storage
 
-    real = storage._read
+    def slowed(real):
+        def slow_read(*args):
+            time.sleep(0.3)
+            return real(*args)
+        return slow_read
 
-    def slow_read(*args):
-        time.sleep(0.3)
-        return real(*args)
-
-    monkeypatch.setattr(storage, "_read", slow_read)
+    for reader in ("_read", "_read_own"):  # a page of another store's, and this store's own
+        monkeypatch.setattr(storage, reader, slowed(getattr(storage, reader)))
     model, rt = mlp_rt
     x, y = batches(1)[0]
     timed = {}

@@ -1,6 +1,6 @@
 """Measure the page store on the machine that compiles: the paging figures of a measured (`host`) target.
 
-A page-out on the host is the runtime's own page store at work (the CRC-32 and the file write), a page-in its
+A page-out on the host is the runtime's own page store at work (the checksum and the file write), a page-in its
 read and check; no datasheet gives those. So a plan compiled for a measured target gets paging figures
 measured with the runtime's `FileStore`: float32 tensors of the plan's sizes (powers of 4 from its smallest
 tensor to its largest, within 4 KiB-16 MiB) paged out and in on one thread, in the temporary directory (whose
@@ -89,8 +89,10 @@ def with_measured_paging(target, graph: TrainingGraph):
     out_lat, out_bw = fit([(b, t[0]) for b, t in zip(sizes, times)])
     in_lat, in_bw = fit([(b, t[1]) for b, t in zip(sizes, times)])
     span = f"{len(sizes)} sizes, {_kib(sizes[0])}-{_kib(sizes[-1])}"
-    write = _SOURCE.format(what="CRC-32 and file write", n=REPEATS, sizes=span)
-    read = _SOURCE.format(what="file read into the tensor and CRC-32 check", n=REPEATS, sizes=span)
+    from edgetrain.runtime.python.storage import CHECKSUM
+
+    write = _SOURCE.format(what=f"{CHECKSUM} checksum and file write", n=REPEATS, sizes=span)
+    read = _SOURCE.format(what=f"file read into the tensor and {CHECKSUM} check", n=REPEATS, sizes=span)
     sources = {**target.sources, "page_out_latency_s": write, "page_out_bandwidth_bytes_per_s": write,
                "page_in_latency_s": read, "page_in_bandwidth_bytes_per_s": read}
     return dataclasses.replace(target, page_out_latency_s=out_lat, page_out_bandwidth_bytes_per_s=out_bw,

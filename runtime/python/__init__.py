@@ -1,4 +1,4 @@
-"""edgetrain's Python runtime (torch + safetensors only): aten op calls, optimizers, ledger, page store,
+"""edgetrain's Python runtime (torch, safetensors and xxhash only): aten op calls, optimizers, ledger, page store,
 executor, plan loader."""
 from __future__ import annotations
 

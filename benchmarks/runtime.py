@@ -3,15 +3,16 @@
     .venv/bin/python benchmarks/runtime.py [--models resnet18,mobilenetv2,gpt_small] [--budgets 100%,50%]
                                            [--threads 1] [--overlap on,off] [--target rpi4] [--batch-size 8]
                                            [--steps 5] [--warmup 2] [--time-limit 30] [--compare-store DIR]
-                                           [--json build/bench/runtime.json]
+                                           [--compare-runtime DIR] [--json build/bench/runtime.json]
 
 Per (model, budget, threads): the model is compiled for the target at the budget (POET, Python plan); the
 runtime (edgetrain.runtime, pages on local disk) and plain PyTorch (the model as written, loss.backward(),
 torch.optim.SGD with the plan's hyper-parameters) start from the same weights and train on the same random
 batches. Their steps alternate in one process, so both see the same machine load; after --warmup steps of
 each, --steps steps of each are timed, and the row gives both medians and their ratio (runtime / PyTorch),
-and the same ratio of the process's CPU time per step (every thread's: the page store's too), which other
-processes' load moves far less than wall time.
+the median of each runtime step's time over the PyTorch step of the same rotation ("paired": a load that
+drifts between rotations cancels), and the same ratio of the process's CPU time per step (every thread's:
+the page store's too), which other processes' load moves far less than wall time.
 torch runs with --threads intra-op threads. Rows also carry the schedule's predicted step time (with
 `--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's) and
 the time the runtime's step stood still for the page store (`Runtime.paging_wait_s`: page-outs handed to
@@ -21,7 +22,9 @@ with paging overlapped (page-ins read ahead, frees of paged-out tensors written 
 compile) and without, one row each, their steps alternating with PyTorch's in one loop. `--compare-store DIR`
 adds, per plan, a row whose runtime pages through another checkout's page store (DIR/runtime/python/storage.py,
 e.g. the main branch's) instead of this one's, its steps in the same loop: a before/after of the page store
-under one load. Prints a table and writes JSON rows with at least model, budget (as given), threads and ratio.
+under one load. `--compare-runtime DIR` likewise adds a row run by another checkout's whole runtime package
+(DIR/runtime/python: executor, op calls, ledger, page store) on the same plan: a before/after of the runtime.
+Prints a table and writes JSON rows with at least model, budget (as given), threads and ratio.
 """
 from __future__ import annotations
 
@@ -60,10 +63,10 @@ def _torch_step(model, opt, x, y) -> None:
     opt.step()
 
 
-def plan_runtime(body: dict, out: str, pages: str) -> Runtime:
+def plan_runtime(body: dict, out: str, pages: str, runtime=Runtime) -> Runtime:
     """A CPU runtime for the compiled plan in `out` (its weights and the schedule's SGD), paging into `pages`."""
     opt_cfg = body["graph"]["optimizer"]
-    return Runtime(os.path.join(out, "weights.safetensors"), pages, device="cpu", lr=opt_cfg["lr"],
+    return runtime(os.path.join(out, "weights.safetensors"), pages, device="cpu", lr=opt_cfg["lr"],
                    momentum=opt_cfg["momentum"], weight_decay=opt_cfg["weight_decay"], seed=body["seed"])
 
 
@@ -101,22 +104,38 @@ def _other_store(checkout: str):
     return module.FileStore
 
 
+def _other_runtime(checkout: str):
+    """Another checkout's runtime/python package, imported under a name of its own (it imports torch, safetensors
+    and the stdlib only)."""
+    path = os.path.join(checkout, "runtime", "python")
+    name = "edgetrain_compared_runtime"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),
+                                                      submodule_search_locations=[path])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its relative imports resolve under that name
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def bench(model: str, budget: str, threads: int, overlaps: list[str], args, work: str) -> list[dict]:
     """One row per overlap setting (and page store); their runtime steps and the PyTorch step alternate in one
     loop (the order rotating each step), so every row sees the same load."""
     torch.set_num_threads(threads)
     rows, runs = [], []
-    stores = ["this", args.compare_store] if args.compare_store else ["this"]
+    variants = [("this", "this")]  # (page store, runtime)
+    variants += [(args.compare_store, "this")] if args.compare_store else []
+    variants += [("this", args.compare_runtime)] if args.compare_runtime else []
     for overlap in overlaps:
         body, out = _plan(model, budget, overlap, args, work)
-        for store in stores:
+        for store, runtime in variants:
             row = {"model": model, "budget": budget, "threads": threads, "overlap": overlap, "target": args.target,
-                   "batch_size": args.batch_size, "store": store}
+                   "batch_size": args.batch_size, "store": store, "runtime": runtime}
             for action, key in (("recompute", "recomputes"), ("page_in", "page_ins"), ("page_out", "page_outs")):
                 row[key] = sum(st["action"] == action for st in body["steps"])
             row["predicted_s"] = body["predicted"]["time_s"]  # the target's figure: a step's time on that device
             pages = os.path.join(work, f"pages-{overlap}-{len(runs)}")
-            rt = plan_runtime(body, out, pages)
+            rt = plan_runtime(body, out, pages, _other_runtime(runtime).Runtime if runtime != "this" else Runtime)
             if store != "this":
                 rt.store = _other_store(store)(pages)
             rows.append(row)
@@ -145,6 +164,8 @@ def bench(model: str, budget: str, threads: int, overlaps: list[str], args, work
         row["runtime_s"] = statistics.median(times)
         row["pytorch_s"] = statistics.median(t_pt)
         row["ratio"] = row["runtime_s"] / row["pytorch_s"]
+        # each runtime step over the PyTorch step of the same rotation (seconds apart): load that drifts cancels
+        row["paired_ratio"] = statistics.median(t / p for t, p in zip(times, t_pt))
         row["runtime_cpu_s"] = statistics.median(cpus)
         row["pytorch_cpu_s"] = statistics.median(c_pt)
         row["cpu_ratio"] = row["runtime_cpu_s"] / row["pytorch_cpu_s"]
@@ -170,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=30.0, help="solver time limit per compile (s)")
     ap.add_argument("--compare-store", default=None, metavar="DIR",
                     help="also run each plan on the page store of the checkout at DIR (a before/after in one loop)")
+    ap.add_argument("--compare-runtime", default=None, metavar="DIR",
+                    help="also run each plan on the runtime package of the checkout at DIR (a before/after in one loop)")
     ap.add_argument("--json", default="build/bench/runtime.json", metavar="PATH", help="rows written here")
     a = ap.parse_args(argv)
     rows = []
@@ -191,17 +214,18 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(rows, f, indent=1)
     t = Table(title=f"runtime step vs plain PyTorch step ({a.target} plans, batch {a.batch_size}, medians of "
                     f"{a.steps} steps after {a.warmup}; load {load[0]:.2f} -> {load_after[0]:.2f})")
-    for col in ("model", "budget", "threads", "overlap", "store", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio",
-                "CPU ratio", "paged MB/step", "paging wait ms", "paging share", "predicted ms"):
+    for col in ("model", "budget", "threads", "overlap", "store", "runtime", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio",
+                "paired", "CPU ratio", "paged MB/step", "paging wait ms", "paging share", "predicted ms"):
         t.add_column(col, justify="right")
     for r in rows:
         if "ratio" not in r:
-            t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"], "-", "-", "-", "-", "error", "-", "-",
-                      "-", "-", "-")
+            t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"], "-", "-", "-", "-", "-", "error", "-",
+                      "-", "-", "-", "-", "-")
             continue
         t.add_row(r["model"], r["budget"], str(r["threads"]), r["overlap"], "this" if r["store"] == "this" else "compared",
+                  "this" if r["runtime"] == "this" else "compared",
                   f"{r['recomputes']}/{r['page_ins']}/{r['page_outs']}", f"{r['runtime_s'] * 1e3:.1f}",
-                  f"{r['pytorch_s'] * 1e3:.1f}", f"{r['ratio']:.2f}x", f"{r['cpu_ratio']:.2f}x",
+                  f"{r['pytorch_s'] * 1e3:.1f}", f"{r['ratio']:.2f}x", f"{r['paired_ratio']:.2f}x", f"{r['cpu_ratio']:.2f}x",
                   f"{r['paged_bytes_per_step'] / 1e6:.1f}",
                   f"{r['paging_wait_s'] * 1e3:.1f}", f"{r['paging_share']:.1%}", f"{r['predicted_s'] * 1e3:.1f}")
     Console(width=180).print(t)

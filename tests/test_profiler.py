@@ -73,15 +73,15 @@ def test_it_times_the_runtime_op_call(small_cnn, monkeypatch):
     from edgetrain.runtime.python import aten_call
 
     calls = []
-    fast = aten_call.call
+    fast = aten_call.run
 
-    def slow_relu(op, attrs, ins, *rest):
-        if op == RELU:
+    def slow_relu(call, ins, *rest):
+        if call.op == RELU:
             calls.append(tuple(ins[0].shape))
             _spin(0.05)
-        return fast(op, attrs, ins, *rest)
+        return fast(call, ins, *rest)
 
-    monkeypatch.setattr(aten_call, "call", slow_relu)
+    monkeypatch.setattr(aten_call, "run", slow_relu)
     times = profile_nodes(small_cnn, repeats=3, warmup=2, overhead_s=0.0, min_walk_s=0.0)
     relus = [n for n in small_cnn.nodes if n.op == RELU]
     assert len(calls) == 5 * len(relus)
@@ -134,18 +134,18 @@ def test_minimum_of_repeats_pinned_threads_and_per_step_overhead(small_cnn, monk
     pinned to `threads` while timing (and restored after), plus a given extra cost."""
     from edgetrain.runtime.python import aten_call
 
-    fast, seen, calls = aten_call.call, [], [0]
+    fast, seen, calls = aten_call.run, [], [0]
     per_walk = sum(n.op == RELU for n in small_cnn.nodes)
 
-    def noisy_relu(op, *rest):
-        if op == RELU:
+    def noisy_relu(call, *rest):
+        if call.op == RELU:
             walk = calls[0] // per_walk
             calls[0] += 1
             seen.append(torch.get_num_threads())
             _spin(0.05 if walk % 2 == 0 else 0.01)  # every other step as if the machine were loaded
-        return fast(op, *rest)
+        return fast(call, *rest)
 
-    monkeypatch.setattr(aten_call, "call", noisy_relu)
+    monkeypatch.setattr(aten_call, "run", noisy_relu)
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # not the pinned count, so a count left behind shows
     try:
@@ -346,18 +346,18 @@ def test_host_plan_runs_at_the_thread_count_it_was_profiled_at(tmp_path, monkeyp
     from edgetrain.runtime.python import aten_call
     from edgetrain.runtime.python.threads import PLAN_THREADS
 
-    fast, seen = aten_call.call, []
+    fast, seen = aten_call.run, []
 
-    def spy(op, *rest):
+    def spy(call, *rest):
         seen.append(torch.get_num_threads())
-        return fast(op, *rest)
+        return fast(call, *rest)
 
     before = torch.get_num_threads()
     torch.set_num_threads(PLAN_THREADS + 1)
     try:
         out = str(tmp_path / "host")
         compile_model(CompileOptions(model="small_cnn", target="host", budget="100%", out=out, batch_size=2))
-        monkeypatch.setattr(aten_call, "call", spy)
+        monkeypatch.setattr(aten_call, "run", spy)
         res = run_plan(out, steps=1, device="cpu")
         assert res["ok"] and seen and set(seen) == {PLAN_THREADS}
         assert torch.get_num_threads() == PLAN_THREADS + 1

@@ -1,4 +1,5 @@
 """Run one aten op of a plan: the op named in the plan, its literal arguments with the plan's tensors put in.
+A `Call` reads the literal arguments once; `run` puts in each call's tensors.
 
 A plan's arguments are JSON: numbers, lists, None, and markers for what is not a literal:
 {"$t": k} the k-th tensor operand, {"$p": name} a parameter, {"$b": name} a buffer (each with an optional
@@ -115,24 +116,76 @@ def fill(template, tensors, params, buffers, aux, device, own=None):
 
 
 CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
+MASK_AT = 10  # convolution_backward's output_mask: the gradients it makes
+PER_CALL = "per call"  # a mask read from each call's arguments
 
 
-def call(op: str, attrs: dict, ins: list, params: dict, buffers: dict, aux, device, seed: int, step: int,
-         own=None) -> list:
-    """Run a plan node's op; returns every output of the op (a one-element list for a single tensor).
-    `own`: what the node's first op holds, for the ops fused after it."""
-    fn = _kernel(op)
-    args = fill(attrs.get("args", []), ins, params, buffers, aux, device, own)
-    kwargs = attrs.get("kwargs")
-    kwargs = fill(kwargs, ins, params, buffers, aux, device, own) if kwargs else {}
-    if "seed_key" in attrs:
-        with seeded(seed, step, attrs["seed_key"], device):
-            res = fn(*args, **kwargs)
+def _per_call(v) -> bool:
+    """Whether an argument template holds what differs from call to call: an operand, an aux item, what a fused
+    op's first op made, or a fresh empty tensor (parameters, buffers and literals do not)."""
+    if isinstance(v, dict):
+        return any(k in v for k in ("$t", "$aux", "$own", "$empty")) or any(_per_call(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return any(_per_call(x) for x in v)
+    return False
+
+
+class Call:
+    """One aten op of a plan node, with what is the same at every call read once (`prepare`): its kernel, its
+    arguments with literals, parameters and buffers put in (they are updated in place, never replaced), and
+    where each operand goes. Only operands, aux items and the like are filled per call (`run`). KeyError names
+    an unknown op, parameter or buffer."""
+    __slots__ = ("op", "fn", "args", "operands", "slots", "kwargs", "kwargs_template", "seed_key", "mask",
+                 "params", "buffers", "device")
+
+    def __init__(self, op: str, attrs: dict, params: dict, buffers: dict, device) -> None:
+        self.op, self.fn = op, _kernel(op)
+        self.params, self.buffers, self.device = params, buffers, device
+        self.args, operands, slots = [], [], []
+        for pos, v in enumerate(attrs.get("args", [])):
+            if type(v) is dict and "$t" in v:  # most arguments that change: an operand as it is
+                operands.append((pos, v["$t"]))
+                v = None
+            elif _per_call(v):
+                slots.append((pos, v))
+                v = None
+            else:
+                v = fill(v, (), params, buffers, None, device)
+            self.args.append(v)
+        self.operands, self.slots = tuple(operands), tuple(slots)
+        kwargs = attrs.get("kwargs") or {}
+        self.kwargs_template = kwargs if _per_call(kwargs) else None
+        self.kwargs = {} if self.kwargs_template is not None else fill(kwargs, (), params, buffers, None, device)
+        self.seed_key = (attrs["seed_key"],) if "seed_key" in attrs else None
+        self.mask = None  # oneDNN returns gradients its output mask left out: the kernel's scratch
+        if op == CONVOLUTION_BACKWARD:
+            template = attrs.get("args", [])
+            mask = template[MASK_AT] if len(template) > MASK_AT else kwargs.get("output_mask")
+            static = isinstance(mask, list) and not _per_call(mask)  # else read from each call's arguments
+            self.mask = tuple(fill(mask, (), params, buffers, None, device)) if static else PER_CALL
+
+
+def run(c: Call, ins: list, aux, seed: int, step: int, own=None) -> list:
+    """Run a prepared op on this call's operands; returns every output of the op (a one-element list for a single
+    tensor). `own`: what the node's first op holds, for the ops fused after it."""
+    args = c.args
+    if c.operands or c.slots:
+        args = args.copy()
+        for pos, k in c.operands:
+            args[pos] = ins[k]
+        for pos, v in c.slots:
+            args[pos] = fill(v, ins, c.params, c.buffers, aux, c.device, own)
+    kwargs = c.kwargs
+    if c.kwargs_template is not None:
+        kwargs = fill(c.kwargs_template, ins, c.params, c.buffers, aux, c.device, own)
+    if c.seed_key is not None:
+        with seeded(seed, step, c.seed_key[0], c.device):
+            res = c.fn(*args, **kwargs)
     else:
-        res = fn(*args, **kwargs)
+        res = c.fn(*args, **kwargs)
     outs = list(res) if isinstance(res, (tuple, list)) else [res]
-    if op == CONVOLUTION_BACKWARD:  # oneDNN returns gradients its output mask left out: the kernel's scratch
-        mask = args[10] if len(args) > 10 else kwargs["output_mask"]
+    if c.mask is not None:
+        mask = c.mask if c.mask is not PER_CALL else (args[MASK_AT] if len(args) > MASK_AT else kwargs["output_mask"])
         outs = [o if want else None for o, want in zip(outs, mask)]
     return outs
 
@@ -147,19 +200,6 @@ def held_items(keep) -> tuple:
     return tuple(keep) if isinstance(keep, list) else (keep,)
 
 
-def held(outs: list, keep):
-    """What the node keeps of its op's outputs (`held_items`): a tensor, a tuple of them (a list `keep`), or None."""
-    items = held_items(keep)
-    if not items:
-        return None
-    return tuple(outs[k] for k in items) if isinstance(keep, list) else outs[items[0]]
-
-
-def update_value(outs: list, update: dict):
-    """The tensor an update reads: an output of the op, through the update's view chain."""
-    return apply_view(outs[0] if update.get("item") is None else outs[update["item"]], update.get("view"))
-
-
 # An output an op drops that is at most this share of its largest output (a batch-norm's new running
 # statistics beside its activations) counts as the op's internal scratch, which no memory model counts.
 SCRATCH_SHARE = 64
@@ -168,7 +208,11 @@ SCRATCH_SHARE = 64
 def dropped_bytes(outs: list, keep, aux=()) -> int:
     """Bytes of the outputs an op makes and the node drops at once (its transient), the scratch excepted.
     `outs` may be real or fake tensors: the compiler and the runtime count with this one rule."""
-    sizes = [o.numel() * o.element_size() if isinstance(o, torch.Tensor) else 0 for o in outs]
-    kept = {*held_items(keep), *aux}
+    return dropped_among(outs, {*held_items(keep), *aux})
+
+
+def dropped_among(outs: list, kept) -> int:
+    """`dropped_bytes` with the items the node keeps (held or aux) given as a set."""
+    sizes = [o.nbytes if isinstance(o, torch.Tensor) else 0 for o in outs]  # numel x element size
     largest = max(sizes, default=0)
     return sum(b for k, b in enumerate(sizes) if k not in kept and b * SCRATCH_SHARE > largest)

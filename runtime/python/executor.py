@@ -4,19 +4,21 @@ The runtime holds every tensor by name, counts it in the ledger, runs each step'
 kernel, the one autograd runs), applies the optimizer right after a parameter's gradient is made, and pages
 tensors to files. It checks the plan as it goes: an operand that is not resident, a
 tensor computed twice, a page-in of something never paged out all raise `PlanError` naming the tensor and
-the step.
+the step. What a node's call reads from the plan's literals is read once and reused (`prepared.py`).
 """
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Mapping
 from os import PathLike
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
 
 from .integrity import read_weights
-from . import aten_call, heap, inplace
+from . import aten_call, heap, inplace, prepared
 from .ledger import Ledger
 from .optim import Optimizer
 from .storage import FileStore, PendingRead
@@ -37,11 +39,17 @@ class _Overwritten:
 
 
 def nbytes(t: Tensor) -> int:
-    return t.numel() * t.element_size()
+    return t.nbytes  # numel x element size
 
 
-def _storage_ptr(t: Tensor) -> int:
-    return t.untyped_storage().data_ptr() if t.numel() else 0
+def _aliases(outs, ins) -> bool:
+    """Whether an output with elements shares its storage with an operand with elements."""
+    ptrs = [o.untyped_storage().data_ptr() for o in outs if isinstance(o, Tensor) and o.numel()]
+    if ptrs:
+        for t in ins:
+            if isinstance(t, Tensor) and t.numel() and t.untyped_storage().data_ptr() in ptrs:
+                return True
+    return False
 
 
 def _words(what) -> str:
@@ -91,6 +99,7 @@ class Runtime:
         self.losses: list[float] = []
         self.leftovers: list[str] = []  # what the last end_step had to free
         self._live: dict[str, Tensor | tuple] = {}
+        self._prepared: dict[tuple[str, bool], prepared.Node] = {}  # (node, first computation) -> its call, read once
         self._batch: tuple[Tensor, Tensor] | None = None
         self._in_step = False
         self._op = 0
@@ -104,12 +113,13 @@ class Runtime:
 
     # -- properties -----------------------------------------------------------------------------------
     @property
-    def params(self) -> dict[str, Tensor]:
-        return self._params
+    def params(self) -> Mapping[str, Tensor]:
+        """Read-only: prepared calls hold these tensors, so they are updated in place, never replaced."""
+        return MappingProxyType(self._params)
 
     @property
-    def buffers(self) -> dict[str, Tensor]:
-        return self._buffers
+    def buffers(self) -> Mapping[str, Tensor]:
+        return MappingProxyType(self._buffers)
 
     @property
     def momentum_buffers(self) -> dict[str, Tensor]:
@@ -194,111 +204,142 @@ class Runtime:
 
     def _run(self, first, name, op, inputs, params, buffers, attrs, aux_of):
         self._begin_op(("{} '{}' ({})", "compute" if first else "recompute", name, op))
-        if op.startswith("aten."):
-            return self._run_aten(first, name, op, inputs, attrs or {}, aux_of)
-        raise PlanError(f"{self._what}: '{op}' is not an aten op; this plan was generated for another "
-                        "runtime: recompile it")
-
-    def _run_aten(self, first, name, op, inputs, attrs, aux_of):
-        """One aten op: operands in, the outputs the plan keeps held, updates applied, the rest dropped."""
         if name in self._live:
             raise PlanError(f"{self._what}: tensor '{name}' is already resident")
-        ins = []
-        for r in inputs:
-            if isinstance(r, str):  # most operands: a tensor as it is
-                ins.append(self._require(r))
-                continue
-            t, view = self._require(r["t"]), r.get("view")
-            try:
-                ins.append(aten_call.apply_view(t, view))
-            except (RuntimeError, IndexError, TypeError) as e:
-                raise PlanError(f"{self._what}: view {view} of '{r['t']}': {e}") from None
-        aux = self._require(f"{aux_of}.aux") if aux_of is not None else None
-        spot = self._inplace_spot(op, attrs, inputs, ins) if "dying" in attrs else None
-        # A kernel's scratch (the compiler's rule, in the plan) is held while its op runs and its outputs are applied.
-        scratch = attrs.get("scratch", 0)
-        if scratch:
-            with self.ledger.transient(scratch, label=f"{name} (kernel scratch)"):
-                held, outs = self._own_op(first, name, op, ins, attrs, aux, spot)
-        else:  # nothing to hold: no context to enter (a step runs hundreds of ops)
-            held, outs = self._own_op(first, name, op, ins, attrs, aux, spot)
-        if spot is not None:  # the operand's bytes are the output's now: any read before its free is refused
-            self._live[inputs[spot[0]]] = _Overwritten(self._op, name)
-            self.in_place_ops += 1
-        for sub in attrs.get("then", ()):  # each holds nothing
-            with self.ledger.transient(sub.get("scratch", 0), label=f"{name} (then {sub['op']}, kernel scratch)"):
-                more = aten_call.call(sub["op"], sub, ins, self._params, self._buffers, aux, self.device, self.seed,
-                                      self.step, held)
-                with self.ledger.transient(aten_call.dropped_bytes(more, "none"), label=f"{name} (then {sub['op']})"):
-                    self._apply_updates(first, more, sub.get("updates", ()))
-        if first and "loss_item" in attrs:
-            item = attrs["loss_item"]
+        node = self._prepared.get((name, first))
+        if node is None or not node.matches(op, inputs, attrs or {}, aux_of):
+            node = self._prepare(first, name, op, inputs, attrs or {}, aux_of)
+        return self._run_aten(first, name, node)
+
+    def _prepare(self, first, name, op, inputs, attrs, aux_of) -> prepared.Node:
+        """The node's call read once (prepared.py), kept for this node's later calls of the same kind."""
+        if not op.startswith("aten."):
+            raise PlanError(f"{self._what}: '{op}' is not an aten op; this plan was generated for another "
+                            "runtime: recompile it")
+        try:
+            node = prepared.prepare(first, name, op, inputs, attrs, aux_of, self._params, self._buffers,
+                                    self.device, self.optim)
+        except KeyError as e:
+            raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
+        self._prepared[(name, first)] = node
+        return node
+
+    def _operands(self, node: prepared.Node) -> list:
+        live, ins = self._live, []
+        for r, view in node.operands:
+            t = live.get(r)
+            if t.__class__ is not Tensor:  # absent, overwritten, read ahead, or a held tuple: the full check
+                t = self._require(r)
+            if view is not None:
+                try:
+                    t = aten_call.apply_view(t, view)
+                except (RuntimeError, IndexError, TypeError) as e:
+                    raise PlanError(f"{self._what}: view {view} of '{r}': {e}") from None
+            ins.append(t)
+        return ins
+
+    def _run_aten(self, first, name, node):
+        """One aten op: operands in, the outputs the plan keeps held, updates applied, the rest dropped."""
+        ins = self._operands(node)
+        aux = self._require(node.aux_name) if node.aux_name is not None else None
+        spot = self._inplace_spot(node, ins) if node.dying else None
+        ledger = self.ledger
+        grad_was = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # torch.no_grad() without its context object, once per op
+        try:
+            # A kernel's scratch (the compiler's rule, in the plan) is held while its op runs and its outputs are applied.
+            if node.scratch:
+                ledger.enter(node.scratch, node.scratch_label)
+                try:
+                    held, outs = self._own_op(first, name, node, ins, aux, spot)
+                finally:
+                    ledger.leave(node.scratch)
+            else:
+                held, outs = self._own_op(first, name, node, ins, aux, spot)
+            if spot is not None:  # the operand's bytes are the output's now: any read before its free is refused
+                self._live[node.operands[spot[0]][0]] = _Overwritten(self._op, name)
+                self.in_place_ops += 1
+            for sub in node.then:  # each holds nothing
+                ledger.enter(sub.scratch, sub.scratch_label)
+                try:
+                    more = aten_call.run(sub.call, ins, aux, self.seed, self.step, held)
+                    dropped = aten_call.dropped_bytes(more, "none")
+                    ledger.enter(dropped, sub.drop_label)
+                    try:
+                        self._apply_updates(more, sub.updates)
+                    finally:
+                        ledger.leave(dropped)
+                finally:
+                    ledger.leave(sub.scratch)
+        finally:
+            torch._C._set_grad_enabled(grad_was)
+        if node.loss_item is not None:
+            item = node.loss_item[0]
             self._step_loss = float(outs[0] if item is None else outs[item])
             self.losses.append(self._step_loss)
         return held
 
-    def _inplace_spot(self, op, attrs, inputs, ins):
+    def _inplace_spot(self, node, ins):
         """(operand, arguments) where the op may write into an operand the plan frees right after it."""
-        spot = inplace.plan(op, attrs, ins, [isinstance(r, str) for r in inputs])
-        if spot is None or self.store.writing(inputs[spot[0]]):  # a page-out still reading it keeps it
+        spot = inplace.plan(node.op, node.attrs, ins, node.plain)
+        if spot is None or self.store.writing(node.operands[spot[0]][0]):  # a page-out still reading it keeps it
             return None
         return spot
 
-    def _own_op(self, first, name, op, ins, attrs, aux, spot=None):
+    def _own_op(self, first, name, node, ins, aux, spot=None):
         """The node's own op: its outputs held (and aux), its updates applied while the rest are dropped.
         `spot`: run the op's in-place twin into that operand (`inplace.plan`)."""
-        grad_was = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)  # torch.no_grad() without its context object, once per op
-        updates = attrs.get("updates", ())
-        try:
-            if spot is None and first and updates and inplace.updates_buffers_in_place(op, attrs):
-                outs = aten_call.call(inplace.BUFFER_UPDATES[op][0], attrs, ins, self._params, self._buffers, aux,
-                                      self.device, self.seed, self.step)
-                new = {u["item"]: self._buffers[u["buffer"]] for u in updates}  # the new values, in place already
+        updates = node.updates
+        if spot is None and node.buffer_call is not None:
+            outs = aten_call.run(node.buffer_call, ins, aux, self.seed, self.step)
+            new = node.buffer_outs  # the new values, in place already
+            try:
                 outs += [new[k] for k in range(len(outs), len(outs) + len(new))]
-                updates = ()
-            elif spot is None:
-                outs = aten_call.call(op, attrs, ins, self._params, self._buffers, aux, self.device, self.seed,
-                                      self.step)
-            else:
-                outs = aten_call.call(inplace.INPLACE[op], dict(attrs, args=spot[1]), ins, self._params,
-                                      self._buffers, aux, self.device, self.seed, self.step)
-        except KeyError as e:
-            raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
-        finally:
-            torch._C._set_grad_enabled(grad_was)
-        keep = attrs.get("keep")
-        held = aten_call.held(outs, keep)
+            except KeyError as e:
+                raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
+            updates = ()
+        else:
+            outs = aten_call.run(node.call if spot is None else node.inplace_call(spot), ins, aux, self.seed,
+                                 self.step)
+        items = node.held_items
+        if not items:
+            held = None
+        elif node.keep_list:
+            held = tuple(outs[k] for k in items)
+        else:
+            held = outs[items[0]]
         if held is not None and spot is None:
-            held_items = held if isinstance(held, tuple) else (held,)
-            in_ptrs = {_storage_ptr(t) for t in ins if isinstance(t, Tensor) and t.numel()}
-            if any(isinstance(o, Tensor) and o.numel() and _storage_ptr(o) in in_ptrs for o in held_items):
+            held_items = held if node.keep_list else (held,)
+            if _aliases(held_items, ins):
                 raise PlanError(f"{self._what}: the op's output aliases an operand")
-            self._hold(name, held, sum(nbytes(o) for o in held_items))
+            self._hold(name, held, sum(o.nbytes for o in held_items) if node.keep_list else held.nbytes)
         elif held is not None:  # counted as a new tensor, as the schedule does; the operand's bytes go at its free
-            self._hold(name, held, nbytes(held))
-        aux_items = attrs.get("aux", ())
-        if first and aux_items:
-            aux_out = tuple(outs[k] for k in aux_items)
-            self._hold(f"{name}.aux", aux_out, sum(nbytes(a) for a in aux_out))
-        dropped = aten_call.dropped_bytes(outs, keep, aux_items) if len(outs) > 1 or keep is not None else 0
-        kept = (*aten_call.held_items(keep), *aux_items) if updates else ()
+            self._hold(name, held, held.nbytes)
+        if first and node.aux_items:
+            aux_out = tuple(outs[k] for k in node.aux_items)
+            self._hold(f"{name}.aux", aux_out, sum(a.nbytes for a in aux_out))
+        dropped = aten_call.dropped_among(outs, node.kept) if len(outs) > 1 or node.multi_out else 0
         if dropped:
-            with self.ledger.transient(dropped, label=f"{name} (dropped outputs)"):
-                self._apply_updates(first, outs, updates, kept)
+            self.ledger.enter(dropped, node.drop_label)
+            try:
+                self._apply_updates(outs, updates)
+            finally:
+                self.ledger.leave(dropped)
         elif updates:  # nothing dropped: the updates add nothing to the count
-            self._apply_updates(first, outs, updates, kept)
+            self._apply_updates(outs, updates)
         return held, outs
 
-    def _apply_updates(self, first: bool, outs: list, updates, kept=()) -> None:
-        """`kept`: the output items the node holds (or keeps as aux); any other gradient dies with the update."""
+    @staticmethod
+    def _apply_updates(outs: list, updates) -> None:
+        """Each update reads its output item; a parameter's gradient nothing else holds dies with its update."""
         for u in updates:
-            value = aten_call.update_value(outs, u)
-            if "param" in u:
-                scratch = not u.get("view") and (u.get("item") or 0) not in kept and inplace.sole_owner(value)
-                self.optim.update(u["param"], self._params[u["param"]], value, scratch)
-            elif first:  # a recompute never updates running statistics again
-                self._buffers[u["buffer"]].copy_(value)
+            value = outs[u.item]
+            if u.view is not None:
+                value = aten_call.apply_view(value, u.view)
+            if u.buffer is None:
+                u.apply(value, u.may_scratch and inplace.sole_owner(value))
+            else:
+                u.buffer.copy_(value)
 
     # -- paging and freeing ---------------------------------------------------------------------------
     def page_out(self, name: str) -> None:

@@ -41,11 +41,18 @@ class Ledger:
     def transient(self, nbytes: int, label: str = "transient") -> Iterator[None]:
         """Workspace held only for the duration of the `with` block (counted in the peak)."""
         nbytes = int(nbytes)
-        self._grow(nbytes, label)
+        self.enter(nbytes, label)
         try:
             yield
         finally:
-            self._live -= nbytes
+            self.leave(nbytes)
+
+    def enter(self, nbytes: int, label: str) -> None:
+        """`transient` without its context object (hundreds a step): held until `leave(nbytes)`."""
+        self._grow(nbytes, label)
+
+    def leave(self, nbytes: int) -> None:
+        self._live -= nbytes
 
     def _grow(self, nbytes: int, label: str) -> None:
         self._live += nbytes

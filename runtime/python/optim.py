@@ -60,17 +60,23 @@ class Optimizer:
     @torch.no_grad()
     def update(self, name: str, param: Tensor, grad: Tensor, grad_is_scratch: bool = False) -> None:
         """`grad_is_scratch`: nothing reads the gradient after this update, so SGD may add into it."""
+        self.updater(name, param)(grad, grad_is_scratch)
+
+    def updater(self, name: str, param: Tensor):
+        """`update` of one parameter with its state and settings looked up once: a function (grad,
+        grad_is_scratch) to call with grad mode off (a runtime prepares one per parameter)."""
         c, st = self.config, self.state[name]
         if self.name == "sgd":
-            _sgd(param, grad, st.get("momentum"), c["lr"], c.get("momentum", 0.0), c.get("weight_decay", 0.0),
-                 c.get("nesterov", False), grad_is_scratch)
-            return
+            buf, lr, momentum = st.get("momentum"), c["lr"], c.get("momentum", 0.0)
+            weight_decay, nesterov = c.get("weight_decay", 0.0), c.get("nesterov", False)
+            return lambda grad, scratch: _sgd(param, grad, buf, lr, momentum, weight_decay, nesterov, scratch)
         beta1, beta2 = c.get("betas", (0.9, 0.999))
-        _adam.adam([param], [grad], [st["exp_avg"]], [st["exp_avg_sq"]], [], [st["step"]], foreach=False,
-                   capturable=False, differentiable=False, fused=None, grad_scale=None, found_inf=None,
-                   has_complex=False, decoupled_weight_decay=self.name == "adamw", amsgrad=False, beta1=beta1,
-                   beta2=beta2, lr=c["lr"], weight_decay=c.get("weight_decay", 0.0), eps=c.get("eps", 1e-8),
-                   maximize=False)
+        m, v, step = st["exp_avg"], st["exp_avg_sq"], st["step"]
+        settings = dict(foreach=False, capturable=False, differentiable=False, fused=None, grad_scale=None,
+                        found_inf=None, has_complex=False, decoupled_weight_decay=self.name == "adamw",
+                        amsgrad=False, beta1=beta1, beta2=beta2, lr=c["lr"], weight_decay=c.get("weight_decay", 0.0),
+                        eps=c.get("eps", 1e-8), maximize=False)
+        return lambda grad, scratch: _adam.adam([param], [grad], [m], [v], [], [step], **settings)
 
 
 def _sgd(param: Tensor, grad: Tensor, buf: Tensor | None, lr: float, momentum: float, weight_decay: float,

@@ -1,0 +1,122 @@
+"""Prepared nodes: what a plan node's call needs that is the same at every step, read once and reused.
+
+A generated plan passes each node's op, operands and literal attributes at every call. Reading them anew
+(the argument template walked, markers looked up, parameters found by name, flags derived from `keep`, `aux`,
+`updates`, `then`) was most of the runtime's Python per op. `prepare` reads them once into a `Node`; the runtime
+keeps one per (node, compute or recompute) and reuses it only while the call's op, operands, attrs and aux
+equal those it was made from (`Node.matches`: one comparison with a private copy), so a call whose arguments
+changed is prepared anew, never run with the old ones. What depends on the tensors of the step (operands,
+output sizes, storage sharing) is still read at every call.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from . import aten_call, inplace
+
+
+@dataclass(slots=True, eq=False)
+class Update:
+    """An update applied right after the op: an output item (through a view) to a parameter or a buffer."""
+    item: int
+    view: list | None
+    apply: object = None  # the optimizer's update of a parameter: (grad, grad_is_scratch) -> None
+    may_scratch: bool = False  # a parameter's gradient not seen through a view nor held: SGD may add into it
+    buffer: Tensor | None = None  # a buffer's new value is copied into it (first computations only)
+
+
+@dataclass(slots=True, eq=False)
+class Fused:
+    """An op fused after the node's own (`then`): it holds nothing; its outputs feed its updates."""
+    call: aten_call.Call
+    scratch: int
+    scratch_label: str
+    drop_label: str
+    updates: tuple[Update, ...]
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    # what it was prepared from, as copies the plan cannot change
+    op: str
+    inputs: list
+    attrs: dict
+    aux_of: str | None
+    # read once
+    operands: tuple[tuple[str, list | None], ...]  # (tensor name, view chain or None) per operand
+    plain: list[bool]  # operand k is a tensor as it is (in-place candidates)
+    aux_name: str | None
+    call: aten_call.Call
+    buffer_call: aten_call.Call | None  # first computation that updates its buffers itself (inplace.py)
+    buffer_outs: dict[int, Tensor]  # output item -> the buffer holding its new value after `buffer_call`
+    dying: bool
+    keep_list: bool  # `keep` is a list: the node holds a tuple
+    held_items: tuple[int, ...]
+    aux_items: tuple[int, ...]
+    kept: frozenset  # items the node holds or keeps as aux (not dropped)
+    updates: tuple[Update, ...]
+    then: tuple[Fused, ...]
+    scratch: int
+    scratch_label: str
+    drop_label: str
+    loss_item: tuple | None  # (item,) where the op's output is the step's loss
+    multi_out: bool  # keep is given: dropped outputs may exist even if the op returns one
+    inplace_calls: dict  # operand index -> the op's in-place twin writing into it, prepared on first use
+
+    def matches(self, op: str, inputs: list, attrs: dict, aux_of: str | None) -> bool:
+        return op == self.op and aux_of == self.aux_of and inputs == self.inputs and attrs == self.attrs
+
+    def inplace_call(self, spot: tuple[int, list]) -> aten_call.Call:
+        """The in-place twin writing into operand spot[0] (its argument template, spot[1], follows from it)."""
+        c = self.inplace_calls.get(spot[0])
+        if c is None:
+            c = self.inplace_calls[spot[0]] = aten_call.Call(
+                inplace.INPLACE[self.op], dict(self.attrs, args=spot[1]), self.call.params, self.call.buffers,
+                self.call.device)
+        return c
+
+
+def _updates(specs, kept, first: bool, params: dict, buffers: dict, optim) -> tuple[Update, ...]:
+    out = []
+    for u in specs:
+        item, view = u.get("item") or 0, u.get("view")
+        if "param" in u:
+            name = u["param"]
+            out.append(Update(item, view, apply=optim.updater(name, params[name]),
+                              may_scratch=not view and item not in kept))
+        elif first:  # a recompute never updates running statistics again
+            out.append(Update(item, view, buffer=buffers[u["buffer"]]))
+    return tuple(out)
+
+
+def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: str | None, params: dict,
+            buffers: dict, device, optim) -> Node:
+    """A node's call read once. KeyError names an unknown op, parameter or buffer."""
+    inputs, attrs = copy.deepcopy(inputs), copy.deepcopy(attrs)
+    keep, aux_items = attrs.get("keep"), tuple(attrs.get("aux", ()))
+    held = aten_call.held_items(keep)
+    kept = frozenset((*held, *aux_items))
+    specs = attrs.get("updates", ())
+    buffer_call, buffer_outs = None, {}
+    if first and specs and inplace.updates_buffers_in_place(op, attrs):
+        buffer_call = aten_call.Call(inplace.BUFFER_UPDATES[op][0], attrs, params, buffers, device)
+        buffer_outs = {u["item"]: buffers[u["buffer"]] for u in specs}
+    then = tuple(Fused(aten_call.Call(sub["op"], sub, params, buffers, device), sub.get("scratch", 0),
+                       f"{name} (then {sub['op']}, kernel scratch)", f"{name} (then {sub['op']})",
+                       _updates(sub.get("updates", ()), (), first, params, buffers, optim))
+                 for sub in attrs.get("then", ()))
+    return Node(op=op, inputs=inputs, attrs=attrs, aux_of=aux_of,
+                operands=tuple((r, None) if isinstance(r, str) else (r["t"], r.get("view")) for r in inputs),
+                plain=[isinstance(r, str) for r in inputs],
+                aux_name=f"{aux_of}.aux" if aux_of is not None else None,
+                call=aten_call.Call(op, attrs, params, buffers, device),
+                buffer_call=buffer_call, buffer_outs=buffer_outs, dying="dying" in attrs,
+                keep_list=isinstance(keep, list), held_items=held, aux_items=aux_items, kept=kept,
+                updates=_updates(specs, kept, first, params, buffers, optim), then=then,
+                scratch=attrs.get("scratch", 0), scratch_label=f"{name} (kernel scratch)",
+                drop_label=f"{name} (dropped outputs)",
+                loss_item=(attrs["loss_item"],) if first and "loss_item" in attrs else None,
+                multi_out=keep is not None, inplace_calls={})

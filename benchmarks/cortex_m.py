@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from benchmarks.output import write_json  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in a.models.split(","):
             for budget in a.budgets.split(","):
                 rows.append(bench(model, budget, a.target, a.steps, work, a.host_steps))
-    _write(rows, a.json)
+    write_json(a.json, rows)
     t = Table(title=f"C training firmware on a Cortex-M4F (QEMU mps2-an386, {a.target} budgets), batch 1")
     cols = ("model", "budget", "budget B", "store-all B", "min B", "state B", "arena B", "sched. act. B",
             "rec/pin", "paged B/step", "instr/step", "instr/FLOP", "host C/PyTorch", "flash B", "RAM B", "ok")
@@ -199,14 +200,8 @@ def _report(rows: list[dict], table: Table, path: str, label: str) -> int:
     return 0 if all(r.get("ok") for r in rows) else 1
 
 
-def _write(rows: list[dict], path: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(rows, f, indent=1)
-
-
 def _finetune_table(rows: list[dict], a) -> int:
-    _write(rows, a.json)
+    write_json(a.json, rows)
     t = Table(title=f"Fine-tuning C firmware on a Cortex-M4F (QEMU mps2-an386, {a.target}), batch 1, budget auto")
     cols = ("model", "trains", "params", "budget B", "arena B", "RAM B", "flash B", "streamed B", "paged B/step",
             "instr/step",

@@ -15,7 +15,6 @@ node times are minima). Prints a table with the 1-minute load average before and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.output import write_json  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -85,13 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:  # noqa: BLE001 - a benchmark row records the failure
                     rows.append({"model": model, "budget": budget, "error": str(e)})
     load_after = os.getloadavg()
-    for r in rows:
-        r["loadavg_1min_before_after"] = [load[0], load_after[0]]
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    tmp = f"{a.json}.tmp"
-    with open(tmp, "w") as f:  # written whole, then renamed: a killed run leaves no half file
-        json.dump(rows, f, indent=1)
-    os.replace(tmp, a.json)
+    write_json(a.json, rows, load[0], load_after[0])
     t = Table(title=f"host plans: predicted vs measured step ({PLAN_THREADS} thread(s), batch {a.batch_size}, "
                     f"{a.steps} steps after {a.warmup}; load {load[0]:.2f} -> {load_after[0]:.2f} on "
                     f"{os.cpu_count()} cores)")

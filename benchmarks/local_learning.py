@@ -26,6 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from benchmarks.output import write_json  # noqa: E402
 from rich.table import Table  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
@@ -35,14 +36,6 @@ from edgetrain.compiler.pipeline_local import WEIGHTS, LocalOptions, compile_loc
 from edgetrain.compiler.workbench.local_figures import markdown_table, plot_local_learning, summarize  # noqa: E402
 from edgetrain.compiler.workbench.local_train import load_splits, train_dir  # noqa: E402
 from edgetrain.compiler.workbench.report import console  # noqa: E402
-
-
-def _write_json(path: str, obj: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
 
 
 def main(argv=None) -> dict:
@@ -133,7 +126,7 @@ def main(argv=None) -> dict:
     os.makedirs(a.out, exist_ok=True)
     paths = [os.path.join(a.out, "local_learning.json")] + ([a.json] if a.json else [])
     for p in paths:
-        _write_json(p, result)
+        write_json(p, result)
     fig = plot_local_learning(result, a.out, f"local_learning_{a.model}")
     if bp:
         print(markdown_table(result))

@@ -28,7 +28,10 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 STEPS = 3
+
+from benchmarks.output import write_json  # noqa: E402
 
 
 def _probe_module():
@@ -139,13 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{model} {budget} {label}: {_mb(row.get('real_bytes'))} MB real, "
                           f"{_mb(row.get('budget_bytes'))} MB budget {row.get('error', '')}", file=sys.stderr)
     load_after = os.getloadavg()
-    for r in rows:
-        r["loadavg_1min_before_after"] = [load[0], load_after[0]]
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    tmp_json = a.json + ".tmp"
-    with open(tmp_json, "w") as f:
-        json.dump(rows, f, indent=1)
-    os.replace(tmp_json, a.json)
+    write_json(a.json, rows, load[0], load_after[0])
     from rich.console import Console
     from rich.table import Table
 

@@ -17,7 +17,6 @@ Prints a table with the 1-minute load average before and after, and writes the r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,6 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from benchmarks.output import write_json  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -99,13 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="edgetrain-crossover-") as tmp, pinned_threads():
         rows = [bench(_size(s), a, tmp) for s in a.sizes.split(",")]
     load_after = os.getloadavg()
-    for r in rows:
-        r["loadavg_1min_before_after"] = [load[0], load_after[0]]
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    tmp = f"{a.json}.tmp"
-    with open(tmp, "w") as f:  # written whole, then renamed: a killed run leaves no half file
-        json.dump(rows, f, indent=1)
-    os.replace(tmp, a.json)
+    write_json(a.json, rows, load[0], load_after[0])
     t = Table(title=f"one page out and in beside {a.ops} small ops: time added to the compute thread "
                     f"(median of {a.repeats}; load {load[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} cores; "
                     f"INLINE_PAGE_BYTES = {INLINE_PAGE_BYTES})")

@@ -17,7 +17,6 @@ the rows as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,6 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from benchmarks.output import write_json  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -89,11 +89,7 @@ def main(argv: list[str] | None = None) -> int:
              "compute_thread_cpu_s": statistics.median(c for _, c in v),
              "added_s": statistics.median(w for w, _ in v) - base,
              "loadavg_1min_before_after": [load[0], load_after[0]]} for name, v in times.items()]
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    tmp = f"{a.json}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(rows, f, indent=1)
-    os.replace(tmp, a.json)
+    write_json(a.json, rows)
     t = Table(title=f"{a.ops} small ops, {a.pages} pages of {a.page_kib} KiB out and in beside them, {a.rounds} "
                     f"rounds (load {load[0]:.2f} -> {load_after[0]:.2f})")
     for col in ("variant", "median ms", "least ms", "compute-thread CPU ms", "added ms (median)"):

@@ -27,7 +27,8 @@ from edgetrain.compiler.scheduling.cuts import strengthen  # noqa: E402
 from edgetrain.compiler.scheduling.milp import highs  # noqa: E402
 from edgetrain.compiler.scheduling.poet import build as build_poet  # noqa: E402
 from edgetrain.compiler.scheduling.budget import parse_budget  # noqa: E402
-from solve import graph_arguments, training_graph, write_json  # noqa: E402
+from benchmarks.output import write_json  # noqa: E402
+from solve import graph_arguments, training_graph  # noqa: E402
 
 
 def ladder(model: str, target_name: str, budget_text: str, batch: int, cut_seconds: float, mip_seconds: float,
@@ -91,7 +92,8 @@ def main() -> None:
             for b in a.budgets.split(","):
                 rows.append(ladder(m, tn, b, a.batch_size, a.cut_seconds, a.mip_seconds, a.threads))
     Console(width=max(160, Console().width)).print(table(rows))
-    write_json(rows, a.out)
+    write_json(a.out, rows)
+    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

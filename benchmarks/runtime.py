@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import sys
@@ -42,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from benchmarks.output import write_json  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -207,11 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                         rows.append({"model": model, "budget": budget, "threads": threads, "overlap": a.overlap,
                                      "error": str(e)})
     load_after = os.getloadavg()
-    for r in rows:
-        r["loadavg_1min_before_after"] = [load[0], load_after[0]]
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json, "w") as f:
-        json.dump(rows, f, indent=1)
+    write_json(a.json, rows, load[0], load_after[0])
     t = Table(title=f"runtime step vs plain PyTorch step ({a.target} plans, batch {a.batch_size}, medians of "
                     f"{a.steps} steps after {a.warmup}; load {load[0]:.2f} -> {load_after[0]:.2f})")
     for col in ("model", "budget", "threads", "overlap", "store", "runtime", "rec/pin/pout", "runtime ms", "PyTorch ms", "ratio",

@@ -14,7 +14,6 @@ The profiler adds a few microseconds per op to both sides. Prints the table, wri
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,6 +24,7 @@ from collections import Counter
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from benchmarks.output import write_json  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
@@ -118,13 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"outside aten ops {o['runtime'] * 1e3:.1f} vs {o['pytorch'] * 1e3:.1f} ms; sum of the ops' least "
                   f"times {s['runtime'] * 1e3:.1f} vs {s['pytorch'] * 1e3:.1f} ms; ops run in place per step "
                   f"{r['in_place_ops_per_step']:.0f}")
-    for r in results:
-        r["loadavg_1min_before_after"] = [load, load_after]
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    tmp = a.json + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(tmp, a.json)
+    write_json(a.json, results, load, load_after)
     print(f"wrote {a.json}")
     return 0
 

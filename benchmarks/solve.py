@@ -18,13 +18,13 @@ view of the same proof. A baseline that cannot meet the budget is "infeasible".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.output import write_json  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -145,13 +145,6 @@ def graph_arguments(doc: str, models: str, targets: str, budgets: str) -> argpar
     return ap
 
 
-def write_json(rows: list[dict], path: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"wrote {path}")
-
-
 def main() -> None:
     ap = graph_arguments(__doc__, "resnet18,vgg16", "rpi4,nrf52840", "100%,70%,50%,40%,min")
     ap.add_argument("--time-limit", default="30,resnet50=120", help="seconds per solve: default[,model=s...]")
@@ -178,7 +171,8 @@ def main() -> None:
         Console(width=max(200, Console().width)).print(
             table(mine, f"POET solves on {tn}, batch {a.batch_size} (baselines: extra energy over POET's)"))
         rows += mine
-    write_json(rows, a.out)
+    write_json(a.out, rows)
+    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ exits 1 if any rule is below.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.output import write_json  # noqa: E402
 from edgetrain.compiler.workbench.memory_probe import Probe, isolate_malloc  # noqa: E402
 
 ISOLATED = isolate_malloc()  # before torch allocates anything
@@ -147,12 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                          "rule_bytes": rule, "ok": rule + RESOLUTION >= measured, "malloc_isolated": ISOLATED})
             del args
     load_after = os.getloadavg()
-    for r in rows:
-        r["loadavg_1min_before_after"] = [load[0], load_after[0]]
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json + ".tmp", "w") as f:
-        json.dump(rows, f, indent=1)
-    os.replace(a.json + ".tmp", a.json)
+    write_json(a.json, rows, load[0], load_after[0])
     from rich.console import Console
     from rich.table import Table
 

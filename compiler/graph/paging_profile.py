@@ -6,14 +6,14 @@ measured with the runtime's `FileStore`: float32 tensors of the plan's sizes (po
 tensor to its largest, within 4 KiB-16 MiB) paged out and in on the calling thread, in the temporary directory
 (whose free bytes are the profile's storage), as the compute thread pays for them: a slice of small ops with
 a few page ops spread through it, less the same slice alone, per page op, in the CPU time of that thread (other
-processes' Timed in a loop of page ops instead, a 4-64 KiB page cost 0.55-0.8 of what it costs beside compute (the call
-runs slower there, and so do the ops after it: caches, and the system calls' wake). A figure is never below the
-page ops' own time.
+processes' load stays out). Timed in a loop of page ops instead, a 4-64 KiB page cost 0.55-0.8 of what it costs
+beside compute (the call runs slower there, and so do the ops after it: caches, and the system calls' wake). A
+figure is never below the page ops' own time.
 `latency + bytes / bandwidth` is fitted to the fastest run of each size, in relative error, so small pages'
 fixed costs count as much as large pages' bytes. A page at or above the store's `INLINE_PAGE_BYTES` is done on
 its threads in a plan, so its figure (work on the calling thread) is what the serial time model charges it
 for anyway: it does not count the overlap. Each size is measured once per process, like the rest of the
-profile: about a second in all.
+profile: under two seconds in all.
 """
 from __future__ import annotations
 

@@ -37,9 +37,6 @@ class Job:
             self._fn = self._args = None  # no reference to the job's tensors is left once it has run
             self._done.release()
 
-    def started(self) -> bool:
-        return self._claim.locked()
-
     def result(self):
         """The job's value (or its exception, raised): run here if no thread has started it (the caller would
         otherwise stand still while the jobs queued before it run), else waited for."""

@@ -1,7 +1,7 @@
 """Memory benchmark: a plan's budget and predicted peak against the process's real memory over a training step.
 
     .venv/bin/python benchmarks/memory.py [--models resnet18,mobilenetv2,vgg11,gpt_tiny] [--budgets 100%,50%]
-                                          [--target rpi4] [--batch-size 8] [--before main] [--threads 1]
+                                          [--target rpi4] [--batch-size 8] [--before main] [--threads N]
                                           [--time-limit 20] [--json build/bench/memory.json]
 
 Per (model, budget, version): a fresh process makes glibc malloc return every freed block of a page or more at
@@ -56,7 +56,6 @@ def child(model: str, budget: str, target: str, batch_size: int, threads: int, t
     from edgetrain.compiler.workbench.run import schedule_batches
     from edgetrain.runtime.python import Runtime, load_plan
 
-    torch.set_num_threads(threads)
     out = os.path.join(work, "plan")
     c = compile_model(CompileOptions(model=model, target=target, budget=budget, out=out, batch_size=batch_size,
                                      time_limit=time_limit))
@@ -65,6 +64,10 @@ def child(model: str, budget: str, target: str, batch_size: int, threads: int, t
     rt = Runtime(os.path.join(out, "weights.safetensors"), os.path.join(work, "pages"), device="cpu",
                  lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"], seed=body["seed"])
     plan = load_plan(out)
+    # The plan's own thread count (its kernel scratch was counted for it) unless one is given; set here rather
+    # than through the runtime, which an older tree measured beside this one does not pin.
+    threads = threads or plan.PLAN.get("threads", 1)
+    torch.set_num_threads(threads)
     probe = probe_mod.Probe("cpu")
     reals, ledgers = [], []
     for x, y in schedule_batches(body, "random", STEPS, seed=1):
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", default="100%,50%")
     ap.add_argument("--target", default="rpi4")
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (a host plan's default: 1)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads (default: the plan's own, its target's cpu_threads)")
     ap.add_argument("--time-limit", type=float, default=20.0, help="solver time limit per compile (s)")
     ap.add_argument("--before", default="main", help="git ref measured beside this tree, or none")
     ap.add_argument("--json", default="build/bench/memory.json", metavar="PATH", help="rows written here")
@@ -146,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    threads = a.threads or "each plan's own"
     t = Table(title=f"budget, predicted and real memory of a step ({a.target} plans, batch {a.batch_size}, "
-                    f"{a.threads} thread(s); MB = 1e6 B; load {load[0]:.2f} -> {load_after[0]:.2f})")
+                    f"threads: {threads}; MB = 1e6 B; load {load[0]:.2f} -> {load_after[0]:.2f})")
     for col in ("model", "budget", "version", "budget MB", "schedule peak", "ledger peak", "real (steady)",
                 "real - budget", "real <= budget", "real (1st step)"):
         t.add_column(col, justify="right")

@@ -14,7 +14,7 @@ from .graph.costs import apply_costs
 from .graph.ir import EMITS, OptimizerConfig
 from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
-from .graph.workspace import applies as scratch_applies
+from .graph.workspace import applies as scratch_applies, scratch_threads
 from .schedule_file import format as schedule_format
 from .scheduling.budget import anchors, parse_budget, parse_deadline
 from .scheduling.overlap import overlap_paging
@@ -82,7 +82,8 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
     else:
         example = torch.randn(opts.batch_size, *shape, generator=gen)
-    graph = capture_graph(opts, resolved, model, example, kernel_scratch=scratch_applies(target))
+    graph = capture_graph(opts, resolved, model, example, kernel_scratch=scratch_applies(target),
+                          threads=scratch_threads(target))
     if opts.emit == "c":
         from .graph.c_lower import lower_for_c
 
@@ -93,7 +94,7 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
     if getattr(target, "measured", False):
         from .graph.profiler import profile_nodes
 
-        measured = profile_nodes(graph)
+        measured = profile_nodes(graph, threads=scratch_threads(target))
     apply_costs(graph, target, measured)
     return resolved, model, graph
 
@@ -198,8 +199,10 @@ def _output_like(model, example: torch.Tensor):
                 b.copy_(saved[k])
 
 
-def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, kernel_scratch: bool = True):
-    """The training graph from torch's joint forward-backward graph of one step."""
+def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, kernel_scratch: bool = True,
+                  threads: int = 1):
+    """The training graph from torch's joint forward-backward graph of one step; kernel scratch (if counted) for
+    `threads` intra-op threads."""
     from .frontend.capture import capture, load_loss
     from .graph.joint import build_graph as joint_graph
 
@@ -214,7 +217,7 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, 
     return joint_graph(cap, opts.model, tuple(example.shape), classes, opts.loss, opts.optimizer,
                        input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys,
                        widen_fusion=opts.emit != "c",  # microcontroller graphs are small: every byte counts
-                       kernel_scratch=kernel_scratch)
+                       kernel_scratch=kernel_scratch, scratch_threads=threads)
 
 
 def compile_model(opts: CompileOptions, progress=None) -> dict:

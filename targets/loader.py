@@ -55,7 +55,10 @@ _TEXT_FIELDS = ("name", "description", "family")
 REQUIRED_FIELDS = _TEXT_FIELDS + FIGURE_FIELDS + ("sources",)
 # Program memory: required of microcontrollers (the firmware's code and constant weights must fit it).
 _FLASH = "flash_bytes"
-_OPTIONAL_FIELDS = frozenset({"measured", _FLASH})
+# torch's intra-op threads a Python plan's CPU kernels train with on the device (its cores); 1 where absent. A
+# plan's kernel scratch is counted for it and the runtime pins it (oneDNN holds more scratch per extra thread).
+_THREADS = "cpu_threads"
+_OPTIONAL_FIELDS = frozenset({"measured", _FLASH, _THREADS})
 _WHOLE_FIELDS = _INT_FIELDS + (_FLASH,)
 
 
@@ -91,6 +94,7 @@ class Target:
     sources: Mapping[str, str] = field(default_factory=dict, hash=False)
     measured: bool = False
     flash_bytes: int | None = None  # on-chip program flash (family "mcu"); None for devices with a disk
+    cpu_threads: int = 1  # intra-op threads of torch's CPU kernels on the device (a plan's scratch counts them)
     # Where the profile came from; informative only, so two equal profiles compare equal.
     path: str | None = field(default=None, compare=False)
 
@@ -135,6 +139,8 @@ class Target:
         d["sources"] = dict(self.sources)
         if d["flash_bytes"] is None:  # devices without a flash figure serialise as they always have
             del d["flash_bytes"]
+        if d["cpu_threads"] == 1:  # likewise a profile that names no thread count
+            del d["cpu_threads"]
         return d
 
 
@@ -220,7 +226,7 @@ def _validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     if unknown:
         # Typos such as "page_in_latency" would otherwise be silently ignored.
         raise fail(unknown[0], f"is not a known field; known fields: {', '.join(REQUIRED_FIELDS)}, measured, "
-                               f"{_FLASH}")
+                               f"{_FLASH}, {_THREADS}")
 
     measured = raw.get("measured", False)
     if not isinstance(measured, bool):
@@ -243,7 +249,12 @@ def _validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
         out[_FLASH] = _validate_figure(raw[_FLASH], _FLASH, False, fail)
     elif out["family"] == "mcu":
         raise fail(_FLASH, "is missing (required of a microcontroller: its program flash, in bytes)")
-    out["sources"] = _validate_sources(raw["sources"], fail, flash=_FLASH in raw)
+    if _THREADS in raw:
+        threads = raw[_THREADS]
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise fail(_THREADS, f"must be a whole number of threads >= 1, got {threads!r}")
+        out[_THREADS] = threads
+    out["sources"] = _validate_sources(raw["sources"], fail, flash=_FLASH in raw, threads=_THREADS in raw)
     return out
 
 
@@ -266,10 +277,10 @@ def _validate_figure(value: Any, fld: str, measured: bool, fail) -> Any:
     return value if fld in _WHOLE_FIELDS else float(value)
 
 
-def _validate_sources(sources: Any, fail, flash: bool = False) -> dict[str, str]:
+def _validate_sources(sources: Any, fail, flash: bool = False, threads: bool = False) -> dict[str, str]:
     if not isinstance(sources, dict):
         raise fail("sources", "must be a table of strings, one per figure")
-    cited = FIGURE_FIELDS + ((_FLASH,) if flash else ())
+    cited = FIGURE_FIELDS + ((_FLASH,) if flash else ()) + ((_THREADS,) if threads else ())
     for fld in cited:
         cite = sources.get(fld)
         if not isinstance(cite, str) or not cite.strip():

@@ -617,26 +617,54 @@ def test_dropped_outputs_count_except_an_ops_scratch():
     assert tiny.numel() * 4 * SCRATCH_SHARE <= big.numel() * 4
 
 
-def test_run_trains_and_checks_a_cpu_plan_at_the_plan_thread_count(tmp_path, monkeypatch):
-    """The plan's kernel scratch is counted for PLAN_THREADS, so `run` trains a CPU plan at that count, and the
-    autograd reference runs at the same count (oneDNN's sums in the same order: bitwise equal)."""
+def test_run_trains_and_checks_a_cpu_plan_at_its_targets_thread_count(tmp_path, monkeypatch):
+    """A plan's kernel scratch is counted for its target's threads (a Raspberry Pi 4's four cores), so the runtime
+    trains each step at that count and gives the caller's back after it; `run --check` trains the autograd
+    reference at the same count (oneDNN's sums in the same order: bitwise equal)."""
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
     from edgetrain.compiler.workbench import run as run_mod
-    from edgetrain.runtime.python.device_api import Trainer
-    from edgetrain.runtime.python.threads import PLAN_THREADS
+    from edgetrain.runtime.python import load_plan
+    from edgetrain.targets import load_target
 
+    threads = load_target("rpi4").cpu_threads
+    assert threads == 4
     out = str(tmp_path / "plan")
     compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="100%", out=out, time_limit=20.0))
-    seen = {}
-    step, reference = Trainer.step, run_mod.train_reference
-    monkeypatch.setattr(Trainer, "step", lambda self, x, y: seen.setdefault("plan", torch.get_num_threads())
-                        and step(self, x, y))
+    assert load_plan(out).PLAN["threads"] == threads
+    seen = {"plan": [], "between": []}
+    load_input, reference = Runtime.load_input, run_mod.train_reference
+    monkeypatch.setattr(Runtime, "load_input", lambda self: seen["plan"].append(torch.get_num_threads())
+                        or load_input(self))
+    monkeypatch.setattr(Runtime, "begin_step", lambda self, x, y, f=Runtime.begin_step:
+                        seen["between"].append(torch.get_num_threads()) or f(self, x, y))
     monkeypatch.setattr(run_mod, "train_reference", lambda *a: seen.setdefault("reference", torch.get_num_threads())
                         and reference(*a))
     saved = torch.get_num_threads()
-    torch.set_num_threads(PLAN_THREADS + 1)  # the caller's count differs from the plan's
+    torch.set_num_threads(1)  # the caller's count differs from the plan's
     try:
-        r = run_mod.run_plan(out, steps=1, check=True, device="cpu")
+        r = run_mod.run_plan(out, steps=2, check=True, device="cpu")
+        after = torch.get_num_threads()
     finally:
         torch.set_num_threads(saved)
-    assert seen == {"plan": PLAN_THREADS, "reference": PLAN_THREADS} and r["max_abs_err"] == 0
+    assert seen == {"plan": [threads, threads], "between": [1, 1], "reference": threads}
+    assert after == 1 and r["max_abs_err"] == 0
+
+
+def test_a_step_cut_short_gives_the_callers_thread_count_back(tmp_path):
+    """A plan that fails inside its step does not leave torch pinned at the plan's thread count."""
+    import types
+
+    from edgetrain.runtime.python.checks import checked_step
+
+    rt = Runtime(save_weights(make_mlp(), tmp_path / "w.safetensors", MLP_NAMES), tmp_path / "pages", device="cpu",
+                 lr=LR, threads=3)
+    seen = []
+    plan = types.SimpleNamespace(PLAN={}, train_step=lambda rt: seen.append(torch.get_num_threads()) or rt.free("x"))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises(PlanError, match="'x' is not resident"):
+            checked_step(plan, rt, torch.zeros(1), torch.zeros(1))
+        assert seen == [3] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(saved)

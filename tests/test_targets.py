@@ -177,6 +177,9 @@ def test_missing_source_is_named(tmp_path):
         ({"page_in_bandwidth_bytes_per_s": "-1"}, "page_in_bandwidth_bytes_per_s"),
         ({"flops_per_s": '"measured"'}, "flops_per_s"),  # only a measured profile may say so
         ({"ram_byts": "5"}, "ram_byts"),  # typo: unknown field
+        ({"cpu_threads": "0"}, "cpu_threads"),
+        ({"cpu_threads": "2.5"}, "cpu_threads"),
+        ({"cpu_threads": "true"}, "cpu_threads"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, override, field):
@@ -185,6 +188,20 @@ def test_bad_values_name_the_field(tmp_path, override, field):
         text = text.replace("[sources]", "ram_byts = 5\n[sources]")
     with pytest.raises(TargetProfileError, match=field):
         load_target(_write(tmp_path, text))
+
+
+def test_cpu_threads_is_optional_cited_and_carried_into_schedules(tmp_path):
+    """A profile without a thread count trains on one thread; one that names it cites it, and the figure travels
+    in the target a schedule embeds (a profile without it serialises as it always has)."""
+    rpi4 = load_target("rpi4")
+    assert rpi4.cpu_threads == 4 and rpi4.to_dict()["cpu_threads"] == 4 and "cpu_threads" in rpi4.sources
+    assert Target(**rpi4.to_dict()) == rpi4
+    plain = load_target(_write(tmp_path, "\n".join(line for line in _profile_text(cpu_threads=None).splitlines()
+                                                    if not line.startswith("cpu_threads = \""))))
+    assert plain.cpu_threads == 1 and "cpu_threads" not in plain.to_dict()
+    uncited = "\n".join(line for line in _profile_text().splitlines() if not line.startswith("cpu_threads = \""))
+    with pytest.raises(TargetProfileError, match=r"sources\.cpu_threads"):
+        load_target(_write(tmp_path, uncited, "uncited.toml"))
 
 
 def test_invalid_toml_names_the_file(tmp_path):

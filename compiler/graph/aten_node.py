@@ -10,6 +10,7 @@ from torch.utils.flop_counter import flop_registry
 
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.runtime.python.kernel_scratch import WITH_SCRATCH
+from edgetrain.runtime.python.threads import PLAN_THREADS
 
 from .ir import DTYPE_BYTES, TensorSpec
 from .workspace import kernel_scratch_bytes
@@ -83,8 +84,8 @@ def op_flops(node: fx.Node, outs: list) -> int:
     return read + sum(numel(o) for o in outs)
 
 
-def op_scratch(node: fx.Node) -> int:
-    """The op's kernel scratch (workspace.py), from its operands' shapes."""
+def op_scratch(node: fx.Node, threads: int = PLAN_THREADS) -> int:
+    """The op's kernel scratch (workspace.py), from its operands' shapes, run with `threads` intra-op threads."""
     name = op_name(node.target)
     if name not in WITH_SCRATCH:
         return 0
@@ -96,4 +97,4 @@ def op_scratch(node: fx.Node) -> int:
     out = node.meta.get("val")
     out = out[0] if isinstance(out, (tuple, list)) else out
     out_bytes = spec_of(out).bytes if isinstance(out, torch.Tensor) else 0
-    return kernel_scratch_bytes(name, [spec(a) for a in node.args], out_bytes)
+    return kernel_scratch_bytes(name, [spec(a) for a in node.args], out_bytes, threads)

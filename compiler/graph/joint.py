@@ -25,6 +25,7 @@ import torch.fx as fx
 
 from edgetrain.runtime.python.aten_call import dropped_bytes
 from edgetrain.runtime.python.optim import update_flops_per_element
+from edgetrain.runtime.python.threads import PLAN_THREADS
 
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.frontend.capture import JointCapture
@@ -158,9 +159,10 @@ def _outputs(op: _Op) -> list:
 def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num_classes: int, loss: str,
                 optimizer: OptimizerConfig, input_dtype: str = "float32", input_high: int | None = None,
                 seed_keys: dict[str, str] | None = None, widen_fusion: bool = True,
-                kernel_scratch: bool = True) -> TrainingGraph:
+                kernel_scratch: bool = True, scratch_threads: int = PLAN_THREADS) -> TrainingGraph:
     """The TrainingGraph of a captured training step (stage t computes node t). `widen_fusion`: see
-    `fusion.fuse_updates`; `kernel_scratch`: count the kernels' own scratch (workspace.py: `applies`)."""
+    `fusion.fuse_updates`; `kernel_scratch`: count the kernels' own scratch (workspace.py: `applies`), for
+    `scratch_threads` intra-op threads (the target's, `workspace.scratch_threads`)."""
     b = _Builder(cap)
     b.walk()
     ops = b.ops
@@ -223,7 +225,8 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
                                                           key=b.order.index))
     ordered = fwd_names + [loss_ref.node] + bwd_names
 
-    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}, kernel_scratch),
+    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {},
+                                scratch_threads if kernel_scratch else 0),
                          widen=widen_fusion)
     # input first; labels right before the first node that reads them.
     x_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[0]).meta["val"]
@@ -316,8 +319,9 @@ def _state_names(op: _Op, key: str) -> list[str]:
 
 
 def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, loss_ref: _Out,
-           cap: JointCapture, seed_keys: dict[str, str], kernel_scratch: bool = True) -> list[Node]:
-    """One Node per op (two or more for a forward op whose large outputs are read apart)."""
+           cap: JointCapture, seed_keys: dict[str, str], scratch_threads: int = PLAN_THREADS) -> list[Node]:
+    """One Node per op (two or more for a forward op whose large outputs are read apart). `scratch_threads`: the
+    intra-op threads the kernels' scratch is counted for (0: none counted)."""
     # How each op's outputs are held: name of the node holding output k, and its view prefix.
     held: dict[tuple[str, int | None], tuple[str, tuple]] = {}
     plan: dict[str, list[dict]] = {}  # op -> the nodes it becomes: {"name", "keep", "aux"}
@@ -398,7 +402,7 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
         params = tuple(_state_names(op, "$p"))
         buffers = tuple(_state_names(op, "$b"))
         ups = updates.get(name, [])
-        scratch = op_scratch(op.fx) if kernel_scratch else 0
+        scratch = op_scratch(op.fx, scratch_threads) if scratch_threads else 0
         for part_i, part in enumerate(plan[name]):
             keep = part["keep"]
             if keep == "none":

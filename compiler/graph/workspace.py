@@ -13,9 +13,9 @@ resident-set high-water growth over each node of the zoo's models and over singl
   matrix products, softmax, layer norm): none.
 
 Batch 1 and pointwise convolutions measured far less than the rule (oneDNN then keeps the plain layout): the
-rule stays an upper bound rather than follow each of oneDNN's choices. Plans are compiled for the runtime's
-plan thread count (runtime/python/threads.py: 1), which `edgetrain run` pins for every plan it trains on the
-CPU. The term is for the targets torch's kernels train on (Raspberry Pi, Jetson, host: `applies`); the C
+rule stays an upper bound rather than follow each of oneDNN's choices. A plan is compiled for its target's
+thread count (`cpu_threads` in the profile: a Raspberry Pi 4's four cores; 1 where a profile names none,
+runtime/python/threads.py), which the plan records and the runtime pins while a step trains on the CPU. The term is for the targets torch's kernels train on (Raspberry Pi, Jetson, host: `applies`); the C
 runtime's kernels have no scratch (`c_lower.py` sets every workspace to the streamed weights alone), and a
 microcontroller profile's graph has none even in a Python plan.
 """
@@ -35,6 +35,11 @@ def applies(target) -> bool:
     """Kernel scratch is counted for the targets torch's kernels train on (Raspberry Pi, Jetson, host); a
     microcontroller profile's graph models its C kernels, which have none, even in a Python plan."""
     return getattr(target, "family", None) != "mcu"
+
+
+def scratch_threads(target) -> int:
+    """The intra-op threads a target's plans train with on the CPU, which their kernel scratch is counted for."""
+    return getattr(target, "cpu_threads", PLAN_THREADS)
 
 
 def kernel_scratch_bytes(op: str, args: list, out_bytes: int, threads: int = PLAN_THREADS) -> int:

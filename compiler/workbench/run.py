@@ -112,13 +112,8 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     steps = 1 if steps is None else steps
     dev = _device(device)
     resume_from = save if resume and state_path(save).exists() else None
-    # A CPU plan trains at the runtime's thread count: a host plan's times were profiled at it, and every
-    # plan's kernel scratch is counted for it (oneDNN holds about a weight more per extra thread).
-    on_cpu = (dev.type if dev is not None else "cuda" if torch.cuda.is_available() else "cpu") == "cpu"
-    def threads():
-        return pinned_threads() if on_cpu else nullcontext()
-
-    with threads(), Trainer(out_dir, device=dev, resume=resume_from) as trainer:
+    # The runtime pins a CPU plan's steps to the plan's thread count (its kernel scratch was counted for it).
+    with Trainer(out_dir, device=dev, resume=resume_from) as trainer:
         if trainer.plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
             raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
         rt = trainer.rt
@@ -146,7 +141,8 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         result["error_kind"] = "BudgetExceeded"
         result["error"] = f"measured peak {rt.ledger.peak_bytes} B exceeds the budget {body['budget']['bytes']} B"
     if check:
-        with threads():  # the same thread count as the plan: oneDNN's sums then run in the same order
+        # the plan's thread count: oneDNN's sums then run in the same order
+        with pinned_threads(rt.threads) if rt.threads is not None else nullcontext():
             model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
                                                 rt.device)
         max_abs, max_rel, bad = _compare(model, rt)

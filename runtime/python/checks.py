@@ -54,7 +54,10 @@ def checked_step(plan, rt: Runtime, x: torch.Tensor, y: torch.Tensor, *, check_p
     """Run one step of a loaded plan on (x, y) with every whole-step check; returns its loss."""
     step = rt.step
     rt.begin_step(x, y)
-    loss = plan.train_step(rt)
+    try:
+        loss = plan.train_step(rt)
+    finally:
+        rt.restore_threads()  # a step cut short by an error leaves the caller's thread count as it was
     if rt._in_step or rt.step != step + 1:
         raise PlanError(f"step {step} never reached its end (plan.py returned at op #{rt._op} without "
                         "end_step()): the plan is incomplete; recompile the model")

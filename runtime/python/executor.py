@@ -60,7 +60,11 @@ class Runtime:
     def __init__(self, weights_file: str | PathLike, storage_dir: str | PathLike, *, device=None,
                  optimizer: dict | None = None, trainable=None, lr: float | None = None,
                  momentum: float | None = None, weight_decay: float | None = None, seed: int = 0,
-                 expected_tensors: dict | None = None) -> None:
+                 expected_tensors: dict | None = None, threads: int | None = None) -> None:
+        """`threads`: torch's intra-op thread count while a step trains on the CPU (the plan's: its kernel scratch
+        was counted for it; `runtime_for` passes it), set back after the step; None leaves torch's own."""
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -95,6 +99,8 @@ class Runtime:
         self._momentum = {p: st["momentum"] for p, st in self.optim.state.items() if "momentum" in st}
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        self.threads = threads if self.device.type == "cpu" else None  # GPU kernels do not run on them
+        self._threads_before: int | None = None
         self.step = 0  # index of the current (or next) training step
         self.losses: list[float] = []
         self.leftovers: list[str] = []  # what the last end_step had to free
@@ -177,6 +183,9 @@ class Runtime:
         if self._in_step:
             raise PlanError(f"begin_step: step {self.step} was never ended")
         self._batch = (x, y)
+        if self.threads is not None and torch.get_num_threads() != self.threads:
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
         self._in_step = True
         self._op = 0
         self._freed_at.clear()
@@ -380,10 +389,17 @@ class Runtime:
         del self._live[name]
         self._freed_at[name] = self._op
 
+    def restore_threads(self) -> None:
+        """torch's thread count as it was before the step (end_step does it; a step that failed needs it)."""
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
+
     def end_step(self) -> float | None:
         """Free whatever the plan left resident (reported in `leftovers`), return the step's loss."""
         if not self._in_step:
             raise PlanError(f"end_step: step {self.step} was never begun")
+        self.restore_threads()
         self._waited(self.store.wait)  # every page-out of the step written (or its error raised) before the step ends
         for name, value in self._live.items():
             if isinstance(value, PendingRead):  # read ahead, never used: its read must still finish cleanly

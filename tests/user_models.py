@@ -197,6 +197,23 @@ class WideConvs(nn.Module, _Facts):
         return self.head(self.features(x).mean((2, 3)))
 
 
+class WideSmallMaps(nn.Module, _Facts):
+    """A 512 -> 512 convolution on 2x2 maps: at several threads oneDNN sums its weight gradient from one
+    weight-sized buffer per thread, so its scratch grows with the thread count."""
+
+    input_shape = (3, 8, 8)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 128, 3, padding=1), nn.ReLU(),
+                                      nn.Conv2d(128, 512, 3, padding=1, stride=4), nn.ReLU(),
+                                      nn.Conv2d(512, 512, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(512, 5)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
 def activations():
     return Activations()
 
@@ -235,6 +252,10 @@ def backbone():
 
 def wide_convs():
     return WideConvs()
+
+
+def wide_small_maps():
+    return WideSmallMaps()
 
 
 def frozen_backbone():

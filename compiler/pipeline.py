@@ -242,6 +242,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         "solver": {k: result.solver.get(k) for k in ("name", "requested", "notice", "status", "gap", "seconds",
                                                      "objective", "bound", "variables", "constraints")},
         "emit": opts.emit,
+        "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }
     if firmware is not None:
         out["arena_bytes"] = firmware["arena_bytes"]

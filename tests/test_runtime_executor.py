@@ -629,8 +629,8 @@ def test_run_trains_and_checks_a_cpu_plan_at_its_targets_thread_count(tmp_path, 
     threads = load_target("rpi4").cpu_threads
     assert threads == 4
     out = str(tmp_path / "plan")
-    compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="100%", out=out, time_limit=20.0))
-    assert load_plan(out).PLAN["threads"] == threads
+    r = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="100%", out=out, time_limit=20.0))
+    assert load_plan(out).PLAN["threads"] == r["threads"] == threads
     seen = {"plan": [], "between": []}
     load_input, reference = Runtime.load_input, run_mod.train_reference
     monkeypatch.setattr(Runtime, "load_input", lambda self: seen["plan"].append(torch.get_num_threads())

@@ -13,7 +13,8 @@ each, --steps steps of each are timed, and the row gives both medians and their 
 the median of each runtime step's time over the PyTorch step of the same rotation ("paired": a load that
 drifts between rotations cancels), and the same ratio of the process's CPU time per step (every thread's:
 the page store's too), which other processes' load moves far less than wall time.
-torch runs with --threads intra-op threads. Rows also carry the schedule's predicted step time (with
+torch runs with --threads intra-op threads (both sides alike; a plan's kernel scratch is counted for its target's
+own count, 4 on rpi4, which this benchmark does not measure: benchmarks/memory.py does). Rows also carry the schedule's predicted step time (with
 `--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's) and
 the time the runtime's step stood still for the page store (`Runtime.paging_wait_s`: page-outs handed to
 the writer, waits for writes before frees, page-in headers, waits for read-ahead bytes and their

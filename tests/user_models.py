@@ -182,33 +182,18 @@ class Backbone(nn.Module, _Facts):
 
 class WideConvs(nn.Module, _Facts):
     """Wide 3x3 convolutions on small maps: megabytes of weights beside kilobytes of activations, so a step's
-    memory is mostly the state and the kernels' re-laid-out weights."""
+    memory is mostly the state and the kernels' re-laid-out weights. `wide`, `stride`: the last two layers'
+    channels and the stride into them (512 and 4: 2x2 maps, where at several threads oneDNN sums the weight
+    gradient from one weight-sized buffer per thread, so its scratch grows with the thread count)."""
 
     input_shape = (3, 8, 8)
 
-    def __init__(self) -> None:
+    def __init__(self, wide: int = 256, stride: int = 2) -> None:
         super().__init__()
         self.features = nn.Sequential(nn.Conv2d(3, 128, 3, padding=1), nn.ReLU(),
-                                      nn.Conv2d(128, 256, 3, padding=1, stride=2), nn.ReLU(),
-                                      nn.Conv2d(256, 256, 3, padding=1), nn.ReLU())
-        self.head = nn.Linear(256, 5)
-
-    def forward(self, x):
-        return self.head(self.features(x).mean((2, 3)))
-
-
-class WideSmallMaps(nn.Module, _Facts):
-    """A 512 -> 512 convolution on 2x2 maps: at several threads oneDNN sums its weight gradient from one
-    weight-sized buffer per thread, so its scratch grows with the thread count."""
-
-    input_shape = (3, 8, 8)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 128, 3, padding=1), nn.ReLU(),
-                                      nn.Conv2d(128, 512, 3, padding=1, stride=4), nn.ReLU(),
-                                      nn.Conv2d(512, 512, 3, padding=1), nn.ReLU())
-        self.head = nn.Linear(512, 5)
+                                      nn.Conv2d(128, wide, 3, padding=1, stride=stride), nn.ReLU(),
+                                      nn.Conv2d(wide, wide, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(wide, 5)
 
     def forward(self, x):
         return self.head(self.features(x).mean((2, 3)))
@@ -255,7 +240,7 @@ def wide_convs():
 
 
 def wide_small_maps():
-    return WideSmallMaps()
+    return WideConvs(wide=512, stride=4)
 
 
 def frozen_backbone():

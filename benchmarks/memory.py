@@ -55,6 +55,7 @@ def child(model: str, budget: str, target: str, batch_size: int, threads: int, t
     from edgetrain.compiler.schedule_file import format as schedule_format
     from edgetrain.compiler.workbench.run import schedule_batches
     from edgetrain.runtime.python import Runtime, load_plan
+    from edgetrain.runtime.python.threads import PLAN_THREADS
 
     out = os.path.join(work, "plan")
     c = compile_model(CompileOptions(model=model, target=target, budget=budget, out=out, batch_size=batch_size,
@@ -66,7 +67,7 @@ def child(model: str, budget: str, target: str, batch_size: int, threads: int, t
     plan = load_plan(out)
     # The plan's own thread count (its kernel scratch was counted for it) unless one is given; set here rather
     # than through the runtime, which an older tree measured beside this one does not pin.
-    threads = threads or plan.PLAN.get("threads", 1)
+    threads = threads or plan.PLAN.get("threads", PLAN_THREADS)
     torch.set_num_threads(threads)
     probe = probe_mod.Probe("cpu")
     reals, ledgers = [], []

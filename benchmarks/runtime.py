@@ -14,18 +14,19 @@ the median of each runtime step's time over the PyTorch step of the same rotatio
 drifts between rotations cancels), and the same ratio of the process's CPU time per step (every thread's:
 the page store's too), which other processes' load moves far less than wall time.
 torch runs with --threads intra-op threads (both sides alike; a plan's kernel scratch is counted for its target's
-own count, 4 on rpi4, which this benchmark does not measure: benchmarks/memory.py does). Rows also carry the schedule's predicted step time (with
-`--target host`, measured by the profiler on the machine that compiles: compare it with the runtime's) and
-the time the runtime's step stood still for the page store (`Runtime.paging_wait_s`: page-outs handed to
-the writer, waits for writes before frees, page-in headers, waits for read-ahead bytes and their
-checksums), as a median per step and as a share of the step. `--overlap on,off` compiles each plan twice,
-with paging overlapped (page-ins read ahead, frees of paged-out tensors written behind: the default of
-compile) and without, one row each, their steps alternating with PyTorch's in one loop. `--compare-store DIR`
-adds, per plan, a row whose runtime pages through another checkout's page store (DIR/runtime/python/storage.py,
-e.g. the main branch's) instead of this one's, its steps in the same loop: a before/after of the page store
-under one load. `--compare-runtime DIR` likewise adds a row run by another checkout's whole runtime package
-(DIR/runtime/python: executor, op calls, ledger, page store) on the same plan: a before/after of the runtime.
-Prints a table and writes JSON rows with at least model, budget (as given), threads and ratio.
+own count, 4 on rpi4, which this benchmark does not measure: benchmarks/memory.py does). Rows also carry the
+schedule's predicted step time (with `--target host`, measured by the profiler on the machine that compiles:
+compare it with the runtime's) and the time the runtime's step stood still for the page store
+(`Runtime.paging_wait_s`: page-outs handed to the writer, waits for writes before frees, page-in headers, waits for
+read-ahead bytes and their checksums), as a median per step and as a share of the step. `--overlap on,off` compiles
+each plan twice, with paging overlapped (page-ins read ahead, frees of paged-out tensors written behind: the
+default of compile) and without, one row each, their steps alternating with PyTorch's in one loop. `--compare-store
+DIR` adds, per plan, a row whose runtime pages through another checkout's page store
+(DIR/runtime/python/storage.py, e.g. the main branch's) instead of this one's, its steps in the same loop: a
+before/after of the page store under one load. `--compare-runtime DIR` likewise adds a row run by another
+checkout's whole runtime package (DIR/runtime/python: executor, op calls, ledger, page store) on the same plan: a
+before/after of the runtime. Prints a table and writes JSON rows with at least model, budget (as given), threads
+and ratio.
 """
 from __future__ import annotations
 

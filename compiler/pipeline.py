@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from edgetrain.runtime.python.threads import PLAN_THREADS
+
 from .errors import DeviceFitError, OutputDirError, UnsupportedModelError
 from .output_dir import StagedOutput
 from .frontend.modelspec import resolve
@@ -200,7 +202,7 @@ def _output_like(model, example: torch.Tensor):
 
 
 def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, kernel_scratch: bool = True,
-                  threads: int = 1):
+                  threads: int = PLAN_THREADS):
     """The training graph from torch's joint forward-backward graph of one step; kernel scratch (if counted) for
     `threads` intra-op threads."""
     from .frontend.capture import capture, load_loss

@@ -6,9 +6,12 @@ model and the local-learning step counter use one rule:
 
 - forward: the weight re-laid out in oneDNN's blocked format + the larger of input and output (a transposed
   convolution runs the backward-data kernel: twice that);
-- backward: T x weight (with T threads oneDNN may sum the weight gradient from one weight-sized buffer per
-  thread: 4 x weight measured at 4 threads on 512 -> 512 3x3 over 2x2 maps) + 2 x the larger of input and
-  output gradient (the blocked input and output gradient, or the input gradient written blocked);
+- backward: B x weight + 2 x the larger of input and output gradient (the blocked input and output gradient, or
+  the input gradient written blocked). B, the weight-sized buffers: with T threads oneDNN may sum the weight
+  gradient from one buffer per thread, and does on small maps (min(T, batch) measured on 1x1 and 2x2 outputs of
+  3x3 kernels, at 2 and 4 threads); a 3x3 kernel writing maps of 3x3 or more took one (the blocked weight) in
+  every shape measured (128 and 512 channels, batch 1-32, maps 3-6, at 2 and 4 threads), so B = 1 there and
+  B = T for every other shape, which was not measured apart;
 - both: an eighth of the activation term more (a convolution's figure moved by up to 12% of it from run to
   run), and 64 KiB per thread past the first (its own blocks; at most 74 KB measured).
 Every other op measured no scratch beyond the pages its outputs map.
@@ -27,17 +30,27 @@ def convolution_scratch(x_bytes: int, w_bytes: int, out_bytes: int, transposed: 
     return w_bytes + act + act // SLACK + (threads - 1) * THREAD_BYTES
 
 
-def convolution_backward_scratch(grad_out_bytes: int, x_bytes: int, w_bytes: int, threads: int) -> int:
+def weight_buffers(grad_out_shape, w_shape, threads: int) -> int:
+    """Weight-sized buffers a convolution's backward holds at `threads` threads (B in the module's rule)."""
+    if (len(w_shape) == 4 and tuple(w_shape[2:]) == (3, 3) and len(grad_out_shape) == 4
+            and min(grad_out_shape[2:]) >= 3):
+        return 1
+    return threads
+
+
+def convolution_backward_scratch(grad_out_bytes: int, x_bytes: int, w_bytes: int, threads: int, buffers: int) -> int:
+    """`buffers`: the weight-sized buffers (`weight_buffers`)."""
     act = 2 * max(x_bytes, grad_out_bytes)
-    return threads * w_bytes + act + act // SLACK + (threads - 1) * THREAD_BYTES
+    return buffers * w_bytes + act + act // SLACK + (threads - 1) * THREAD_BYTES
 
 
 def scratch_bytes(op: str, args: list, out_bytes: int, threads: int, nbytes) -> int:
     """Bytes `op` (`aten.<name>.<overload>`) holds inside its kernel beyond its outputs, with `threads` intra-op
-    threads; `args` its positional arguments, `nbytes(arg)` an argument's bytes (0 for a non-tensor), `out_bytes`
-    its (first) output's bytes."""
+    threads; `args` its positional arguments (tensors or anything with their `shape`), `nbytes(arg)` an argument's
+    bytes (0 for a non-tensor), `out_bytes` its (first) output's bytes."""
     if op == CONVOLUTION:
         return convolution_scratch(nbytes(args[0]), nbytes(args[1]), out_bytes, bool(args[6]), threads)
     if op == CONVOLUTION_BACKWARD:
-        return convolution_backward_scratch(nbytes(args[0]), nbytes(args[1]), nbytes(args[2]), threads)
+        buffers = weight_buffers(tuple(args[0].shape), tuple(args[2].shape), threads)
+        return convolution_backward_scratch(nbytes(args[0]), nbytes(args[1]), nbytes(args[2]), threads, buffers)
     return 0

@@ -1,7 +1,7 @@
 """The intra-op thread count a plan trains with on the CPU, where its target names none (the host's).
 
 A target profile may name its own (`cpu_threads`: a Raspberry Pi 4's four cores). The compiler counts a plan's
-kernel scratch for that count (oneDNN holds about a weight-sized buffer more per extra thread), the host profiler
+kernel scratch for that count (on small maps oneDNN holds a weight-sized buffer per thread), the host profiler
 times every node with it, the plan records it (`PLAN["threads"]`) and the runtime pins it while each step trains.
 One thread for the host: a step's time then depends little on what else a shared machine runs, and a device core
 is what the plan is a stand-in for.

@@ -10,7 +10,8 @@ model and the local-learning step counter use one rule:
   the input gradient written blocked). B, the weight-sized buffers: with T threads oneDNN may sum the weight
   gradient from one buffer per thread, and does on small maps (min(T, batch) measured on 1x1 and 2x2 outputs of
   3x3 kernels, at 2 and 4 threads); a 3x3 kernel writing maps of 3x3 or more took one (the blocked weight) in
-  every shape measured (128 and 512 channels, batch 1-32, maps 3-6, at 2 and 4 threads), so B = 1 there and
+  every shape measured (128 and 512 channels, batch 1-32, maps 3-6, at 2 and 4 threads), and so did a 1x1
+  kernel on any map (64-1024 channels, batch 1-32, maps 1-8, stride 1 and 2, at 2 and 4 threads): B = 1 there,
   B = T for every other shape, which was not measured apart;
 - both: an eighth of the activation term more (a convolution's figure moved by up to 12% of it from run to
   run), and 64 KiB per thread past the first (its own blocks; at most 74 KB measured).
@@ -32,8 +33,9 @@ def convolution_scratch(x_bytes: int, w_bytes: int, out_bytes: int, transposed: 
 
 def weight_buffers(grad_out_shape, w_shape, threads: int) -> int:
     """Weight-sized buffers a convolution's backward holds at `threads` threads (B in the module's rule)."""
-    if (len(w_shape) == 4 and tuple(w_shape[2:]) == (3, 3) and len(grad_out_shape) == 4
-            and min(grad_out_shape[2:]) >= 3):
+    if len(w_shape) != 4 or len(grad_out_shape) != 4:
+        return threads
+    if tuple(w_shape[2:]) == (1, 1) or (tuple(w_shape[2:]) == (3, 3) and min(grad_out_shape[2:]) >= 3):
         return 1
     return threads
 

@@ -84,8 +84,8 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
     else:
         example = torch.randn(opts.batch_size, *shape, generator=gen)
-    graph = capture_graph(opts, resolved, model, example, kernel_scratch=scratch_applies(target),
-                          threads=scratch_threads(target))
+    graph = capture_graph(opts, resolved, model, example,
+                          scratch_threads(target) if scratch_applies(target) else 0)
     if opts.emit == "c":
         from .graph.c_lower import lower_for_c
 
@@ -201,10 +201,9 @@ def _output_like(model, example: torch.Tensor):
                 b.copy_(saved[k])
 
 
-def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, kernel_scratch: bool = True,
-                  threads: int = PLAN_THREADS):
-    """The training graph from torch's joint forward-backward graph of one step; kernel scratch (if counted) for
-    `threads` intra-op threads."""
+def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS):
+    """The training graph from torch's joint forward-backward graph of one step; kernel scratch counted for
+    `threads` intra-op threads (0: none)."""
     from .frontend.capture import capture, load_loss
     from .graph.joint import build_graph as joint_graph
 
@@ -219,7 +218,7 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, 
     return joint_graph(cap, opts.model, tuple(example.shape), classes, opts.loss, opts.optimizer,
                        input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys,
                        widen_fusion=opts.emit != "c",  # microcontroller graphs are small: every byte counts
-                       kernel_scratch=kernel_scratch, scratch_threads=threads)
+                       scratch_threads=threads)
 
 
 def compile_model(opts: CompileOptions, progress=None) -> dict:

@@ -159,10 +159,10 @@ def _outputs(op: _Op) -> list:
 def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num_classes: int, loss: str,
                 optimizer: OptimizerConfig, input_dtype: str = "float32", input_high: int | None = None,
                 seed_keys: dict[str, str] | None = None, widen_fusion: bool = True,
-                kernel_scratch: bool = True, scratch_threads: int = PLAN_THREADS) -> TrainingGraph:
+                scratch_threads: int = PLAN_THREADS) -> TrainingGraph:
     """The TrainingGraph of a captured training step (stage t computes node t). `widen_fusion`: see
-    `fusion.fuse_updates`; `kernel_scratch`: count the kernels' own scratch (workspace.py: `applies`), for
-    `scratch_threads` intra-op threads (the target's, `workspace.scratch_threads`)."""
+    `fusion.fuse_updates`; `scratch_threads`: the intra-op threads the kernels' own scratch is counted for (the
+    target's, `workspace.scratch_threads`; 0 counts none: workspace.py's `applies`)."""
     b = _Builder(cap)
     b.walk()
     ops = b.ops
@@ -225,8 +225,7 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
                                                           key=b.order.index))
     ordered = fwd_names + [loss_ref.node] + bwd_names
 
-    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {},
-                                scratch_threads if kernel_scratch else 0),
+    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}, scratch_threads),
                          widen=widen_fusion)
     # input first; labels right before the first node that reads them.
     x_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[0]).meta["val"]

@@ -183,9 +183,11 @@ class Runtime:
         if self._in_step:
             raise PlanError(f"begin_step: step {self.step} was never ended")
         self._batch = (x, y)
-        if self.threads is not None and torch.get_num_threads() != self.threads:
-            self._threads_before = torch.get_num_threads()
-            torch.set_num_threads(self.threads)
+        if self.threads is not None:
+            current = torch.get_num_threads()
+            if current != self.threads:
+                self._threads_before = current
+                torch.set_num_threads(self.threads)
         self._in_step = True
         self._op = 0
         self._freed_at.clear()

@@ -25,9 +25,12 @@ File I/O is raw `os` calls on the tensor's own memory: no file objects, no inter
 whose memory is a permutation of a dense layout (attention's output) is stored in memory order with the
 permutation, and comes back with its strides: the plan's views of it must stay views.
 
-A page smaller than `INLINE_PAGE_BYTES` skips the threads: it is written, or read and checked, on the calling
-thread at once. Waking a store thread for it cost the compute thread more than the page's own work (the
-woken thread preempts it, and takes the GIL back and forth; docs/performance.md, benchmarks/page_crossover.py).
+A small page skips the threads: it is written, or read and checked, on the calling thread at once. Where the
+compute threads take every core the process may run on, below `INLINE_PAGE_BYTES` (1 MiB): waking a store
+thread then costs the compute thread more than the page's own work (the woken thread preempts it on its core,
+and takes the GIL back and forth). Where they leave a core free (one intra-op thread on a two-core machine, a
+GPU plan's CPU), the woken thread runs there, and pages from `INLINE_PAGE_BYTES_FREE_CORE` (128 KiB) go to the
+threads (docs/performance.md, benchmarks/page_crossover.py).
 """
 from __future__ import annotations
 
@@ -56,6 +59,23 @@ CHECKSUM = "xxh3_64" if xxhash is not None else "crc32"  # what this store write
 # Pages smaller than this are written and read on the calling thread: handing one to a store thread costs the
 # compute thread more than the page itself (the wake-up preempts it; benchmarks/page_crossover.py measures where).
 INLINE_PAGE_BYTES = 1 << 20
+INLINE_PAGE_BYTES_FREE_CORE = 128 << 10  # the same where the compute threads leave a core to the store's
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call on this OS
+        return os.cpu_count() or 1
+
+
+USABLE_CPUS = _usable_cpus()
+
+
+def inline_threshold() -> int:
+    """The page size from which the store's threads take a page: lower while torch's intra-op threads leave one
+    of the process's cores free (read per page: a plan pins its thread count while its step runs)."""
+    return INLINE_PAGE_BYTES_FREE_CORE if USABLE_CPUS > torch.get_num_threads() else INLINE_PAGE_BYTES
 
 
 def checksum(algorithm: str, head: bytes, data) -> int:
@@ -238,9 +258,9 @@ class PendingRead:
 
 class FileStore:
     def __init__(self, directory: str | os.PathLike, *, background: bool = True,
-                 inline_below: int = INLINE_PAGE_BYTES) -> None:
+                 inline_below: int | None = None) -> None:
         self.dir = Path(directory)
-        self.inline_below = inline_below  # pages of fewer bytes skip the threads
+        self.inline_below = inline_below  # pages of fewer bytes skip the threads; None: `inline_threshold()`
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bytes_out = 0
         self.bytes_in = 0
@@ -260,7 +280,7 @@ class FileStore:
 
     def page_out(self, name: str, tensor: Tensor) -> Path:
         """Start writing `tensor` to its page file (on the background writer, unless the store has none or the
-        page is smaller than `inline_below`: then written here)."""
+        page is smaller than the store's inline size: then written here)."""
         path = self.path_of(name)
         self.wait(name)  # a name paged out again is written after its previous write
         t, perm = _memory_order(tensor.detach())
@@ -280,11 +300,14 @@ class FileStore:
         self.bytes_out += size
         self._pages[name] = (page, head)
         args = (path, head, [_bytes_of(t)], known is None or known[0] != page)
-        if self._writer is None or size < self.inline_below:
+        if self._writer is None or size < self._inline_size():
             self._written[name] = self._finish(name, lambda: _write(*args))
         else:
             self._pending[name] = self._writer.submit(_write, *args)
         return path
+
+    def _inline_size(self) -> int:
+        return inline_threshold() if self.inline_below is None else self.inline_below
 
     def _finish(self, name: str, write) -> int:
         """The checksum of a finished write (`write()` runs it, or collects it from the writer)."""
@@ -313,7 +336,7 @@ class FileStore:
     def start_page_in(self, name: str, device: torch.device | str = "cpu") -> "PendingRead":
         """Allocate the tensor now (from what this store paged out; a file it did not write: from the file's
         header, checked here) and read and verify the file on the reader thread (unless the store has none or the
-        page is smaller than `inline_below`: then read here, at once):
+        page is smaller than the store's inline size: then read here, at once):
         `result()` gives the tensor, or raises PageStoreError."""
         self.wait(name)
         path = self.path_of(name)
@@ -335,7 +358,7 @@ class FileStore:
             read, job = _read_own, (name, path, t, _bytes_of(t), known[1], written)
         else:
             read, job = _read, (name, path, t, written)
-        threaded = self._reader is not None and want >= self.inline_below
+        threaded = self._reader is not None and want >= self._inline_size()
         work = self._reader.submit(read, *job) if threaded else finished(read, *job)
         return PendingRead(name, t, perm, torch.device(device), want, work)
 

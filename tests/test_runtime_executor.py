@@ -358,7 +358,7 @@ def test_small_pages_skip_the_threads_large_ones_use_them(tmp_path, monkeypatch)
     monkeypatch.setattr(storage, "_write", logged("write", storage._write))
     for reader in ("_read", "_read_own"):  # a page of another store's, and this store's own
         monkeypatch.setattr(storage, reader, logged("read", getattr(storage, reader)))
-    assert FileStore(tmp_path / "default").inline_below == storage.INLINE_PAGE_BYTES > 0
+    assert FileStore(tmp_path / "default").inline_below is None  # the size follows the cores: test below
     store = FileStore(tmp_path, inline_below=400)
     small, large = torch.randn(99), torch.randn(100)  # 396 and 400 bytes
     me = threading.current_thread().name
@@ -386,6 +386,36 @@ def test_small_pages_skip_the_threads_large_ones_use_them(tmp_path, monkeypatch)
     where.clear()
     inline.page_out("large", large)
     assert torch.equal(inline.page_in("large"), large) and all(n == me for _, n in where)
+
+
+@pytest.mark.parametrize("cpus, threads, inline", [(4, 4, True), (4, 8, True), (4, 3, False), (2, 1, False)])
+def test_small_pages_go_to_the_threads_only_where_the_compute_threads_leave_a_core(tmp_path, monkeypatch, cpus,
+                                                                                   threads, inline):
+    """A page between the two sizes stays on the calling thread while torch's threads take every core the process
+    may use, and goes to the store's threads when one is left; the count is read at each page (a plan pins its own
+    while its step runs)."""
+    import threading
+    import time
+
+    assert 0 < storage.INLINE_PAGE_BYTES_FREE_CORE < storage.INLINE_PAGE_BYTES
+    monkeypatch.setattr(storage, "USABLE_CPUS", cpus)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    where = []
+    real = storage._write
+    monkeypatch.setattr(storage, "_write", lambda *a: where.append(threading.current_thread().name) or real(*a))
+    store = FileStore(tmp_path)
+    mid = torch.randn(storage.INLINE_PAGE_BYTES_FREE_CORE // 4)  # exactly the lower size
+    store.page_out("mid", mid)
+    deadline = time.monotonic() + 10
+    while not where and time.monotonic() < deadline:  # left to the writer (a wait would run it here itself)
+        time.sleep(0.001)
+    store.wait("mid")
+    assert (where == [threading.current_thread().name]) is inline
+    assert torch.equal(store.page_in("mid"), mid)
+    where.clear()
+    store.page_out("below", torch.randn(storage.INLINE_PAGE_BYTES_FREE_CORE // 4 - 1))
+    store.wait("below")
+    assert where == [threading.current_thread().name]  # below the lower size: on the calling thread either way
 
 
 def test_a_failed_background_write_raises_at_wait_naming_the_file(tmp_path, monkeypatch):
@@ -542,6 +572,11 @@ def test_plan_errors_name_tensor_and_step(mlp_rt):
         rt.compute("g", "silu", ["fc1"])
     with pytest.raises(PlanError, match="no aten op named 'aten.nosuchop.default'"):
         rt.compute("g", "aten.nosuchop.default", ["fc1"], attrs=relu)
+    cpu, rt.device = rt.device, torch.device("cuda")  # a CPU target's plan run on a GPU: refused at its first such op
+    with pytest.raises(PlanError, match=r"'aten._scaled_dot_product_flash_attention_for_cpu.default' is a CPU-only "
+                                        r"kernel.*compile it for a GPU target"):
+        rt.compute("g", "aten._scaled_dot_product_flash_attention_for_cpu.default", ["fc1"], attrs=relu)
+    rt.device = cpu
     with pytest.raises(PlanError, match="unknown .*'fc9.bias'"):
         rt.compute("h", ADDMM, ["fc1"], attrs={"args": [P("fc9.bias"), T(0), P("fc9.weight", TR)]})
     with pytest.raises(PlanError, match="'fc1.aux' is not resident"):

@@ -85,7 +85,7 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
     else:
         example = torch.randn(opts.batch_size, *shape, generator=gen)
     graph = capture_graph(opts, resolved, model, example,
-                          scratch_threads(target) if scratch_applies(target) else 0)
+                          scratch_threads(target) if scratch_applies(target) else 0, gpu=target.gpu)
     if opts.emit == "c":
         from .graph.c_lower import lower_for_c
 
@@ -201,9 +201,10 @@ def _output_like(model, example: torch.Tensor):
                 b.copy_(saved[k])
 
 
-def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS):
+def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,
+                  gpu: bool = False):
     """The training graph from torch's joint forward-backward graph of one step; kernel scratch counted for
-    `threads` intra-op threads (0: none)."""
+    `threads` intra-op threads (0: none); `gpu`: of kernels a CUDA device runs (a Jetson's plan)."""
     from .frontend.capture import capture, load_loss
     from .graph.joint import build_graph as joint_graph
 
@@ -211,7 +212,8 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, 
     user_fn = None if builtin else load_loss(opts.loss)
     kind = opts.loss if builtin else "cross_entropy"  # a user's loss takes class labels
     y = example_labels(kind, opts.seed, resolved, model, example)
-    cap = capture(model, example, y, loss=kind, token_ids=resolved.input_dtype == "int64", user_fn=user_fn)
+    cap = capture(model, example, y, loss=kind, token_ids=resolved.input_dtype == "int64", user_fn=user_fn,
+                  gpu=gpu)
     for name, value in cap.constants.items():  # tensors torch lifted out of the code: buffers of the plan
         model.register_buffer(name, value.detach().clone())
     classes = resolved.num_classes or 0

@@ -102,6 +102,11 @@ class Target:
         # Freeze the citations too, so a shared Target cannot be edited behind a caller's back.
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
 
+    @property
+    def gpu(self) -> bool:
+        """Whether the device's plans train on a CUDA GPU (a Jetson's), not on its CPU cores."""
+        return self.family == "jetson"
+
     # -- compute ---------------------------------------------------------------------------
 
     def compute_time_s(self, flops: float) -> float:

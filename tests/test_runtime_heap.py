@@ -75,3 +75,32 @@ def test_the_finite_check_finds_every_non_finite_value_and_passes_large_finite_o
             assert first_non_finite({"ok": torch.ones(3), "w": t, "i": torch.ones(2, dtype=torch.int64)}) == "w"
     both = torch.tensor([float("inf"), float("-inf")])  # they cancel into NaN, still not finite
     assert first_non_finite({"b": both}) == "b"
+
+
+def test_a_cuda_runtime_keeps_cublas_workspace_small_unless_configured(monkeypatch, tmp_path):
+    """No schedule counts cuBLAS's workspace (32 MiB + 1 MiB by default on compute capability 9.0): a runtime on
+    CUDA asks for the small one before its first matrix product; a process's own setting is kept."""
+    import os
+
+    from safetensors.torch import save_file
+
+    from edgetrain.runtime.python import Runtime, cuda_memory
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    save_file({"param/w": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
+    if not torch.cuda.is_available():  # set before the weights go to the GPU, which fails here
+        with pytest.raises((RuntimeError, AssertionError)):
+            Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cuda", lr=0.1)
+    else:
+        Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cuda", lr=0.1)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cpu", lr=0.1)  # the CPU needs none
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    assert cuda_memory.bound_library_workspace()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8" and os.environ["CUBLASLT_WORKSPACE_SIZE"] == "128"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert not cuda_memory.bound_library_workspace()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

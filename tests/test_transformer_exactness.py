@@ -61,3 +61,19 @@ def test_dropout_in_a_decoder_is_replayed_exactly(tmp_path):
     r = run_plan(out, steps=2, check=True)
     assert r["ok"], r.get("error")
     assert r["max_abs_err"] == 0.0 and r["measured_peak_bytes"] == r["predicted_peak_bytes"] == c["peak_bytes"]
+
+
+def test_a_gpu_plan_has_only_kernels_its_gpu_runs(tmp_path):
+    """Traced on the CPU, attention is torch's CPU-only flash kernel, which a Jetson's CUDA device cannot run: a
+    GPU target's plan gets attention as torch's math (matrix products and softmax), a CPU target's keeps the flash
+    kernel; both train exactly like autograd run the same way."""
+    plans = {}
+    for target in ("jetson-nano", "rpi4"):
+        out = str(tmp_path / target)
+        compile_model(CompileOptions(model="gpt_tiny", target=target, budget="100%", out=out, batch_size=4,
+                                     time_limit=8.0))
+        plans[target] = open(f"{out}/plan.py").read()
+        r = run_plan(out, steps=2, check=True)
+        assert r["ok"] and r["max_abs_err"] == 0.0, r.get("error")
+    assert "_for_cpu" not in plans["jetson-nano"] and "aten.bmm.default" in plans["jetson-nano"]
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in plans["rpi4"]

@@ -34,3 +34,20 @@ def test_zoo_model_fits_budget_and_matches_autograd(tmp_path, model, budget):
     assert r["measured_peak_bytes"] == r["predicted_peak_bytes"] == c["peak_bytes"]
     assert r["measured_peak_bytes"] <= r["budget_bytes"]
     assert len(r["losses"]) == 2 and r["losses"] == pytest.approx(r["reference_losses"], rel=1e-5)
+
+
+def test_a_checked_run_on_cuda_trains_both_sides_without_cudnn():
+    """On CUDA eager batch norm takes cuDNN's kernel while a plan's graph holds torch's native one: a checked run
+    turns cuDNN off for the plan and its reference alike (a run without --check, and the CPU, keep it)."""
+    import torch
+
+    from edgetrain.compiler.workbench.run import _same_kernels
+
+    before = torch.backends.cudnn.enabled
+    assert before
+    with _same_kernels(True, torch.device("cuda")):
+        assert not torch.backends.cudnn.enabled
+    assert torch.backends.cudnn.enabled
+    for check, device in ((False, "cuda"), (True, "cpu")):
+        with _same_kernels(check, torch.device(device)):
+            assert torch.backends.cudnn.enabled

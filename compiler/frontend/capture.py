@@ -390,9 +390,22 @@ def _guard_message(e: Exception) -> str:
             "the same for every batch: replace the data-dependent `if`/loop with torch.where or a fixed shape")
 
 
+def portable_kernels(gpu: bool):
+    """A trace, or the eager reference, that a GPU plan's device can run: `F.scaled_dot_product_attention` as torch's
+    math (matrix products and softmax, every backend has them). Traced on the CPU, torch picks its CPU-only flash
+    kernel (`_scaled_dot_product_flash_attention_for_cpu` and its backward), which a CUDA device cannot run.
+    `gpu=False`: torch's own choice."""
+    if not gpu:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
+
+
 def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy",
-            token_ids: bool = False, user_fn=None) -> JointCapture:
-    """The joint graph of one training step of `model` on a batch like (x, y)."""
+            token_ids: bool = False, user_fn=None, gpu: bool = False) -> JointCapture:
+    """The joint graph of one training step of `model` on a batch like (x, y); `gpu`: of kernels a CUDA device runs
+    (`portable_kernels`)."""
     from torch._functorch.aot_autograd import aot_export_module
 
     if not any(p.requires_grad for p in model.parameters()):
@@ -411,7 +424,7 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
         # Fakes: the trace needs shapes, not values (a real batch made it run the model, 4x slower on BERT-base).
         # preserve_node_meta: each backward node keeps the seq_nr of the forward op it differentiates
         with on_fakes(step) as fake, KeyedDropout(model, calls), contextlib.redirect_stderr(io.StringIO()), \
-                torch.fx.traceback.preserve_node_meta():
+                torch.fx.traceback.preserve_node_meta(), portable_kernels(gpu):
             gm, sig = aot_export_module(step, (fake.from_tensor(x), fake.from_tensor(y)), trace_joint=True,
                                         output_loss_index=0)
             seed_keys = dropout_keys(gm, calls)  # before the forward below records its own

@@ -2,7 +2,7 @@
 literals, its FLOPs and its kernel scratch. Pure functions of an fx node (and its traced metadata)."""
 from __future__ import annotations
 
-from math import prod
+from math import isfinite, prod
 
 import torch
 import torch.fx as fx
@@ -36,6 +36,8 @@ def numel(t) -> int:
 
 def literal(a, where: str):
     """A non-tensor argument as JSON."""
+    if isinstance(a, float) and not isfinite(a):  # JSON has no infinity (attention's mask fill is -inf)
+        return {"$float": repr(a)}
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
     if isinstance(a, (list, tuple)):

@@ -13,8 +13,9 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from edgetrain.compiler.frontend.capture import KeyedDropout, load_loss, objective
+from edgetrain.compiler.frontend.capture import KeyedDropout, load_loss, objective, portable_kernels
 from edgetrain.compiler.frontend.modelspec import resolve
+from edgetrain.targets import Target
 
 
 def load_weights(model: nn.Module, path: str) -> None:
@@ -55,11 +56,13 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     loss = spec["loss"]
     user_fn = load_loss(loss) if loss not in ("cross_entropy", "mse", "model") else None
     fn = objective(loss if user_fn is None else "cross_entropy", graph.get("input_dtype") == "int64", user_fn)
+    gpu = Target(**schedule["target"]).gpu
     losses = []
     for k, (x, y) in enumerate(batches):
         clock[1], clock[2] = first_step + k, {}
         opt.zero_grad(set_to_none=True)
-        with KeyedDropout(model, clock=clock, hashed=schedule.get("backend") == "c"):  # C firmware hashes its masks
+        # C firmware hashes its masks; a GPU plan's attention is the kernel its graph was traced with
+        with KeyedDropout(model, clock=clock, hashed=schedule.get("backend") == "c"), portable_kernels(gpu):
             value = fn(model, x.to(device), y.to(device))
         value.backward()
         opt.step()

@@ -61,6 +61,16 @@ def _device(device: str | None):
     return dev
 
 
+def _same_kernels(check: bool, device: torch.device):
+    """Where a checked run trains the plan and its reference on the same kernels: on CUDA with cuDNN off. Eager
+    batch norm takes cuDNN's kernel there, the joint graph holds torch's native one (MobileNetV2 at batch 8, which
+    amplifies the difference, had its loss 2% from eager's after three steps); with cuDNN off both sides run
+    torch's own kernels and agree bit for bit. A run without --check keeps cuDNN."""
+    if check and device.type == "cuda":
+        return torch.backends.cudnn.flags(enabled=False)
+    return nullcontext()
+
+
 def _compare(model, rt) -> tuple[float, float, list[str]]:
     max_abs = max_rel = 0.0
     bad = []
@@ -119,13 +129,15 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         rt = trainer.rt
         start = trainer.steps_done
         batches = _stream(body, data, start, max(0, steps - start), seed, ds)
+        same_kernels = _same_kernels(check, rt.device)
         t0 = time.perf_counter()
-        for k, (x, y) in enumerate(batches):
-            trainer.step(x, y)
-            if save_every and trainer.steps_done % save_every == 0 and k + 1 < len(batches):
-                trainer.save(save)  # a checkpoint a killed run resumes from
-            if progress:
-                progress(k + 1, len(batches))
+        with same_kernels:
+            for k, (x, y) in enumerate(batches):
+                trainer.step(x, y)
+                if save_every and trainer.steps_done % save_every == 0 and k + 1 < len(batches):
+                    trainer.save(save)  # a checkpoint a killed run resumes from
+                if progress:
+                    progress(k + 1, len(batches))
         wall = time.perf_counter() - t0
         saved = [str(p) for p in trainer.save(save)] if save else None
     result = {
@@ -135,6 +147,7 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         "measured_peak_bytes": rt.ledger.peak_bytes, "cuda_max_memory_allocated": rt.cuda_max_memory_allocated,
         "paged_bytes": rt.paged_bytes, "view_copied_bytes": rt.view_copied_bytes, "wall_s": wall,
         "checked": check, "max_abs_err": None, "max_rel_err": None,
+        "cudnn": None if rt.device.type != "cuda" else not check,  # on CUDA: whether cuDNN's kernels ran
     }
     if rt.ledger.peak_bytes > body["budget"]["bytes"]:
         result["ok"] = False
@@ -142,7 +155,8 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         result["error"] = f"measured peak {rt.ledger.peak_bytes} B exceeds the budget {body['budget']['bytes']} B"
     if check:
         # the plan's thread count: oneDNN's sums then run in the same order
-        with pinned_threads(rt.threads) if rt.threads is not None else nullcontext():
+        threads = pinned_threads(rt.threads) if rt.threads is not None else nullcontext()
+        with threads, _same_kernels(check, rt.device):
             model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
                                                 rt.device)
         max_abs, max_rel, bad = _compare(model, rt)

@@ -6,7 +6,8 @@ A plan's arguments are JSON: numbers, lists, None, and markers for what is not a
 "view" chain), {"$aux": k} item k of the statistics the forward node kept for this backward node,
 {"$empty": shape, "dtype": ...} a tensor with no elements, {"$own": true} (in an op fused after the node's
 first op) what that first op holds,
-{"$dtype": "float32"}, {"$device": ...} (the runtime's own device), {"$layout": ...}, {"$mf": ...}.
+{"$dtype": "float32"}, {"$device": ...} (the runtime's own device), {"$layout": ...}, {"$mf": ...},
+{"$float": "-inf"} (a float JSON cannot write).
 A view chain is a list of [op, args] (an aten view op applied to the tensor) or ["item", k].
 """
 from __future__ import annotations
@@ -76,6 +77,7 @@ _SPECIAL = {
     "$device": lambda v, dev: dev,
     "$layout": lambda v, dev: getattr(torch, v),
     "$mf": lambda v, dev: getattr(torch, v),
+    "$float": lambda v, dev: float(v),  # inf, -inf or nan, which JSON cannot write
 }
 
 

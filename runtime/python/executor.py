@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .integrity import read_weights
-from . import aten_call, heap, inplace, prepared
+from . import aten_call, cuda_memory, heap, inplace, prepared
 from .ledger import Ledger
 from .optim import Optimizer
 from .storage import FileStore, PendingRead
@@ -68,6 +68,8 @@ class Runtime:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        if self.device.type == "cuda":
+            cuda_memory.bound_library_workspace()  # before a matrix product creates cuBLAS's workspace
         heap.keep_freed_memory()  # freed activations reused by the next step, not page-faulted back in
         if optimizer is None:  # SGD given by its hyper-parameters
             optimizer = {"name": "sgd", "lr": lr, "momentum": momentum or 0.0, "weight_decay": weight_decay or 0.0}
@@ -227,6 +229,10 @@ class Runtime:
         if not op.startswith("aten."):
             raise PlanError(f"{self._what}: '{op}' is not an aten op; this plan was generated for another "
                             "runtime: recompile it")
+        if self.device.type != "cpu" and "_for_cpu" in op:  # torch's CPU-only kernels say so in their names
+            raise PlanError(f"{self._what}: '{op}' is a CPU-only kernel: this plan was compiled for a target that "
+                            f"trains on its CPU, and cannot train on {self.device.type}; compile it for a GPU "
+                            "target (a Jetson profile) or run it with --device cpu")
         try:
             node = prepared.prepare(first, name, op, inputs, attrs, aux_of, self._params, self._buffers,
                                     self.device, self.optim)

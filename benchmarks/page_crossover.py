@@ -11,7 +11,8 @@ page-out after its first op, a wait for that write after its middle op (where a 
 page-in and its bytes collected at the end, all on the calling thread (a `FileStore` without threads); and the
 same on the store's writer and reader threads (every page handed off, whatever its size). A row gives the
 medians of the wall time each variant adds to the slice alone, and of the compute thread's CPU time, and which
-is cheaper: the smallest size where the threads win is the crossover that `storage.INLINE_PAGE_BYTES` keeps.
+is cheaper: the smallest size where the threads win is the crossover that `storage.inline_threshold()` keeps
+(`INLINE_PAGE_BYTES` where torch's threads take every core, `INLINE_PAGE_BYTES_FREE_CORE` where one is free).
 Prints a table with the 1-minute load average before and after, and writes the rows as JSON.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from edgetrain.runtime.python import heap  # noqa: E402
-from edgetrain.runtime.python.storage import INLINE_PAGE_BYTES, FileStore  # noqa: E402
+from edgetrain.runtime.python.storage import FileStore, inline_threshold  # noqa: E402
 from edgetrain.runtime.python.threads import pinned_threads  # noqa: E402
 
 
@@ -98,11 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="edgetrain-crossover-") as tmp, pinned_threads():
         rows = [bench(_size(s), a, tmp) for s in a.sizes.split(",")]
+        inline = inline_threshold()  # at the benchmark's one thread
     load_after = os.getloadavg()
     write_json(a.json, rows, load[0], load_after[0])
     t = Table(title=f"one page out and in beside {a.ops} small ops: time added to the compute thread "
                     f"(median of {a.repeats}; load {load[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} cores; "
-                    f"INLINE_PAGE_BYTES = {INLINE_PAGE_BYTES})")
+                    f"the store's inline size at one thread {inline} B)")
     for col in ("page", "ops", "slice alone ms", "inline +ms", "threads +ms", "inline +CPU ms", "threads +CPU ms",
                 "cheaper"):
         t.add_column(col, justify="right")

@@ -6,13 +6,13 @@
 One thread computes a chain of small ops (a 64x64 matrix product and tanh, `--ops` of them: a small model's
 step); every `--ops / --pages` ops it pages a `--page-kib` tensor out and, two pages later, back in, waiting
 for each read one page after starting it, as a plan's read-ahead does. The same loop runs without paging,
-through this checkout's page store (its threads for pages of `INLINE_PAGE_BYTES` and more), through it on the
-calling thread only (`background=False`), and through another checkout's store (`--compare-store`), the
-variants alternating round by round in one process at one intra-op thread. Per variant: the median and least
-wall time of a loop, the compute thread's median CPU time, and the median time added over the loop without
-paging. Small pages are where handing work to another thread costs more than the work: the GIL, which the
-compute thread takes back each time a kernel returns, and the wake-ups. Prints a table with the load, writes
-the rows as JSON.
+through this checkout's page store (its threads for pages of `storage.inline_threshold()` bytes and more),
+through it on the calling thread only (`background=False`), and through another checkout's store
+(`--compare-store`), the variants alternating round by round in one process at one intra-op thread. Per
+variant: the median and least wall time of a loop, the compute thread's median CPU time, and the median time
+added over the loop without paging. Small pages are where handing work to another thread costs more than the
+work: the GIL, which the compute thread takes back each time a kernel returns, and the wake-ups. Prints a table
+with the load, writes the rows as JSON.
 """
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ processes' load stays out). Timed in a loop of page ops instead, a 4-64 KiB page
 beside compute (the call runs slower there, and so do the ops after it: caches, and the system calls' wake). A
 figure is never below the page ops' own time.
 `latency + bytes / bandwidth` is fitted to the fastest run of each size, in relative error, so small pages'
-fixed costs count as much as large pages' bytes. A page at or above the store's `INLINE_PAGE_BYTES` is done on
-its threads in a plan, so its figure (work on the calling thread) is what the serial time model charges it
-for anyway: it does not count the overlap. Each size is measured once per process, like the rest of the
+fixed costs count as much as large pages' bytes. A page at or above the store's inline size
+(`storage.inline_threshold()`) is done on its threads in a plan, so its figure (work on the calling thread) is
+what the serial time model charges it for anyway: it does not count the overlap. Each size is measured once per process, like the rest of the
 profile: under two seconds in all.
 """
 from __future__ import annotations

@@ -12,8 +12,8 @@ figure is never below the page ops' own time.
 `latency + bytes / bandwidth` is fitted to the fastest run of each size, in relative error, so small pages'
 fixed costs count as much as large pages' bytes. A page at or above the store's inline size
 (`storage.inline_threshold()`) is done on its threads in a plan, so its figure (work on the calling thread) is
-what the serial time model charges it for anyway: it does not count the overlap. Each size is measured once per process, like the rest of the
-profile: under two seconds in all.
+what the serial time model charges it for anyway: it does not count the overlap. Each size is measured once per
+process, like the rest of the profile: under two seconds in all.
 """
 from __future__ import annotations
 

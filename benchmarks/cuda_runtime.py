@@ -105,7 +105,10 @@ def _op_workspace(plan_dir: str, body: dict, batches) -> tuple[list[dict], dict]
         return held
 
     Runtime._run_aten = run_aten
-    worst["steps"] = []  # per step, not measured op by op: (allocator peak, ledger peak), bytes
+    # per step, not measured op by op: (allocator peak, ledger peak, peak of the bytes asked for), bytes; the
+    # allocator counts whole blocks (a large block is not split for a remainder under 1 MiB), so its figure
+    # above the bytes asked for is its rounding and fragmentation
+    worst["steps"] = []
     try:
         for k, (x, y) in enumerate(batches):
             on[0] = k == len(batches) - 1
@@ -116,7 +119,8 @@ def _op_workspace(plan_dir: str, body: dict, batches) -> tuple[list[dict], dict]
             plan.train_step(rt)
             torch.cuda.synchronize()
             if not on[0]:
-                worst["steps"].append([torch.cuda.max_memory_allocated(), rt.ledger.peak_bytes])
+                requested = torch.cuda.memory_stats().get("requested_bytes.all.peak")
+                worst["steps"].append([torch.cuda.max_memory_allocated(), rt.ledger.peak_bytes, requested])
     finally:
         Runtime._run_aten = real_run
     rows = sorted(({"op": op, "calls": c, "excess_bytes": s, "largest_bytes": m} for op, (c, s, m) in per_op.items()
@@ -220,8 +224,9 @@ def _line(r: dict) -> str:
     if "ratio" in r:
         head += f"  step {r['runtime_s'] * 1e3:.2f} ms vs PyTorch {r['pytorch_s'] * 1e3:.2f} ms ({r['ratio']:.2f}x)"
     w = r.get("above_ledger")
-    for k, (real, ledger) in enumerate((w or {}).get("steps", [])):
-        head += f"\n    step {k}: allocator peak {_mb(real)} MB, ledger peak {_mb(ledger)} MB"
+    for k, (real, ledger, requested) in enumerate((w or {}).get("steps", [])):
+        head += (f"\n    step {k}: allocator peak {_mb(real)} MB (bytes asked for: {_mb(requested)} MB at most), "
+                 f"ledger peak {_mb(ledger)} MB")
     if w and w.get("node"):
         head += (f"\n    allocator peak above the ledger's by {_mb(w['above_ledger_bytes'])} MB at most, in "
                  f"'{w['node']}' ({w['op']}): {_mb(w['at_start_bytes'])} MB beyond it as the op started, "

@@ -139,3 +139,20 @@ def test_parameters_and_buffers_are_read_only_mappings(rt):
         rt.buffers["rm"] = torch.zeros(3)
     rt.params["w"].zero_()  # the tensors themselves may change in place (a resumed checkpoint)
     assert torch.equal(rt.params["w"], torch.zeros(3))
+
+
+def test_a_float_json_cannot_write_travels_as_a_marker_and_comes_back_exact():
+    """inf, -inf and nan (attention's mask fill, traced as torch's math) are written as {"$float": ...}: the schedule
+    stays standard JSON, and the runtime gives the op the float itself."""
+    import json
+    import math
+
+    from edgetrain.compiler.graph.aten_node import literal
+    from edgetrain.runtime.python import aten_call
+
+    args = [float("-inf"), float("inf"), float("nan"), 1.5, [2, float("-inf")]]
+    written = literal(args, "test")
+    text = json.dumps(written, allow_nan=False)  # raises if a bare Infinity or NaN were left
+    back = aten_call.fill(json.loads(text), [], {}, {}, None, torch.device("cpu"))
+    assert back[0] == -math.inf and back[1] == math.inf and math.isnan(back[2]) and back[3] == 1.5
+    assert back[4] == [2, -math.inf]  # a plan that holds one runs: tests/test_transformer_exactness.py, GPU plan

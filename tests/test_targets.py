@@ -230,3 +230,12 @@ def test_targets_imports_no_other_stage():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(targets.__file__).parent.parent)
+
+
+def test_jetsons_train_on_their_gpu_the_others_on_cpu_cores():
+    """A Jetson's plans train on its CUDA GPU (their graph is traced with kernels a GPU runs); every other
+    family's on its CPU."""
+    for name in list_targets():
+        t = load_target(name)
+        assert t.gpu is (t.family == "jetson"), name
+    assert load_target("jetson-nano").gpu and not load_target("rpi4").gpu

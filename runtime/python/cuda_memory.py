@@ -1,10 +1,10 @@
 """GPU memory the memory model cannot see: the cuBLAS workspace, kept small where the runtime trains on CUDA.
 
 torch gives each cuBLAS handle a workspace from the caching allocator on its first matrix product and keeps it for
-the process's life: by default 32 MiB plus cuBLASLt's 1 MiB on compute capability 9.0 (measured on an H200:
-34.6 MB more allocated after a plan's first step, on models whose ledger stays within 0.3 MB of the allocator
-otherwise), less on older GPUs. No schedule counts it, so a plan's real GPU memory exceeded its budget by that much
-(ResNet-18, jetson-agx-orin, 100%: 177.4 MB allocator peak against a 147.0 MB budget). `:16:8`, one of the two
+the process's life: by default 32 MiB plus cuBLASLt's 1 MiB on compute capability 9.0 (measured on an H200: between
+steps the allocator held 34.6 MB more than the ledger on every model, 0.27 MB with the setting below), less on
+older GPUs. No schedule counts it, so a plan's real GPU memory exceeded its budget by that much (ResNet-18,
+jetson-agx-orin, 100%: 177.4 MB allocator peak against a 147.0 MB budget). `:16:8`, one of the two
 configurations torch documents for deterministic cuBLAS, is eight 16 KiB buffers: the same step then peaked at
 143.0 MB. A workspace the user configured is left as it is; one already created before the runtime is not resized.
 """

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from . import cuda_memory
 from .activation_cache import ActivationCache, CacheWriter
 from .integrity import file_sha256
 from .local_layers import build
@@ -163,6 +164,8 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
         raise ValueError(f"patience must be at least 1, got {patience}")
     os.makedirs(workdir, exist_ok=True)
     dev = torch.device(device)
+    if dev.type == "cuda":
+        cuda_memory.bound_library_workspace()  # as the backprop runtime: no block's budget counts cuBLAS's
     layers = [build(l["spec"]).to(dev) for l in plan["layers"]]
     heads = [build(h).to(dev) for h in plan["heads"]]
     o = plan["optimizer"]

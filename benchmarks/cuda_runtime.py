@@ -7,7 +7,7 @@
 `compile` (any machine, no GPU) compiles each (model, budget) into DIR/<model>-<budget>-<target>, the model's
 weights kept once in DIR/weights (every plan of a model starts from the same seeded weights) so the folder travels
 small. `run` (on the GPU, with the runtime and the model zoo only: no solver is imported) puts the weights back
-and, per plan, with cuDNN's algorithm choice and torch's kernels made deterministic:
+and, per plan, in a process of its own, with cuDNN's algorithm choice and torch's kernels made deterministic:
 - `edgetrain run --check` as a user runs it (`run_plan`, which trains both sides with cuDNN off: eager batch norm
   would take cuDNN's kernel, the plan torch's native one): --steps steps on the GPU, every parameter and buffer
   against the model trained by autograd with the matching torch.optim optimizer on the same GPU (max abs error),
@@ -24,10 +24,13 @@ Prints a table and writes the rows as JSON.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 
@@ -179,10 +182,8 @@ def run_plans(args) -> list[dict]:
     if args.device == "cuda":
         _deterministic()
     rows = []
-    for name in sorted(os.listdir(args.dir)):
+    for name in _plan_names(args.dir) if args.only is None else [args.only]:
         plan_dir = os.path.join(args.dir, name)
-        if name == "weights" or not os.path.exists(os.path.join(plan_dir, "plan.py")):
-            continue
         body = schedule_format.load(plan_dir)
         model = body["model"]["spec"]
         if not os.path.exists(os.path.join(plan_dir, WEIGHTS)):
@@ -209,6 +210,28 @@ def run_plans(args) -> list[dict]:
             row["ok"], row["error"] = False, f"{type(e).__name__}: {e}"
         rows.append(row)
         print(_line(row), flush=True)
+    return rows
+
+
+def _plan_names(folder: str) -> list[str]:
+    return [n for n in sorted(os.listdir(folder)) if os.path.exists(os.path.join(folder, n, "plan.py"))]
+
+
+def run_each(args) -> list[dict]:
+    """Each plan in a process of its own (`run --only NAME`): the allocator's peak is that plan's alone, with no
+    tensors of an earlier plan, nor its cuBLAS workspace, still held."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="edgetrain-cuda-") as tmp:
+        for name in _plan_names(args.dir):
+            out = os.path.join(tmp, f"{name}.json")
+            subprocess.run([sys.executable, os.path.abspath(__file__), "run", args.dir, "--only", name, "--steps",
+                            str(args.steps), "--timed", str(args.timed), "--device", args.device, "--json", out],
+                           check=False)
+            if os.path.exists(out):
+                with open(out) as f:
+                    rows += json.load(f)
+            else:
+                rows.append({"plan": name, "ok": False, "error": "its process wrote no row (see its output)"})
     return rows
 
 
@@ -255,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timed", type=int, default=20, help="timed steps of each side")
     r.add_argument("--json", default="build/bench/cuda_runtime.json")
     r.add_argument("--device", default="cuda", help="cuda, or cpu (the same checks and timings, no allocator)")
+    r.add_argument("--only", metavar="NAME", help="this plan of DIR, in this process (each plan runs so by default)")
     args = ap.parse_args(argv)
     if args.cmd == "compile":
         compile_plans(args)
@@ -262,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: `run` trains on a GPU (compile the plans anywhere, run them there)", file=sys.stderr)
         return 2
-    rows = run_plans(args)
+    rows = run_plans(args) if args.only is not None else run_each(args)
     write_json(args.json, rows)
     print(f"wrote {args.json}")
     return 0 if all(r.get("ok") for r in rows) else 1

@@ -4,9 +4,10 @@
                                              [--json build/bench/workspace.json]
 
 Per case (an aten op and operand shapes: convolutions forward and backward of the zoo's kinds - 3x3, strided,
-pointwise, depthwise, transposed, the first layer's, wide layers on small maps - and a few ops that have no
-rule: matrix products, batch norm, pooling, elementwise, softmax, layer norm), the op runs once to warm up
-(oneDNN builds its kernels on first use), then --repeats times, each in a measured span
+pointwise, depthwise, transposed, the first layer's, wide layers on small maps, a frozen layer's backward for
+the input gradient alone - and a few ops that have no rule: matrix products, batch norm, pooling, elementwise,
+softmax, layer norm), the op runs once to warm up (oneDNN builds its kernels on first use), then --repeats
+times, each in a measured span
 (compiler/workbench/memory_probe.py): on the CPU the resident set's high-water growth with glibc malloc made
 to return freed blocks at once, on CUDA the caching allocator's peak. `measured` is the most of those growths
 less the outputs the op returns (held until the span's end; on the CPU the pages their blocks map, each
@@ -56,6 +57,9 @@ CONVS = [
     _conv(8, 64, 32, 16, 4, 2, 1, 1, True), _conv(32, 512, 512, 3, 3), _conv(32, 128, 128, 6, 3),
     _conv(2, 512, 512, 2, 3),
 ]
+# Backward for the input gradient alone (a frozen convolution without a trained bias): the shapes that take one
+# weight-gradient buffer per thread when the weight's gradient is asked for.
+INPUT_GRAD_ONLY = [_conv(8, 512, 512, 2, 3), _conv(2, 512, 512, 2, 3), _conv(8, 128, 128, 2, 5)]
 OTHERS = [  # label, op, operand shapes (tensors) and literals
     ("addmm 512x4096 @ 4096x1000", "aten.addmm.default", [(1000,), (512, 4096), (4096, 1000)]),
     ("mm 8x1280 @ 1280x1000", "aten.mm.default", [(8, 1280), (1280, 1000)]),
@@ -91,13 +95,14 @@ def _mapped(outs, device) -> int:
     return sum(-(-(b + BLOCK_HEADER) // PAGE) * PAGE for b in sizes if b)
 
 
-def _backward_case(fwd_args, device):
-    """convolution_backward's arguments for a forward case: (grad_output, input, weight, ...), all grads made."""
+def _backward_case(fwd_args, device, mask=(True, True, True)):
+    """convolution_backward's arguments for a forward case: (grad_output, input, weight, ...), the gradients in
+    `mask` (input, weight, bias) made."""
     x, w = _materialise(fwd_args[:2], device)
     out = aten.convolution.default(x, w, *fwd_args[2:])
     go = torch.randn_like(out)
     bias_sizes = [w.shape[1] * fwd_args[8] if fwd_args[6] else w.shape[0]]
-    return [go, x, w, bias_sizes, *fwd_args[3:], [True, True, True]]
+    return [go, x, w, bias_sizes, *fwd_args[3:], list(mask)]
 
 
 def measure(op: str, args: list, probe: Probe, repeats: int, device) -> tuple[int, int]:
@@ -124,6 +129,10 @@ def cases(device):
         bargs = _backward_case(fargs, device)
         specs = [TensorSpec(tuple(a.shape), "float32") if isinstance(a, torch.Tensor) else a for a in bargs]
         yield label + " bwd", "aten.convolution_backward.default", bargs, specs
+    for label, (op, fargs) in INPUT_GRAD_ONLY:
+        bargs = _backward_case(fargs, device, (True, False, False))
+        specs = [TensorSpec(tuple(a.shape), "float32") if isinstance(a, torch.Tensor) else a for a in bargs]
+        yield label + " bwd input grad", "aten.convolution_backward.default", bargs, specs
     for label, op, oargs in OTHERS:
         yield label, op, _materialise(oargs, device), _spec_args(oargs)
 

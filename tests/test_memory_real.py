@@ -49,3 +49,23 @@ def test_real_step_at_the_targets_threads_stays_within_the_budget():
     assert row["ledger_peak_bytes"] == row["schedule_peak_bytes"] <= row["budget_bytes"]
     assert row["real_bytes"] - row["state_bytes"] > 512 * 512 * 9 * 4, row  # at least the weight's gradient
     assert row["real_bytes"] <= row["budget_bytes"], row
+
+
+def test_a_backward_for_the_input_gradient_alone_counts_one_weight_at_any_thread_count():
+    """oneDNN sums a weight gradient on small maps from one weight-sized buffer per thread; asked for the input
+    gradient alone (a frozen convolution without a trained bias) it holds the re-laid weight only (measured at 2
+    and 4 threads: benchmarks/workspace.py's input-gradient rows). A trained bias still takes the weight path."""
+    from edgetrain.compiler.graph.ir import TensorSpec
+    from edgetrain.compiler.graph.workspace import kernel_scratch_bytes
+
+    go, x, w = TensorSpec((8, 512, 2, 2), "float32"), TensorSpec((8, 512, 2, 2), "float32"), \
+        TensorSpec((512, 512, 3, 3), "float32")
+
+    def rule(mask, threads=4):
+        args = [go, x, w, [512], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask]
+        return kernel_scratch_bytes("aten.convolution_backward.default", args, x.bytes, threads)
+
+    full, alone, bias = rule([True, True, True]), rule([True, False, False]), rule([True, False, True])
+    assert full - alone == 3 * w.bytes  # four buffers against one
+    assert bias == full and rule([False, True, False]) == full
+    assert rule([True, False, False], threads=1) == alone - 3 * 64 * 1024  # one weight at one thread too

@@ -12,7 +12,9 @@ model and the local-learning step counter use one rule:
   3x3 kernels, at 2 and 4 threads); a 3x3 kernel writing maps of 3x3 or more took one (the blocked weight) in
   every shape measured (128 and 512 channels, batch 1-32, maps 3-6, at 2 and 4 threads), and so did a 1x1
   kernel on any map (64-1024 channels, batch 1-32, maps 1-8, stride 1 and 2, at 2 and 4 threads): B = 1 there,
-  B = T for every other shape, which was not measured apart;
+  B = T for every other shape, which was not measured apart. A backward asked for the input gradient alone (a
+  frozen convolution without a trained bias) took one weight, at 2 and 4 threads, on every shape that took
+  min(T, batch) with the weight gradient (3x3 and 5x5 kernels on 1x1 and 2x2 maps, 128-512 channels): B = 1;
 - both: an eighth of the activation term more (a convolution's figure moved by up to 12% of it from run to
   run), and 64 KiB per thread past the first (its own blocks; at most 74 KB measured).
 Every other op measured no scratch beyond the pages its outputs map.
@@ -31,8 +33,11 @@ def convolution_scratch(x_bytes: int, w_bytes: int, out_bytes: int, transposed: 
     return w_bytes + act + act // SLACK + (threads - 1) * THREAD_BYTES
 
 
-def weight_buffers(grad_out_shape, w_shape, threads: int) -> int:
-    """Weight-sized buffers a convolution's backward holds at `threads` threads (B in the module's rule)."""
+def weight_buffers(grad_out_shape, w_shape, threads: int, output_mask=None) -> int:
+    """Weight-sized buffers a convolution's backward holds at `threads` threads (B in the module's rule);
+    `output_mask` its (input, weight, bias) gradients asked for."""
+    if output_mask is not None and not output_mask[1] and not output_mask[2]:
+        return 1  # the input gradient alone: the blocked weight, no per-thread weight-gradient sums
     if len(w_shape) != 4 or len(grad_out_shape) != 4:
         return threads
     if tuple(w_shape[2:]) == (1, 1) or (tuple(w_shape[2:]) == (3, 3) and min(grad_out_shape[2:]) >= 3):
@@ -53,6 +58,7 @@ def scratch_bytes(op: str, args: list, out_bytes: int, threads: int, nbytes) -> 
     if op == CONVOLUTION:
         return convolution_scratch(nbytes(args[0]), nbytes(args[1]), out_bytes, bool(args[6]), threads)
     if op == CONVOLUTION_BACKWARD:
-        buffers = weight_buffers(tuple(args[0].shape), tuple(args[2].shape), threads)
+        mask = args[10] if len(args) > 10 else None
+        buffers = weight_buffers(tuple(args[0].shape), tuple(args[2].shape), threads, mask)
         return convolution_backward_scratch(nbytes(args[0]), nbytes(args[1]), nbytes(args[2]), threads, buffers)
     return 0

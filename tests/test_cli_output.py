@@ -64,6 +64,20 @@ def test_non_finite_losses_are_printed_not_eaten_as_markup(capsys):
     assert capsys.readouterr().out.strip() == "losses [nan, 1.2500, inf]"
 
 
+@pytest.mark.parametrize("device, cudnn, said", [("cpu", None, False), ("cuda:0", False, True), ("cuda:0", True, False)])
+def test_a_checked_run_says_when_cudnn_was_off_for_it(capsys, device, cudnn, said):
+    """On CUDA a checked run trains both sides without cuDNN (run.py: eager batch norm would take cuDNN's kernel);
+    the line says so, so a user does not read the check as cuDNN's."""
+    from edgetrain.compiler.workbench.report import print_human
+
+    r = {"steps": 2, "device": device, "losses": [1.0, 0.5], "measured_peak_bytes": 10, "predicted_peak_bytes": 10,
+         "budget_bytes": 12, "paged_bytes": 0, "checked": True, "max_abs_err": 0.0, "max_rel_err": 0.0, "ok": True,
+         "cudnn": cudnn}
+    print_human("run", r)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("check against autograd"))
+    assert ("(both sides with cuDNN off)" in line) is said and line.endswith("-> OK")
+
+
 def _choices(parser, command: str, option: str) -> list[str]:
     sub = next(a for a in parser._actions if a.dest == "cmd").choices[command]
     action = next(a for a in sub._actions if option in a.option_strings)

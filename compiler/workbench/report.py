@@ -130,7 +130,8 @@ def print_human(cmd: str, r: dict) -> None:
             con.print(f"saved {escape(r['saved'][0])} (the model's state_dict) and {escape(r['saved'][1])} "
                       f"(training state, step {r['first_step'] + r['steps']})")
         if r.get("checked"):
-            con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
+            kernels = " (both sides with cuDNN off)" if r.get("cudnn") is False else ""
+            con.print(f"check against autograd{kernels}: max abs err {r['max_abs_err']:.3g}, max rel err "
                       f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
         if not r["ok"]:
             con.print(f"[red]{escape(error_message(r))}")

@@ -37,7 +37,6 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from benchmarks.output import write_json  # noqa: E402
 
@@ -137,19 +136,15 @@ def _sync(device: str) -> None:
 
 
 def _timed(plan_dir: str, body: dict, batches, timed: int, device: str) -> tuple[float, float]:
-    """(runtime step s, PyTorch step s), medians of alternating synchronized steps after two of each."""
-    from edgetrain.compiler.frontend.modelspec import resolve
-    from edgetrain.compiler.workbench.reference import load_weights, make_optimizer
+    """(runtime step s, PyTorch step s), medians of alternating synchronized steps after two of each; the PyTorch
+    step is benchmarks/runtime.py's (the model as written, the plan's weights and SGD)."""
+    from benchmarks.runtime import _torch_step, pytorch_side
     from edgetrain.runtime.python import load_plan, runtime_for
 
     plan = load_plan(plan_dir)
     rt = runtime_for(plan, os.path.join(plan_dir, "pages-timed"), device=device)
-    torch.manual_seed(body["seed"])
-    spec = body["model"]
-    model = resolve(spec["spec"], **spec["kwargs"]).module
-    load_weights(model, os.path.join(plan_dir, WEIGHTS))
-    model.to(device).train()
-    opt = make_optimizer(model.parameters(), body["graph"]["optimizer"])
+    model, opt = pytorch_side(body, plan_dir)
+    model.to(device)  # its parameters move in place: the optimizer keeps them
     if rt.threads is not None:  # a CPU plan's steps run at its thread count: PyTorch's at the same
         torch.set_num_threads(rt.threads)
     ours, theirs = [], []
@@ -162,12 +157,7 @@ def _timed(plan_dir: str, body: dict, batches, timed: int, device: str) -> tuple
         plan.train_step(rt)
         _sync(device)
         t1 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        logits = model(x)
-        if logits.dim() > 2:
-            logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
-        F.cross_entropy(logits, y).backward()
-        opt.step()
+        _torch_step(model, opt, x, y)
         _sync(device)
         if k >= 2:
             ours.append(t1 - t0)

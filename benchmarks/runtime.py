@@ -48,7 +48,6 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from edgetrain.compiler.frontend.modelspec import resolve  # noqa: E402
-from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
 from edgetrain.compiler.schedule_file import format as schedule_format  # noqa: E402
 from edgetrain.compiler.workbench.run import schedule_batches  # noqa: E402
 from edgetrain.compiler.workbench.reference import load_weights  # noqa: E402
@@ -86,6 +85,9 @@ def pytorch_side(body: dict, out: str):
 def _plan(model: str, budget: str, overlap: str, args, work: str) -> tuple[dict, str]:
     out = os.path.join(work, f"{model}-{budget.replace('%', 'pct')}-{overlap}")
     if not os.path.exists(os.path.join(out, "plan.py")):  # one compile per (model, budget, overlap)
+        # imported here: the PyTorch side below also serves a GPU machine's benchmark, where no solver is installed
+        from edgetrain.compiler.pipeline import CompileOptions, compile_model
+
         compile_model(CompileOptions(model=model, target=args.target, budget=budget, out=out,
                                      batch_size=args.batch_size, time_limit=args.time_limit,
                                      overlap_paging=overlap == "on"))

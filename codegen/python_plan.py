@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format, not a solver
 from edgetrain.runtime.python.inplace import INPLACE
-from edgetrain.runtime.python.threads import PLAN_THREADS
+from edgetrain.targets import Target
 
 from .templating import environment
 
@@ -72,7 +72,7 @@ def render_python_plan(schedule: dict, out_dir: str, schedule_file: str = "sched
     steps = schedule["steps"]
     for i, st in enumerate(steps):
         stages[st["stage"]]["steps"].append(dict(st, node=_step_node(steps, i, by_name.get(st["tensor"]))))
-    threads = schedule["target"].get("cpu_threads", PLAN_THREADS)  # a profile that names none: the runtime's
+    threads = Target(**schedule["target"]).cpu_threads  # the profile's, or the field's own default
     text = _ENV.get_template("plan.py.j2").render(s=schedule, stages=stages, schedule_file=schedule_file,
                                                    content=content_hash(schedule), threads=threads)
     path = os.path.join(out_dir, "plan.py")

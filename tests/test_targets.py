@@ -199,6 +199,9 @@ def test_cpu_threads_is_optional_cited_and_carried_into_schedules(tmp_path):
     plain = load_target(_write(tmp_path, "\n".join(line for line in _profile_text(cpu_threads=None).splitlines()
                                                     if not line.startswith("cpu_threads = \""))))
     assert plain.cpu_threads == 1 and "cpu_threads" not in plain.to_dict()
+    from edgetrain.runtime.python.threads import PLAN_THREADS
+
+    assert plain.cpu_threads == PLAN_THREADS  # the runtime's count for a plan that names none is the same
     uncited = "\n".join(line for line in _profile_text().splitlines() if not line.startswith("cpu_threads = \""))
     with pytest.raises(TargetProfileError, match=r"sources\.cpu_threads"):
         load_target(_write(tmp_path, uncited, "uncited.toml"))

@@ -17,6 +17,8 @@ and, per plan, in a process of its own, with cuDNN's algorithm choice and torch'
   allocations); per op, over a later step: the allocator's peak growth inside the op beyond the ledger's (a
   kernel's workspace the memory model does not count), summed per aten op, largest first, and the op where the
   allocator stood furthest above the ledger;
+- each plan twice, in a process of its own each time: under the runtime's allocator setting (expandable segments,
+  `runtime/python/cuda_memory.py`) and under torch's as it comes (`--allocators`);
 - the runtime's step against the plain PyTorch step on the GPU (same weights, data and SGD), medians of --timed
   steps after warm-up, each synchronized.
 Prints a table and writes the rows as JSON.
@@ -198,6 +200,8 @@ def run_plans(args) -> list[dict]:
             row["ratio"] = row["runtime_s"] / row["pytorch_s"]
         except Exception as e:  # noqa: BLE001 - one plan's failure is a row, the others still run
             row["ok"], row["error"] = False, f"{type(e).__name__}: {e}"
+        get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+        row["allocator_settings"] = get() if get is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         rows.append(row)
         print(_line(row), flush=True)
     return rows
@@ -207,21 +211,36 @@ def _plan_names(folder: str) -> list[str]:
     return [n for n in sorted(os.listdir(folder)) if os.path.exists(os.path.join(folder, n, "plan.py"))]
 
 
+# The caching allocator each plan runs under: the runtime's (expandable segments: blocks split to 512-byte
+# granules), and torch's as it comes (a cached block handed out whole when 1 MiB or less of it would be left).
+ALLOCATORS = {"runtime": None, "torch": "expandable_segments:False"}
+
+
 def run_each(args) -> list[dict]:
-    """Each plan in a process of its own (`run --only NAME`): the allocator's peak is that plan's alone, with no
-    tensors of an earlier plan, nor its cuBLAS workspace, still held."""
+    """Each plan in a process of its own (`run --only NAME`), once per allocator setting: the allocator's peak is
+    that plan's alone, with no tensors of an earlier plan, nor its cuBLAS workspace, still held."""
     rows = []
+    allocators = args.allocators.split(",") if args.allocators else (list(ALLOCATORS) if args.device == "cuda"
+                                                                       else ["runtime"])
+    unknown = [a for a in allocators if a not in ALLOCATORS]
+    if unknown:
+        raise SystemExit(f"--allocators: unknown {', '.join(unknown)} (choose from {', '.join(ALLOCATORS)})")
     with tempfile.TemporaryDirectory(prefix="edgetrain-cuda-") as tmp:
         for name in _plan_names(args.dir):
-            out = os.path.join(tmp, f"{name}.json")
-            subprocess.run([sys.executable, os.path.abspath(__file__), "run", args.dir, "--only", name, "--steps",
-                            str(args.steps), "--timed", str(args.timed), "--device", args.device, "--json", out],
-                           check=False)
-            if os.path.exists(out):
-                with open(out) as f:
-                    rows += json.load(f)
-            else:
-                rows.append({"plan": name, "ok": False, "error": "its process wrote no row (see its output)"})
+            for allocator in allocators:
+                out = os.path.join(tmp, f"{name}-{allocator}.json")
+                env = {k: v for k, v in os.environ.items() if not k.endswith("ALLOC_CONF")}
+                if ALLOCATORS[allocator] is not None:
+                    env["PYTORCH_ALLOC_CONF"] = ALLOCATORS[allocator]
+                subprocess.run([sys.executable, os.path.abspath(__file__), "run", args.dir, "--only", name, "--steps",
+                                str(args.steps), "--timed", str(args.timed), "--device", args.device, "--json", out],
+                               check=False, env=env)
+                if os.path.exists(out):
+                    with open(out) as f:
+                        got = json.load(f)
+                else:
+                    got = [{"plan": name, "ok": False, "error": "its process wrote no row (see its output)"}]
+                rows += [{**row, "allocator": allocator} for row in got]
     return rows
 
 
@@ -230,7 +249,8 @@ def _mb(b) -> str:
 
 
 def _line(r: dict) -> str:
-    head = (f"{r['plan']:<18} rec/pin/pout {r['recomputes']}/{r['page_ins']}/{r['page_outs']}  ok={r.get('ok')}  "
+    head = (f"{r['plan']:<18} allocator settings '{r.get('allocator_settings', '')}'  "
+            f"rec/pin/pout {r['recomputes']}/{r['page_ins']}/{r['page_outs']}  ok={r.get('ok')}  "
             f"max abs err {r.get('max_abs_err')}  budget {_mb(r['budget_bytes'])} MB  predicted "
             f"{_mb(r.get('predicted_peak_bytes'))}  ledger {_mb(r.get('measured_peak_bytes'))}  CUDA peak "
             f"{_mb(r.get('cuda_max_memory_allocated'))}")
@@ -269,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--json", default="build/bench/cuda_runtime.json")
     r.add_argument("--device", default="cuda", help="cuda, or cpu (the same checks and timings, no allocator)")
     r.add_argument("--only", metavar="NAME", help="this plan of DIR, in this process (each plan runs so by default)")
+    r.add_argument("--allocators", default=None,
+                   help="comma-separated: runtime (its setting: expandable segments), torch (as torch comes); "
+                        "default both on CUDA, runtime on the CPU")
     args = ap.parse_args(argv)
     if args.cmd == "compile":
         compile_plans(args)

@@ -32,3 +32,4 @@ def test_gpu_benchmark_plans_travel_small_and_train_exactly_from_their_folder(tm
         assert row["ok"] and row["max_abs_err"] == 0.0, row.get("error")
         assert row["measured_peak_bytes"] == row["predicted_peak_bytes"] <= row["budget_bytes"]
         assert row["runtime_s"] > 0 and row["pytorch_s"] > 0
+        assert row["allocator"] == "runtime"  # the CPU has no caching allocator to compare

@@ -104,3 +104,43 @@ def test_a_cuda_runtime_keeps_cublas_workspace_small_unless_configured(monkeypat
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     assert not cuda_memory.bound_library_workspace()
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+@pytest.fixture
+def allocator_settings(monkeypatch):
+    """The caching allocator's settings as the process left them ('' where it configured nothing), restored after."""
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    before = torch._C._accelerator_getAllocatorSettings()
+    torch._C._accelerator_setAllocatorSettings("")
+    yield torch._C._accelerator_getAllocatorSettings
+    torch._C._accelerator_setAllocatorSettings(before)
+
+
+def test_a_cuda_runtime_splits_the_allocators_blocks_unless_configured(allocator_settings, monkeypatch, tmp_path):
+    """By default the CUDA caching allocator hands out a cached block whole when 1 MiB or less of it would be left,
+    which the memory model cannot count: a runtime on CUDA turns on expandable segments (blocks split to 512-byte
+    granules) before its weights are allocated; a process that configured its allocator keeps its settings."""
+    from safetensors.torch import save_file
+
+    from edgetrain.runtime.python import Runtime, cuda_memory
+
+    save_file({"param/w": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
+    Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cpu", lr=0.1)
+    assert allocator_settings() == ""  # the CPU's allocator is another one
+    if not torch.cuda.is_available():  # set before the weights go to the GPU, which fails here
+        with pytest.raises((RuntimeError, AssertionError)):
+            Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cuda", lr=0.1)
+    else:
+        Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cuda", lr=0.1)
+    assert allocator_settings() == "expandable_segments:True"
+
+    torch._C._accelerator_setAllocatorSettings("max_split_size_mb:64")  # configured in the process
+    assert not cuda_memory.exact_allocator_blocks()
+    assert allocator_settings() == "max_split_size_mb:64"
+    torch._C._accelerator_setAllocatorSettings("")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")  # or in its environment
+    assert not cuda_memory.exact_allocator_blocks()
+    assert allocator_settings() == ""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    assert cuda_memory.exact_allocator_blocks() and allocator_settings() == "expandable_segments:True"

@@ -70,6 +70,7 @@ class Runtime:
         self.device = torch.device(device)
         if self.device.type == "cuda":
             cuda_memory.bound_library_workspace()  # before a matrix product creates cuBLAS's workspace
+            cuda_memory.exact_allocator_blocks()  # before the weights' blocks: each tensor costs its bytes
         heap.keep_freed_memory()  # freed activations reused by the next step, not page-faulted back in
         if optimizer is None:  # SGD given by its hyper-parameters
             optimizer = {"name": "sgd", "lr": lr, "momentum": momentum or 0.0, "weight_decay": weight_decay or 0.0}

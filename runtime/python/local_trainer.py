@@ -166,6 +166,7 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
     dev = torch.device(device)
     if dev.type == "cuda":
         cuda_memory.bound_library_workspace()  # as the backprop runtime: no block's budget counts cuBLAS's
+        cuda_memory.exact_allocator_blocks()
     layers = [build(l["spec"]).to(dev) for l in plan["layers"]]
     heads = [build(h).to(dev) for h in plan["heads"]]
     o = plan["optimizer"]

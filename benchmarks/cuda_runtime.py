@@ -170,6 +170,7 @@ def _timed(plan_dir: str, body: dict, batches, timed: int, device: str) -> tuple
 def run_plans(args) -> list[dict]:
     from edgetrain.compiler.schedule_file import format as schedule_format
     from edgetrain.compiler.workbench.run import run_plan, schedule_batches
+    from edgetrain.runtime.python import cuda_memory
 
     if args.device == "cuda":
         _deterministic()
@@ -200,8 +201,7 @@ def run_plans(args) -> list[dict]:
             row["ratio"] = row["runtime_s"] / row["pytorch_s"]
         except Exception as e:  # noqa: BLE001 - one plan's failure is a row, the others still run
             row["ok"], row["error"] = False, f"{type(e).__name__}: {e}"
-        get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-        row["allocator_settings"] = get() if get is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        row["allocator_settings"] = cuda_memory.allocator_settings()
         rows.append(row)
         print(_line(row), flush=True)
     return rows

@@ -111,9 +111,11 @@ def allocator_settings(monkeypatch):
     """The caching allocator's settings as the process left them ('' where it configured nothing), restored after."""
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    before = torch._C._accelerator_getAllocatorSettings()
+    from edgetrain.runtime.python.cuda_memory import allocator_settings
+
+    before = allocator_settings()
     torch._C._accelerator_setAllocatorSettings("")
-    yield torch._C._accelerator_getAllocatorSettings
+    yield allocator_settings
     torch._C._accelerator_setAllocatorSettings(before)
 
 

@@ -8,12 +8,12 @@ jetson-agx-orin, 100%: 177.4 MB allocator peak against a 147.0 MB budget). `:16:
 configurations torch documents for deterministic cuBLAS, is eight 16 KiB buffers: the same step then peaked at
 143.0 MB. A workspace the user configured is left as it is; one already created before the runtime is not resized.
 
-The caching allocator's own rounding is the other gap: by default it hands out a cached block whole when what
-is left of it would be 1 MiB or less, and `max_memory_allocated` counts the whole block (c10's
-`should_split`), so a tensor can cost up to 1 MiB more than its bytes (MobileNetV2, jetson-agx-orin, 100%:
-13.4 MB above the ledger and cuBLAS's workspace on the H200). With expandable segments the allocator splits
-every large block down to 512-byte granules, as it does small ones. `exact_allocator_blocks` turns them on
-where the process left the allocator as it comes; a configuration of its own is kept.
+The caching allocator's own rounding is another: by default it hands out a cached block whole when what would
+be left of it is 1 MiB or less, and `max_memory_allocated` counts the whole block (c10's `should_split`), so a
+tensor can cost up to 1 MiB more than its bytes: the likely cause of MobileNetV2's 13.4 MB above the ledger and
+cuBLAS's workspace on the H200 (jetson-agx-orin, 100%), not yet confirmed on a GPU. With expandable segments the
+allocator splits every large block down to 512-byte granules, as it does small ones. `exact_allocator_blocks`
+turns them on where the process left the allocator as it comes; a configuration of its own is kept.
 """
 from __future__ import annotations
 
@@ -37,23 +37,21 @@ def bound_library_workspace() -> bool:
 EXPANDABLE = "expandable_segments:True"
 
 
-def _allocator_settings() -> tuple:
-    """(getter, setter) of the caching allocator's settings: torch's accelerator-wide calls, or the older CUDA one
-    (no getter: the environment says whether the process configured it)."""
+def allocator_settings() -> str:
+    """The caching allocator's settings as the process configured them ('' for none): torch's accelerator-wide
+    record, or, in a torch without it, the environment's."""
     get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-    put = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if put is None:
-        put = torch.cuda.memory._set_allocator_settings
-    return get, put
+    if get is not None:
+        return get()
+    return os.environ.get("PYTORCH_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
 
 
 def exact_allocator_blocks() -> bool:
     """Expandable segments for the CUDA caching allocator unless the process configured it (PYTORCH_ALLOC_CONF,
     PYTORCH_CUDA_ALLOC_CONF or a call before); True where this call set them. Applies to allocations from now on:
     blocks split to 512-byte granules, so the allocator's peak follows the bytes the ledger counts."""
-    get, put = _allocator_settings()
-    configured = get() if get is not None else ""
-    if configured or "PYTORCH_ALLOC_CONF" in os.environ or "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
+    if allocator_settings() or "PYTORCH_ALLOC_CONF" in os.environ or "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
         return False
-    put(EXPANDABLE)
+    put = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    (put or torch.cuda.memory._set_allocator_settings)(EXPANDABLE)
     return True

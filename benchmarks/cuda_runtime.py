@@ -4,7 +4,7 @@
                                                 [--budgets 100%,50%] [--target jetson-agx-orin] [--batch-size 8]
     python3 benchmarks/cuda_runtime.py run DIR [--steps 3] [--timed 20] [--json build/bench/cuda_runtime.json]
 
-`compile` (any machine, no GPU) compiles each (model, budget) into DIR/<model>-<budget>-<target>, the model's
+`compile` (any machine, no GPU) compiles each (target, model, budget) into DIR/<model>-<budget>-<target>, the model's
 weights kept once in DIR/weights (every plan of a model starts from the same seeded weights) so the folder travels
 small. `run` (on the GPU, with the runtime and the model zoo only: no solver is imported) puts the weights back
 and, per plan, in a process of its own, with cuDNN's algorithm choice and torch's kernels made deterministic:
@@ -26,6 +26,7 @@ Prints a table and writes the rows as JSON.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -49,20 +50,20 @@ def compile_plans(args) -> None:
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
 
     os.makedirs(os.path.join(args.dir, "weights"), exist_ok=True)
-    for model in args.models.split(","):
-        for budget in args.budgets.split(","):
-            out = os.path.join(args.dir, f"{model}-{budget.replace('%', 'pct')}-{args.target}")
-            compile_model(CompileOptions(model=model, target=args.target, budget=budget, out=out,
-                                         batch_size=args.batch_size, time_limit=args.time_limit))
-            kept = os.path.join(args.dir, "weights", f"{model}.safetensors")
-            if os.path.exists(kept):
-                with open(kept, "rb") as a, open(os.path.join(out, WEIGHTS), "rb") as b:
-                    if a.read() != b.read():
-                        raise SystemExit(f"{out}: weights differ from the model's other plans")
-                os.remove(os.path.join(out, WEIGHTS))
-            else:
-                os.replace(os.path.join(out, WEIGHTS), kept)
-            print(f"compiled {out}", flush=True)
+    for target, model, budget in itertools.product(args.target.split(","), args.models.split(","),
+                                                   args.budgets.split(",")):
+        out = os.path.join(args.dir, f"{model}-{budget.replace('%', 'pct')}-{target}")
+        compile_model(CompileOptions(model=model, target=target, budget=budget, out=out,
+                                     batch_size=args.batch_size, time_limit=args.time_limit))
+        kept = os.path.join(args.dir, "weights", f"{model}.safetensors")
+        if os.path.exists(kept):
+            with open(kept, "rb") as a, open(os.path.join(out, WEIGHTS), "rb") as b:
+                if a.read() != b.read():
+                    raise SystemExit(f"{out}: weights differ from the model's other plans")
+            os.remove(os.path.join(out, WEIGHTS))
+        else:
+            os.replace(os.path.join(out, WEIGHTS), kept)
+        print(f"compiled {out}", flush=True)
 
 
 def _deterministic() -> None:
@@ -279,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("dir")
     c.add_argument("--models", default="resnet18,mobilenetv2,gpt_tiny")
     c.add_argument("--budgets", default="100%,50%")
-    c.add_argument("--target", default="jetson-agx-orin")
+    c.add_argument("--target", default="jetson-agx-orin",
+                   help="comma-separated; a Jetson's plans recompute rather than page: add rpi4 for plans that page")
     c.add_argument("--batch-size", type=int, default=8)
     c.add_argument("--time-limit", type=float, default=20.0)
     r = sub.add_parser("run")

@@ -553,6 +553,31 @@ def test_page_store_writes_a_views_own_bytes(tmp_path):
             assert torch.equal(store.page_in(name), v), name
 
 
+def test_a_device_tensor_is_written_once_its_copy_has_arrived(tmp_path, monkeypatch):
+    """Paging out from a GPU queues the copy to the host and goes on; the writer waits for the copy before it reads
+    the bytes, on its thread or inline (a stand-in device here: its copy arrives only when waited for)."""
+    from edgetrain.runtime.python import storage
+
+    want = torch.randn(50_000)
+    waits = []
+
+    def to_host(t):
+        host = torch.zeros(t.shape)  # queued, not arrived
+
+        def copied():
+            waits.append(t.device.type)
+            host.copy_(want)
+        return host, copied
+
+    monkeypatch.setattr(storage, "_to_host", to_host)
+    for inline_below in (0, 1 << 30):  # the writer thread, then the calling thread
+        store = FileStore(tmp_path / str(inline_below), inline_below=inline_below)
+        store.page_out("t", torch.empty(50_000, device="meta"))
+        store.wait("t")
+        assert torch.equal(store.page_in("t"), want)
+    assert waits == ["meta", "meta"]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
 def test_page_store_round_trips_dtypes_and_shapes(tmp_path, dtype):
     store = FileStore(tmp_path)

@@ -21,7 +21,10 @@ this store paged out, touching no file on the calling thread; one reader thread 
 prefix and header against that tensor, reads the bytes straight into it and verifies them:
 `PendingRead.result()`, which the runtime calls where the tensor is first used, waits for them and raises if
 anything fails. (A file this store did not write has its header read first, to learn what to allocate.)
-File I/O is raw `os` calls on the tensor's own memory: no file objects, no intermediate copies. A tensor
+File I/O is raw `os` calls on the tensor's own memory: no file objects, no intermediate copies. A CUDA
+tensor's page goes through pinned host memory both ways without the compute thread waiting for the GPU: out,
+its copy is queued on the tensor's stream and the writer waits for the copy's event; in, the file is read into
+pinned memory and `result()` queues the copy to the GPU. A tensor
 whose memory is a permutation of a dense layout (attention's output) is stored in memory order with the
 permutation, and comes back with its strides: the plan's views of it must stay views.
 
@@ -118,6 +121,20 @@ def _bytes_of(t: Tensor) -> memoryview:
     return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
 
 
+def _to_host(t: Tensor) -> tuple[Tensor, object]:
+    """A CPU copy of a device tensor, started and not waited for, and a callable that waits for it (None: done).
+    From CUDA the copy goes into pinned memory on the tensor's stream, so the compute thread queues it and goes on
+    (a plain `.cpu()` would stand still until the GPU has run everything queued before it); the writer waits on
+    the copy's event before it reads the bytes."""
+    if t.device.type != "cuda":
+        return t.cpu(), None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(t.device))
+    return host, copied.synchronize
+
+
 def _dtype(name: object) -> torch.dtype:
     dtype = getattr(torch, name, None) if isinstance(name, str) else None
     if not isinstance(dtype, torch.dtype):
@@ -125,12 +142,15 @@ def _dtype(name: object) -> torch.dtype:
     return dtype
 
 
-def _write(path: Path, head: bytes, box: list, truncate: bool = True) -> int:
+def _write(path: Path, head: bytes, box: list, truncate: bool = True, copied=None) -> int:
     """Write one page file; returns its checksum. Takes the tensor and its bytes out of `box` ([tensor, bytes]), so
     no reference to it is left anywhere once this returns (the writer thread's work item keeps its arguments a
-    little longer). `truncate=False`: the file already has this page's length (the same tensor paged out again)."""
+    little longer). `truncate=False`: the file already has this page's length (the same tensor paged out again).
+    `copied`: waits until the tensor's bytes have arrived from the device (`_to_host`)."""
     data = box.pop()
     tensor = box.pop()  # noqa: F841 - holds the memory `data` reads until the write is done
+    if copied is not None:
+        copied()
     check = checksum(CHECKSUM, head, data)
     prefix = _PREFIX.pack(MAGIC, len(head), check) + head
     # Overwritten in place, not truncated first: the previous step's pages of the file are reused.
@@ -260,7 +280,7 @@ class PendingRead:
         if self._perm:
             perm = [int(d) for d in self._perm]
             t = t.permute(*sorted(range(len(perm)), key=perm.__getitem__))
-        return t.to(self._device) if self._device != t.device else t
+        return t.to(self._device, non_blocking=True) if self._device != t.device else t
 
 
 class FileStore:
@@ -291,8 +311,9 @@ class FileStore:
         path = self.path_of(name)
         self.wait(name)  # a name paged out again is written after its previous write
         t, perm = _memory_order(tensor.detach())
+        copied = None
         if t.device.type != "cpu":
-            t = t.cpu()
+            t, copied = _to_host(t)
         page = (list(t.shape), t.dtype, perm)
         known = self._pages.get(name)
         if known is not None and known[0] == page:  # a step pages the same tensors again: their headers are kept
@@ -306,7 +327,7 @@ class FileStore:
         size = t.numel() * t.element_size()
         self.bytes_out += size
         self._pages[name] = (page, head)
-        args = (path, head, [t, _bytes_of(t)], known is None or known[0] != page)
+        args = (path, head, [t, _bytes_of(t)], known is None or known[0] != page, copied)
         if self._writer is None or size < self._inline_size():
             self._written[name] = self._finish(name, lambda: _write(*args))
         else:
@@ -357,7 +378,8 @@ class FileStore:
                 os.close(fd)
             page = (shape, dtype, header.get("permute"))
         shape, dtype, perm = page
-        t = torch.empty(shape, dtype=dtype)
+        # Read into pinned memory for CUDA: `result()` then queues the copy to the GPU without waiting for it.
+        t = torch.empty(shape, dtype=dtype, pin_memory=torch.device(device).type == "cuda")
         want = t.numel() * t.element_size()
         self.bytes_in += want
         written = self._written.get(name)

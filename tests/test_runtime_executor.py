@@ -540,6 +540,45 @@ def test_compiled_plan_overlaps_paging_and_stays_exact(tmp_path):
     assert "read ahead" not in flat_plan and "page-out is written" not in flat_plan
 
 
+def test_an_ops_outputs_held_apart_run_it_once_when_computed_one_after_the_other(tmp_path, monkeypatch):
+    """The graph holds a max pool's values and its indices as two nodes (read at different times). Computed one
+    right after the other on the same operand, the second takes the outputs of the first's call; computed apart
+    (here after a free), it runs the op again. The ledger counts both calls as the schedule does."""
+    from edgetrain.runtime.python import aten_call
+
+    save_file({"param/w": torch.zeros(1)}, str(tmp_path / "w.safetensors"))
+    rt = Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cpu", lr=0.1)
+    runs = []
+    real = aten_call.run
+
+    def counted(c, *args, **kwargs):
+        runs.append(c.op)
+        return real(c, *args, **kwargs)
+
+    monkeypatch.setattr(aten_call, "run", counted)
+    mp, pool = "aten.max_pool2d_with_indices.default", {"args": [T(0), [2, 2], [2, 2]]}
+    x = torch.randn(2, 3, 8, 8)
+    values, indices = torch.ops.aten.max_pool2d_with_indices(x, [2, 2], [2, 2])
+    rt.begin_step(x, torch.zeros(2, dtype=torch.long))
+    rt.load_input()
+    live0 = rt.ledger.live_bytes
+    rt.compute("mp", mp, ["input"], attrs={**pool, "keep": 0})
+    rt.compute("mp.out1", mp, ["input"], attrs={**pool, "keep": 1})
+    assert runs == [mp]
+    assert torch.equal(rt.tensor("mp"), values) and torch.equal(rt.tensor("mp.out1"), indices)
+    # each call counts the output it drops while it runs: the second's values beside both held
+    assert rt.ledger.peak_bytes == live0 + 2 * values.nbytes + indices.nbytes
+    rt.free("mp.out1")
+    rt.recompute("mp.out1", mp, ["input"], attrs={**pool, "keep": 1})
+    assert runs == [mp, mp] and torch.equal(rt.tensor("mp.out1"), indices)
+    rt.compute("mp2", mp, ["mp"], attrs={**pool, "keep": 0})  # another call: its own run
+    rt.compute("mp2.out1", mp, ["input"], attrs={**pool, "keep": 1})  # another operand: its own run
+    assert runs == [mp] * 4
+    for name in ("input", "mp", "mp.out1", "mp2", "mp2.out1"):
+        rt.free(name)
+    rt.end_step()
+
+
 def test_page_store_writes_a_views_own_bytes(tmp_path):
     """A page is read from the tensor's address: a slice's bytes start at its offset, a transposed view's are
     stored in memory order, a non-dense one's copied; each comes back equal (on the threads and inline)."""

@@ -64,6 +64,9 @@ class Node:
     drop_label: str
     loss_item: tuple | None  # (item,) where the op's output is the step's loss
     multi_out: bool  # keep is given: dropped outputs may exist even if the op returns one
+    # One output of a multi-output op the graph holds apart (max pool's values and indices): the call without
+    # what it keeps, shared by the op's other nodes, so the one computed right after it takes its outputs.
+    twin: str | None
     inplace_calls: dict  # operand index -> the op's in-place twin writing into it, prepared on first use
 
     def matches(self, op: str, inputs: list, attrs: dict, aux_of: str | None) -> bool:
@@ -90,6 +93,15 @@ def _updates(specs, kept, first: bool, params: dict, buffers: dict, optim) -> tu
         elif first:  # a recompute never updates running statistics again
             out.append(Update(item, view, buffer=buffers[u["buffer"]]))
     return tuple(out)
+
+
+# What a node's attrs say beyond the op's call: how its outputs are held and counted, what follows it.
+_NOT_THE_CALL = frozenset({"keep", "aux", "scratch", "updates", "then", "dying", "loss_item"})
+
+
+def _twin(op: str, inputs: list, attrs: dict) -> str:
+    """The op's call as a key: equal for the nodes that hold different outputs of one call."""
+    return repr((op, inputs, sorted((k, v) for k, v in attrs.items() if k not in _NOT_THE_CALL)))
 
 
 def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: str | None, params: dict,
@@ -119,4 +131,5 @@ def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: 
                 scratch=attrs.get("scratch", 0), scratch_label=f"{name} (kernel scratch)",
                 drop_label=f"{name} (dropped outputs)",
                 loss_item=(attrs["loss_item"],) if first and "loss_item" in attrs else None,
-                multi_out=keep is not None, inplace_calls={})
+                multi_out=keep is not None, twin=_twin(op, inputs, attrs) if isinstance(keep, int) else None,
+                inplace_calls={})

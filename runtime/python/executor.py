@@ -154,15 +154,13 @@ class Runtime:
         return self._require(name)
 
     # -- bookkeeping ----------------------------------------------------------------------------------
-    def _begin_op(self, what, twin_next: bool = False) -> None:
-        """`what`: the call in words, or a (format, *values) tuple formatted only if an error names it.
-        `twin_next`: a computation, which may take the outputs the one just before made (`_own_op`)."""
+    def _begin_op(self, what) -> None:
+        """`what`: the call in words, or a (format, *values) tuple formatted only if an error names it."""
         if not self._in_step:
             raise PlanError(f"{_words(what)}: called outside begin_step()/end_step()")
         self._op += 1
         self._doing = what
-        if not twin_next:
-            self._twin = None  # outputs kept past the next call would be counted nowhere
+        self._twin = None  # outputs kept past the next call would be counted nowhere
 
     @property
     def _what(self) -> str:
@@ -222,14 +220,16 @@ class Runtime:
         return self._run(False, name, op, inputs, params, buffers, attrs, aux_of)
 
     def _run(self, first, name, op, inputs, params, buffers, attrs, aux_of):
-        self._begin_op(("{} '{}' ({})", "compute" if first else "recompute", name, op), twin_next=True)
+        twin = self._twin  # what the call just before made, for this node if it holds another output of that call
+        self._begin_op(("{} '{}' ({})", "compute" if first else "recompute", name, op))
         if name in self._live:
             raise PlanError(f"{self._what}: tensor '{name}' is already resident")
         node = self._prepared.get((name, first))
         if node is None or not node.matches(op, inputs, attrs or {}, aux_of):
             node = self._prepare(first, name, op, inputs, attrs or {}, aux_of)
-        if self._twin is not None and self._twin[0] != node.twin:
-            self._twin = None  # the last op's outputs go before this op's operands are read (a page-in may allocate)
+        if twin is not None and twin[0] == node.twin and node.buffer_call is None:
+            self._twin = twin  # for `_own_op`; anything else goes before this op's operands are read
+        del twin
         return self._run_aten(first, name, node)
 
     def _prepare(self, first, name, op, inputs, attrs, aux_of) -> prepared.Node:
@@ -315,9 +315,9 @@ class Runtime:
         """The node's own op: its outputs held (and aux), its updates applied while the rest are dropped.
         `spot`: run the op's in-place twin into that operand (`inplace.plan`)."""
         updates = node.updates
-        twin, self._twin = self._twin, None
-        if spot is not None or node.buffer_call is not None:
-            twin = None  # the last op's outputs go before this one makes its own
+        twin, self._twin = self._twin, None  # (key, operands, outputs) of the call just before, of this node's op
+        if spot is not None:
+            twin = None  # an in-place twin runs instead
         if spot is None and node.buffer_call is not None:
             outs = aten_call.run(node.buffer_call, ins, aux, self.seed, self.step)
             new = node.buffer_outs  # the new values, in place already
@@ -329,8 +329,7 @@ class Runtime:
         elif spot is None and node.twin is not None:
             # A node holding one output of an op whose outputs are held apart: the op's node computed by the call
             # just before on the same operands ran it already (the graph's time model still counts both runs).
-            if twin is not None and twin[0] == node.twin and len(twin[1]) == len(ins) and all(
-                    a is b for a, b in zip(twin[1], ins)):
+            if twin is not None and len(twin[1]) == len(ins) and all(a is b for a, b in zip(twin[1], ins)):
                 outs = twin[2]
             else:
                 twin = None  # its outputs go before this op makes its own

@@ -658,6 +658,8 @@ def test_plan_errors_name_tensor_and_step(mlp_rt):
         rt.compute("h", ADDMM, ["fc1"], attrs={"args": [P("fc9.bias"), T(0), P("fc9.weight", TR)]})
     with pytest.raises(PlanError, match="'fc1.aux' is not resident"):
         rt.compute("h", RELU, ["fc1"], attrs=relu, aux_of="fc1")
+    with pytest.raises(PlanError, match=r"compute 'g'.*view \[\['aten.view.default', \[\[999\]\]\]\] of 'fc1'"):
+        rt.compute("g", RELU, [{"t": "fc1", "view": [["aten.view.default", [[999]]]]}], attrs=relu)
     # A view held as a tensor of its own would be counted twice: an op whose schema lets it alias is checked
     with pytest.raises(PlanError, match="compute 'v'.*the op's output aliases an operand"):
         rt.compute("v", "aten.view.default", ["fc1"], attrs={"args": [T(0), [-1]]})

@@ -54,15 +54,24 @@ def seeded(seed: int, step: int, key: str, device: torch.device):
         yield
 
 
+def prepared_view(view) -> tuple | None:
+    """A view chain read once: per step (None, item index) or (the view op's kernel, its other arguments)."""
+    if not view:
+        return None
+    return tuple((None, v[1]) if v[0] == "item" else
+                 (_kernel(v[0]), tuple(_plain(a) for a in (v[1] if len(v) > 1 else ()))) for v in view)
+
+
+def view_of(t, steps) -> torch.Tensor:
+    """A tensor (or an item of a tuple) seen through a prepared view chain; views never copy."""
+    for fn, a in steps:
+        t = t[a] if fn is None else fn(t, *a)
+    return t
+
+
 def apply_view(t, view) -> torch.Tensor:
     """A tensor (or an item of a tuple) seen through a view chain; views never copy."""
-    for v in view or ():
-        if v[0] == "item":
-            t = t[v[1]]
-        else:
-            args = v[1] if len(v) > 1 else ()
-            t = resolve(v[0])(t, *[_plain(a) for a in args])
-    return t
+    return view_of(t, prepared_view(view) or ())
 
 
 def _plain(a):

@@ -251,15 +251,15 @@ class Runtime:
 
     def _operands(self, node: prepared.Node) -> list:
         live, ins = self._live, []
-        for r, view in node.operands:
+        for k, (r, view) in enumerate(node.operands):
             t = live.get(r)
             if t.__class__ is not Tensor:  # absent, overwritten, read ahead, or a held tuple: the full check
                 t = self._require(r)
             if view is not None:
                 try:
-                    t = aten_call.apply_view(t, view)
+                    t = aten_call.view_of(t, view)
                 except (RuntimeError, IndexError, TypeError) as e:
-                    raise PlanError(f"{self._what}: view {view} of '{r}': {e}") from None
+                    raise PlanError(f"{self._what}: view {node.inputs[k]['view']} of '{r}': {e}") from None
             ins.append(t)
         return ins
 
@@ -372,7 +372,7 @@ class Runtime:
         for u in updates:
             value = outs[u.item]
             if u.view is not None:
-                value = aten_call.apply_view(value, u.view)
+                value = aten_call.view_of(value, u.view)
             if u.buffer is None:
                 u.apply(value, u.may_scratch and inplace.sole_owner(value))
             else:

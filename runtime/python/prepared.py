@@ -22,7 +22,7 @@ from . import aten_call, inplace
 class Update:
     """An update applied right after the op: an output item (through a view) to a parameter or a buffer."""
     item: int
-    view: list | None
+    view: tuple | None  # prepared (aten_call.prepared_view)
     apply: object = None  # the optimizer's update of a parameter: (grad, grad_is_scratch) -> None
     may_scratch: bool = False  # a parameter's gradient not seen through a view nor held: SGD may add into it
     buffer: Tensor | None = None  # a buffer's new value is copied into it (first computations only)
@@ -46,7 +46,7 @@ class Node:
     attrs: dict
     aux_of: str | None
     # read once
-    operands: tuple[tuple[str, list | None], ...]  # (tensor name, view chain or None) per operand
+    operands: tuple[tuple[str, tuple | None], ...]  # (tensor name, prepared view chain or None) per operand
     plain: list[bool]  # operand k is a tensor as it is (in-place candidates)
     aux_name: str | None
     call: aten_call.Call
@@ -88,10 +88,10 @@ def _updates(specs, kept, first: bool, params: dict, buffers: dict, optim) -> tu
         item, view = u.get("item") or 0, u.get("view")
         if "param" in u:
             name = u["param"]
-            out.append(Update(item, view, apply=optim.updater(name, params[name]),
+            out.append(Update(item, aten_call.prepared_view(view), apply=optim.updater(name, params[name]),
                               may_scratch=not view and item not in kept))
         elif first:  # a recompute never updates running statistics again
-            out.append(Update(item, view, buffer=buffers[u["buffer"]]))
+            out.append(Update(item, aten_call.prepared_view(view), buffer=buffers[u["buffer"]]))
     return tuple(out)
 
 
@@ -121,7 +121,8 @@ def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: 
                        _updates(sub.get("updates", ()), (), first, params, buffers, optim))
                  for sub in attrs.get("then", ()))
     return Node(op=op, inputs=inputs, attrs=attrs, aux_of=aux_of,
-                operands=tuple((r, None) if isinstance(r, str) else (r["t"], r.get("view")) for r in inputs),
+                operands=tuple((r, None) if isinstance(r, str) else (r["t"], aten_call.prepared_view(r.get("view")))
+                               for r in inputs),
                 plain=[isinstance(r, str) for r in inputs],
                 aux_name=f"{aux_of}.aux" if aux_of is not None else None,
                 call=aten_call.Call(op, attrs, params, buffers, device),

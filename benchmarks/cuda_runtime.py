@@ -111,8 +111,8 @@ def _op_workspace(plan_dir: str, body: dict, batches) -> tuple[list[dict], dict]
 
     Runtime._run_aten = run_aten
     # per step, not measured op by op: (allocator peak, ledger peak, peak of the bytes asked for), bytes; the
-    # allocator counts whole blocks (a large block is not split for a remainder under 1 MiB), so its figure
-    # above the bytes asked for is its rounding and fragmentation
+    # allocator counts whole blocks (without expandable segments a large block is not split for a remainder of
+    # 1 MiB or less), so its figure above the bytes asked for is its rounding and fragmentation
     worst["steps"] = []
     try:
         for k, (x, y) in enumerate(batches):

@@ -18,6 +18,8 @@ from functools import lru_cache
 
 import torch
 
+from .kernel_scratch import CONVOLUTION_BACKWARD, MASK_AT
+
 # Ops that draw random numbers: run under a generator seeded from (seed, step, node), so a recompute draws
 # the same mask as the first computation and the exactness reference can draw it too.
 RANDOM_OPS = frozenset({"aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
@@ -126,8 +128,6 @@ def fill(template, tensors, params, buffers, aux, device, own=None):
     return template
 
 
-CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
-MASK_AT = 10  # convolution_backward's output_mask: the gradients it makes
 PER_CALL = "per call"  # a mask read from each call's arguments
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 CONVOLUTION = "aten.convolution.default"
 CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
+MASK_AT = 10  # convolution_backward's output_mask: the gradients (input, weight, bias) it makes
 WITH_SCRATCH = (CONVOLUTION, CONVOLUTION_BACKWARD)  # the ops the rule names; every other op's scratch is 0
 THREAD_BYTES = 64 * 1024  # each intra-op thread past the first: its own blocks of the activations, at most
 SLACK = 8  # 1/SLACK of the activation term more: a convolution's figure moved by 12% of it from run to run
@@ -58,7 +59,7 @@ def scratch_bytes(op: str, args: list, out_bytes: int, threads: int, nbytes) -> 
     if op == CONVOLUTION:
         return convolution_scratch(nbytes(args[0]), nbytes(args[1]), out_bytes, bool(args[6]), threads)
     if op == CONVOLUTION_BACKWARD:
-        mask = args[10] if len(args) > 10 else None
+        mask = args[MASK_AT] if len(args) > MASK_AT else None
         buffers = weight_buffers(tuple(args[0].shape), tuple(args[2].shape), threads, mask)
         return convolution_backward_scratch(nbytes(args[0]), nbytes(args[1]), nbytes(args[2]), threads, buffers)
     return 0

@@ -68,9 +68,19 @@ class Node:
     # what it keeps, shared by the op's other nodes, so the one computed right after it takes its outputs.
     twin: str | None
     inplace_calls: dict  # operand index -> the op's in-place twin writing into it, prepared on first use
+    # A node prepared from a plan's call (plan_api.py): that call's op, arguments and keywords, compared with
+    # each later call's (the plan's own objects: tensor handles, parameters and markers compare as themselves),
+    # and what the call returns (its tensor's handle, and its aux's).
+    fn: object = None
+    call_args: tuple | None = None
+    call_keywords: dict | None = None
+    returns: object = None
 
     def matches(self, op: str, inputs: list, attrs: dict, aux_of: str | None) -> bool:
         return op == self.op and aux_of == self.aux_of and inputs == self.inputs and attrs == self.attrs
+
+    def same_call(self, op, args: tuple, keywords: dict) -> bool:
+        return op is self.fn and args == self.call_args and keywords == self.call_keywords
 
     def inplace_call(self, spot: tuple[int, list]) -> aten_call.Call:
         """The in-place twin writing into operand spot[0] (its argument template, spot[1], follows from it)."""

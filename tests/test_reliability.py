@@ -90,7 +90,8 @@ def test_schedule_records_every_generated_file_and_the_weights(plan):
     assert set(body["outputs"]["tensors"]) == set(load_file(plan / "weights.safetensors"))
 
 
-@pytest.mark.parametrize("fault", ["truncate", "prepend", "bitflip-weights", "delete-weights", "extra-code"])
+@pytest.mark.parametrize("fault", ["truncate", "prepend", "edit-line", "bitflip-weights", "delete-weights",
+                                   "extra-code"])
 def test_changed_folder_is_refused_before_plan_py_runs(plan, capsys, tmp_path, fault):
     marker = tmp_path / "plan-py-ran"
     text = (plan / "plan.py").read_text()
@@ -99,6 +100,12 @@ def test_changed_folder_is_refused_before_plan_py_runs(plan, capsys, tmp_path, f
         name = "plan.py"
     elif fault == "prepend":
         (plan / "plan.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n" + text)
+        name = "plan.py"
+    elif fault == "edit-line":  # one call's literal changed, still valid Python: a different convolution
+        lines = text.splitlines(keepends=True)
+        at = next(i for i, line in enumerate(lines) if "aten.convolution.default" in line and "[1, 1]" in line)
+        lines[at] = lines[at].replace("[1, 1]", "[2, 2]", 1)
+        (plan / "plan.py").write_text("".join(lines))
         name = "plan.py"
     elif fault == "bitflip-weights":
         raw = bytearray((plan / "weights.safetensors").read_bytes())
@@ -231,7 +238,7 @@ def test_swapped_head_through_the_cli_is_refused(plan, tmp_path, capsys):
 def _cut_plan(plan: Path) -> None:
     """plan.py ending in the middle of the backward pass, on a whole line (valid Python)."""
     lines = (plan / "plan.py").read_text().splitlines(keepends=True)
-    bwd = [i for i, line in enumerate(lines) if "(backward," in line]
+    bwd = [i for i, line in enumerate(lines) if line.startswith("    # -- stage") and "(backward)" in line]
     (plan / "plan.py").write_text("".join(lines[: bwd[len(bwd) // 2]]))
 
 

@@ -100,9 +100,15 @@ class CallWriter:
             elif step[0] == "item":
                 raise ValueError(f"node {self.node['name']}: an item of a view ({view!r}) has no Python form")
             else:
-                args = [op_expr(step[0]), *(flat(self.arg(a)) for a in (step[1] if len(step) > 1 else ()))]
+                args = [op_expr(step[0]), *(self.view_arg(a) for a in (step[1] if len(step) > 1 else ()))]
                 links.append(f".view({', '.join(args)})")
         return Chain(lead, base, tuple(links)) if len(links) > 1 else lead + base + "".join(links)
+
+    def view_arg(self, a) -> str:
+        """A view op's argument, its lists as tuples: the runtime keeps such a view (plan_api.py)."""
+        if isinstance(a, list):
+            return "(" + ", ".join(self.view_arg(x) for x in a) + ("," if len(a) == 1 else "") + ")"
+        return flat(self.arg(a))
 
     def operand(self, ref) -> str:
         if isinstance(ref, str):

@@ -239,7 +239,8 @@ class Runtime:
         if name in self._live:
             raise PlanError(f"{self._what}: tensor '{name}' is already resident")
         node = self._prepared.get((name, first))
-        if node is None or not node.same_call(op, args, keywords):
+        # the call it was prepared from (`Node.same_call`, inlined: hundreds a step)
+        if node is None or node.fn is not op or args != node.call_args or keywords != node.call_keywords:
             try:
                 op_str, inputs, attrs, aux_of = plan_api.node_of(op, args, keywords)
             except (TypeError, ValueError) as e:
@@ -248,7 +249,10 @@ class Runtime:
             node.fn, node.call_args, node.call_keywords = op, args, keywords
             node.returns = (self._ref(name), self._ref(f"{name}.aux", plan_api.AuxRef)) \
                 if first and node.aux_items else self._ref(name)
-        self._run(first, name, node, twin)
+        if twin is not None and twin[0] == node.twin and node.buffer_call is None:
+            self._twin = twin  # for `_own_op`; anything else goes before this op's operands are read
+        del twin
+        self._run_aten(first, name, node)
         return node.returns
 
     def _ref(self, name: str, kind=plan_api.Ref):
@@ -459,7 +463,8 @@ class Runtime:
 
     def free(self, name) -> None:
         """Drop a resident tensor (by name or handle)."""
-        name = _name(name)
+        if name.__class__ is not str:  # a handle (`_name`, inlined: a plan frees a tensor a step)
+            name = name.name
         self._begin_op(("free '{}'", name))
         if self._live.get(name).__class__ is not _Overwritten:
             self._require(name)

@@ -20,32 +20,81 @@ once (prepared.py): the readable call and the schedule's node run the same kerne
 from __future__ import annotations
 
 import math
+import types
 
 import torch
 
-aten = torch.ops.aten
+
+
+def _lazy(name: str, find) -> types.ModuleType:
+    """A namespace whose attributes `find` makes on first use and keeps: a module, so a kept one is read at a
+    module's attribute speed (torch.ops.aten resolves every `aten.<op>` anew: 0.4 us, a thousand a step)."""
+    ns = types.ModuleType(name)
+
+    def __getattr__(attr: str):  # only for an attribute not kept yet
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        value = find(attr)
+        setattr(ns, attr, value)
+        return value
+
+    ns.__getattr__ = __getattr__
+    return ns
+
+
+# aten.relu.default is torch's own OpOverload, looked up once
+aten = _lazy("aten", lambda op: _lazy(f"aten.{op}", lambda overload: getattr(getattr(torch.ops.aten, op), overload)))
 
 # Keywords of `rt.call` that describe the node, not the op (no aten op has an argument of these names).
 NODE_KEYWORDS = frozenset({"keep", "aux", "updates", "then", "scratch", "overwrite", "loss_item", "seed_key"})
 
 
-class Ref:
+def _view(seen: dict, prefix: tuple, op, args: tuple) -> "View":
+    """prefix seen through (op, args), kept in `seen` where the arguments are tuples and numbers."""
+    key = (id(op), args)  # torch's registered ops live as long as the process; hashing one is slow
+    try:
+        return seen[key]
+    except KeyError:
+        v = seen[key] = View((*prefix, (op, args)))
+        return v
+    except TypeError:  # an argument that is a list: a view of its own each time
+        return View((*prefix, (op, args)))
+
+
+class _Viewable:
+    """What a plan reads through views (`x.view(op, *args)`) and items (`x[k]`). A view whose arguments are
+    tuples and numbers is kept: the same object at every step, so a call compares with the one it was prepared
+    from at once, and the plan builds nothing per step for it."""
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: dict = {}
+
+    def __getitem__(self, k: int) -> "View":
+        """Output k of a node that holds several (a tuple)."""
+        v = self._seen.get(k)
+        if v is None:
+            v = self._seen[k] = View((self, ("item", k)))
+        return v
+
+    def view(self, op, *args) -> "View":
+        """Seen through an aten view op (it aliases the tensor, never copies)."""
+        try:  # `_view`, inlined: a plan reads hundreds of views a step
+            return self._seen[id(op), args]
+        except (KeyError, TypeError):
+            return _view(self._seen, (self,), op, args)
+
+
+class Ref(_Viewable):
     """A tensor the plan holds, by its node's name: a handle, never the tensor (the runtime holds that)."""
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
+        super().__init__()
         self.name = name
 
     def __repr__(self) -> str:
         return f"<tensor {self.name}>"
-
-    def __getitem__(self, k: int) -> "View":
-        """Output k of a node that holds several (a tuple)."""
-        return View((self, ("item", k)))
-
-    def view(self, op, *args) -> "View":
-        """The tensor seen through an aten view op (it aliases the tensor, never copies)."""
-        return View((self, (op, args)))
 
 
 class AuxRef(Ref):
@@ -53,21 +102,22 @@ class AuxRef(Ref):
     __slots__ = ()
 
     def __getitem__(self, k: int) -> "AuxItem":
-        return AuxItem((self, k))
+        item = self._seen.get(k)
+        if item is None:
+            item = self._seen[k] = AuxItem((self, k))
+        return item
 
 
-class _State:
+class _State(_Viewable):
     __slots__ = ("name",)
     kind = ""
 
     def __init__(self, name: str) -> None:
+        super().__init__()
         self.name = name
 
     def __repr__(self) -> str:
         return f"{self.kind}({self.name!r})"
-
-    def view(self, op, *args) -> "View":
-        return View((self, (op, args)))
 
 
 class Param(_State):
@@ -90,30 +140,21 @@ def buffer(name: str) -> Buffer:
     return Buffer(name)
 
 
-class _Outputs:
+class _Outputs(_Viewable):
     """`out`: the output of the op a keyword belongs to, `out[k]` item k of its outputs (`updates=` reads its
     gradients there)."""
     __slots__ = ()
 
-    def __getitem__(self, k: int) -> "View":
-        return View((self, ("item", k)))
-
     def view(self, op, *args) -> "View":
-        return View((self, ("item", None), (op, args)))
+        return _view(self._seen, (self, ("item", None)), op, args)
 
     def __repr__(self) -> str:
         return "out"
 
 
-class _Held:
+class _Held(_Viewable):
     """`held`: in an op fused after a node's own (`then=`), what the node's own op holds."""
     __slots__ = ()
-
-    def __getitem__(self, k: int) -> "View":
-        return View((self, ("item", k)))
-
-    def view(self, op, *args) -> "View":
-        return View((self, (op, args)))
 
     def __repr__(self) -> str:
         return "held"
@@ -124,11 +165,17 @@ out, held = _Outputs(), _Held()
 
 class View(tuple):
     """(base, step, ...): a tensor seen through a chain of steps, each ("item", k) or (aten view op, args).
-    A tuple, so that comparing a call with the one it was prepared from stays in C."""
-    __slots__ = ()
+    A tuple, so that comparing a call with the one it was prepared from stays in C; it keeps the views made
+    from it in its `__dict__`."""
 
     def view(self, op, *args) -> "View":
-        return View((*self, (op, args)))
+        try:  # `_view`, inlined: a plan reads hundreds of views a step
+            return self._seen[id(op), args]
+        except AttributeError:
+            self._seen = {}
+        except (KeyError, TypeError):
+            pass
+        return _view(self._seen, self, op, args)
 
 
 class AuxItem(tuple):
@@ -173,7 +220,7 @@ def _literal(v):
         return v
     if isinstance(v, float):
         return v if math.isfinite(v) else {"$float": repr(v)}
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):  # a view's shape may be a tuple
         return [_literal(x) for x in v]
     if isinstance(v, torch.dtype):
         return {"$dtype": str(v).removeprefix("torch.")}
@@ -229,7 +276,7 @@ class _Node:
             return {"$empty": list(v[0]), "dtype": str(v[1]).removeprefix("torch.")}
         if kind is list:
             return [self.arg(x, reuse) for x in v]
-        if isinstance(v, (Ref, _Outputs)):
+        if isinstance(v, _Viewable):
             raise TypeError(f"{v!r} cannot be an op's argument here")
         return _literal(v)
 

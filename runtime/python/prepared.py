@@ -1,10 +1,12 @@
 """Prepared nodes: what a plan node's call needs that is the same at every step, read once and reused.
 
-A generated plan passes each node's op, operands and literal attributes at every call. Reading them anew
+A plan passes each node's op and arguments at every call (a generated plan as Python, `plan_api.py`, read back
+into the node's operands and attrs; `Runtime.compute` takes those directly). Reading them anew
 (the argument template walked, markers looked up, parameters found by name, flags derived from `keep`, `aux`,
 `updates`, `then`) was most of the runtime's Python per op. `prepare` reads them once into a `Node`; the runtime
 keeps one per (node, compute or recompute) and reuses it only while the call's op, operands, attrs and aux
-equal those it was made from (`Node.matches`: one comparison with a private copy), so a call whose arguments
+equal those it was made from (`Node.matches`: one comparison with a private copy; for a plan's call
+`Node.same_call`, its op, arguments and keywords, whose handles and kept views compare as themselves), so a call whose arguments
 changed is prepared anew, never run with the old ones. What depends on the tensors of the step (operands,
 output sizes, storage sharing) is still read at every call.
 """

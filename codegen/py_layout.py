@@ -36,10 +36,17 @@ def flat(e) -> str:
     return e.open + ", ".join(flat(i) for i in e.items) + e.close
 
 
-def _chain(start: str, c: Chain, tail: str) -> list[str]:
-    first = f"{start}{c.lead}({c.base}{c.links[0]}"
-    pad = " " * (len(start) + len(c.lead) + 1 + len(c.base))
-    return [first] + [pad + link for link in c.links[1:-1]] + [pad + c.links[-1] + ")" + tail]
+def _chain(start: str, c: Chain, tail: str, width: int) -> list[str]:
+    """The links one a line, aligned under the first one's dot, or four in from the parenthesis where that is
+    too far right for them."""
+    first, links = f"{start}{c.lead}({c.base}{c.links[0]}", c.links[1:]
+    col = len(start) + len(c.lead) + 1
+    pad = " " * (col + len(c.base))
+    if len(first) > width:  # the base alone on the first line
+        first, links = f"{start}{c.lead}({c.base}", c.links
+    if len(first) > width or len(pad) + max(len(link) for link in links) + 1 + len(tail) > width:
+        pad = " " * (col + 4)
+    return [first] + [pad + link for link in links[:-1]] + [pad + links[-1] + ")" + tail]
 
 
 def _fill(start: str, g: Group, tail: str, width: int) -> list[str]:
@@ -69,7 +76,7 @@ def _fill(start: str, g: Group, tail: str, width: int) -> list[str]:
             cur, fresh = cont + text, False
             continue
         at = cur if cur is not None else cont  # too long for any line: broken in turn
-        sub = _chain(at, item, end) if isinstance(item, Chain) else _fill(at, item, end, width)
+        sub = _chain(at, item, end, width) if isinstance(item, Chain) else _fill(at, item, end, width)
         lines += sub[:-1]
         cur, fresh = sub[-1], False
     lines.append(cur)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgetrain.codegen.py_layout import WIDTH
+from edgetrain.codegen.py_layout import WIDTH, Chain, Group, flat, statement
 from edgetrain.codegen.python_calls import Names, op_expr
 from edgetrain.codegen.python_plan import dying_operands, render_plan_text
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
@@ -132,6 +132,20 @@ def test_plan_text_is_short_lines_of_python_with_one_identifier_per_tensor(compi
     assert "rt.compute(" not in text and "'$t'" not in text and '"$t"' not in text
     body = json.loads((compiled / "schedule.json").read_text())
     assert render_plan_text(body) == text  # deterministic: the same schedule, the same text
+
+
+def test_long_calls_break_into_short_lines_of_the_same_expression():
+    name = "_scaled_dot_product_flash_attention_for_cpu_backward"
+    chain = Chain("", f"{name}[2]", tuple(f".view(aten.view.default, ({k}, 16, 32))" for k in range(4)))
+    updates = Group("updates={", (Chain("p_w: ", "out", (".view(aten.t.default)",) * 2),), "}")
+    inner = Group("fused(", ("aten.mm.default", chain, updates), ")")
+    call = Group("rt.call(", ('"x"', "aten.mm.default", *(f"{name}_{k}" for k in range(6)),
+                              Group("then=[", (inner, inner), "]"), "keep=0"), ")")
+    for head in ("x = ", "_native_batch_norm_legit_functional_12, _native_batch_norm_legit_functional_12_aux = "):
+        lines = statement(head, call)
+        assert max(map(len, lines)) <= WIDTH and len(lines) > 3, lines
+        text = "\n".join(lines)
+        assert ast.dump(ast.parse(text.strip())) == ast.dump(ast.parse(head + flat(call)))
 
 
 def test_identifiers_are_valid_unique_and_deterministic():

@@ -71,8 +71,8 @@ def differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[st
     out = sorted(set(a) ^ set(b))
     for k in sorted(set(a) & set(b)):
         x, y = a[k], b[k]
-        if x.dtype != y.dtype or x.shape != y.shape or \
-                not torch.equal(x.reshape(-1).contiguous().view(torch.uint8), y.reshape(-1).contiguous().view(torch.uint8)):
+        bits = [t.reshape(-1).contiguous().view(torch.uint8) for t in (x, y)]
+        if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(*bits):
             out.append(k)
     return out
 

@@ -7,7 +7,6 @@ page with its reason, each stage headed by its node and the user's source line, 
 from __future__ import annotations
 
 import os
-import re
 
 import torch
 from safetensors.torch import save_file
@@ -67,8 +66,11 @@ def _same_call(a: dict | None, b: dict) -> bool:
     if a is None or a["op"] != b["op"] or a["inputs"] != b["inputs"]:
         return False
     strip = ("keep", "aux", "updates", "then", "scratch", "dying", "loss_item")
-    return isinstance(a["attrs"].get("keep"), int) and isinstance(b["attrs"].get("keep"), int) and \
-        {k: v for k, v in a["attrs"].items() if k not in strip} == {k: v for k, v in b["attrs"].items() if k not in strip}
+
+    def call(n: dict) -> dict:
+        return {k: v for k, v in n["attrs"].items() if k not in strip}
+
+    return isinstance(a["attrs"].get("keep"), int) and isinstance(b["attrs"].get("keep"), int) and call(a) == call(b)
 
 
 def _stage_lines(t: int, node: dict) -> list[str]:

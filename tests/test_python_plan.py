@@ -161,9 +161,8 @@ def test_identifiers_are_valid_unique_and_deterministic():
 
 def test_a_call_reads_back_as_its_node():
     x, y, w = Ref("x"), Ref("y"), param("fc.weight")
-    assert node_of(aten.addmm.default, (param("fc.bias"), x[0].view(aten.view.default, [2, 3]),
-                                        w.view(aten.t.default)), {"keep": "none", "updates": {w: out.view(aten.t.default)}}) \
-        == ("aten.addmm.default", [{"t": "x", "view": [["item", 0], ["aten.view.default", [[2, 3]]]]}],
+    args = (param("fc.bias"), x[0].view(aten.view.default, [2, 3]), w.view(aten.t.default))
+    assert node_of(aten.addmm.default, args, {"keep": "none", "updates": {w: out.view(aten.t.default)}}) == ("aten.addmm.default", [{"t": "x", "view": [["item", 0], ["aten.view.default", [[2, 3]]]]}],
             {"args": [{"$p": "fc.bias"}, {"$t": 0}, {"$p": "fc.weight", "view": [["aten.t.default", []]]}],
              "keep": "none", "updates": [{"item": None, "view": [["aten.t.default", []]], "param": "fc.weight"}]},
             None)

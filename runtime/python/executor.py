@@ -239,7 +239,7 @@ class Runtime:
         if name in self._live:
             raise PlanError(f"{self._what}: tensor '{name}' is already resident")
         node = self._prepared.get((name, first))
-        # the call it was prepared from (`Node.same_call`, inlined: hundreds a step)
+        # the call it was prepared from: the same op object, equal arguments and keywords
         if node is None or node.fn is not op or args != node.call_args or keywords != node.call_keywords:
             try:
                 op_str, inputs, attrs, aux_of = plan_api.node_of(op, args, keywords)

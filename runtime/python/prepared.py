@@ -6,7 +6,7 @@ into the node's operands and attrs; `Runtime.compute` takes those directly). Rea
 `updates`, `then`) was most of the runtime's Python per op. `prepare` reads them once into a `Node`; the runtime
 keeps one per (node, compute or recompute) and reuses it only while the call's op, operands, attrs and aux
 equal those it was made from (`Node.matches`: one comparison with a private copy; for a plan's call
-`Node.same_call`, its op, arguments and keywords, whose handles and kept views compare as themselves), so a call whose arguments
+`fn`, `call_args` and `call_keywords`, whose handles and kept views compare as themselves), so a call whose arguments
 changed is prepared anew, never run with the old ones. What depends on the tensors of the step (operands,
 output sizes, storage sharing) is still read at every call.
 """
@@ -80,9 +80,6 @@ class Node:
 
     def matches(self, op: str, inputs: list, attrs: dict, aux_of: str | None) -> bool:
         return op == self.op and aux_of == self.aux_of and inputs == self.inputs and attrs == self.attrs
-
-    def same_call(self, op, args: tuple, keywords: dict) -> bool:
-        return op is self.fn and args == self.call_args and keywords == self.call_keywords
 
     def inplace_call(self, spot: tuple[int, list]) -> aten_call.Call:
         """The in-place twin writing into operand spot[0] (its argument template, spot[1], follows from it)."""

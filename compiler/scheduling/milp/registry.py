@@ -132,7 +132,7 @@ def solve_with(name: str, m: SparseMILP, *, time_limit: float = 60.0, mip_gap: f
         import gurobipy as gp
 
         try:
-            res = gurobi.solve(m, **kw)
+            res = SOLVERS["gurobi"].solve(m, **kw)
         except gp.GurobiError as e:
             if e.errno != gurobi.TOO_LARGE:
                 raise

@@ -8,8 +8,9 @@ buffers, optimizer state; an edgetrain plan's ledger), to which a measured step'
 - eager: the model as written, `loss.backward()`, `opt.step()`, gradients set to None after the update;
 - eager-optim-hook: torch's optimizer-in-backward recipe: one optimizer per parameter, stepped by
   `register_post_accumulate_grad_hook` as soon as the parameter's gradient is whole, which then frees it;
-- checkpoint: `torch.utils.checkpoint` (use_reentrant=False) around every block (peers_models.block_types), or
-  `checkpoint_sequential` in sqrt(n) segments for a model that is one plain nn.Sequential;
+- checkpoint: `torch.utils.checkpoint` (use_reentrant=False) around every block (peers_models.block_types); a
+  Hugging Face model's own `activation_checkpointing_enable` (the same, per decoder layer); `checkpoint_sequential`
+  in sqrt(n) segments for a model that is one plain nn.Sequential;
 - compile: `torch.compile` (inductor) of model and loss with `torch._functorch.config.activation_memory_budget`
   at the setting, the optimizer step eager;
 - edgetrain: a compiled plan (its folder made beforehand by `compile_plan`) run by the runtime's Trainer.
@@ -168,6 +169,13 @@ class CheckpointStep(TorchStep):
     def prepare(self, setting, make_optimizer) -> None:
         from torch.utils.checkpoint import checkpoint
 
+        hf = [m for m in self.model.modules() if getattr(m, "supports_gradient_checkpointing", False)]
+        if hf:  # transformers' own switch: torch.utils.checkpoint around each decoder layer
+            if hasattr(hf[0], "activation_checkpointing_enable"):  # its name from transformers 5 on
+                hf[0].activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                hf[0].gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return
         kinds = block_types()
         blocks = [m for m in self.model.modules() if isinstance(m, kinds)]
         for b in blocks:

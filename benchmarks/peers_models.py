@@ -12,7 +12,7 @@ LLAMA_SPEC = "benchmarks/peers_models.py:llama"
 # 4 decoder layers, hidden 256, MLP 512, vocabulary 4096, 128 positions: 4.72 M parameters
 LLAMA_CONFIG = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-                    tie_word_embeddings=False, attention_dropout=0.0)
+                    tie_word_embeddings=False, attention_dropout=0.0, use_cache=False)  # training keeps no KV cache
 LLAMA_SEQ = 128
 
 
@@ -39,15 +39,9 @@ def llama() -> nn.Module:
 
 def block_types() -> tuple[type, ...]:
     """The module classes `torch.utils.checkpoint` wraps one call each of: a residual block of a ResNet, an
-    inverted residual of MobileNetV2, a transformer block, a Llama decoder layer."""
+    inverted residual of MobileNetV2, a transformer block. (A Hugging Face model checkpoints its own layers:
+    peers_methods.CheckpointStep turns that on.)"""
     from edgetrain.compiler.frontend.zoo import BasicBlock, Bottleneck, InvertedResidual
     from edgetrain.compiler.frontend.zoo_transformers import Block
 
-    kinds = [BasicBlock, Bottleneck, InvertedResidual, Block]
-    try:
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-        kinds.append(LlamaDecoderLayer)
-    except ImportError:
-        pass
-    return tuple(kinds)
+    return (BasicBlock, Bottleneck, InvertedResidual, Block)

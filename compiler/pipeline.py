@@ -18,7 +18,7 @@ from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
 from .graph.workspace import applies as scratch_applies, scratch_threads
 from .schedule_file import format as schedule_format
-from .scheduling.budget import anchors, parse_budget, parse_deadline
+from .scheduling.budget import anchors, check_feasible, parse_budget, parse_deadline
 from .scheduling.overlap import overlap_paging
 from .scheduling.schedulers import Scheduled, run_scheduler
 from .scheduling.validator import validate
@@ -326,6 +326,7 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
     anchor = anchors(graph, lv, target)
     sa = anchor.store_all
     budget_bytes = _device_budget(opts, budget, graph, target, anchor) if budget.device else budget.resolve(anchor)
+    check_feasible(budget, budget_bytes, anchor)
     extra: dict = {"train": opts.train, **selection_summary(graph), "all_trainable": None}
     if graph.streamed_params and opts.scheduler == "poet":  # the MILP decides what the rule proposed
         graph, extra["streaming"] = restream_by_milp(opts, graph, target, budget_bytes, progress)

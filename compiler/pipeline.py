@@ -18,7 +18,7 @@ from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
 from .graph.workspace import applies as scratch_applies, scratch_threads
 from .schedule_file import format as schedule_format
-from .scheduling.budget import anchors, check_feasible, parse_budget, parse_deadline
+from .scheduling.budget import anchors, budget_for_device, check_budget_size, parse_budget, parse_deadline
 from .scheduling.overlap import overlap_paging
 from .scheduling.schedulers import Scheduled, run_scheduler
 from .scheduling.validator import validate
@@ -230,6 +230,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     if opts.emit not in EMITS:  # an unknown --emit fails before any work
         raise UnsupportedModelError(f"unknown --emit {opts.emit!r}; choose one of {', '.join(EMITS)}")
     target = load_target(opts.target)
+    check_budget_size(budget, target)  # `--budget 100GB` fails before tracing
     with StagedOutput(opts.out) as stage:  # the previous output stays whole until the new one is complete
         rep, result, graph, lv, anchor, sa, budget_bytes, deadline_s, resolved, firmware, extra = _compile_into(
             opts, target, budget, str(stage.path), progress, stage)
@@ -325,8 +326,8 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
     lv = analyze(graph)
     anchor = anchors(graph, lv, target)
     sa = anchor.store_all
-    budget_bytes = _device_budget(opts, budget, graph, target, anchor) if budget.device else budget.resolve(anchor)
-    check_feasible(budget, budget_bytes, anchor)
+    auto = _device_budget(opts, budget, graph, target, anchor) if budget.device else None
+    budget_bytes = budget_for_device(budget, anchor, graph, target, auto)  # the device's memory, before any solve
     extra: dict = {"train": opts.train, **selection_summary(graph), "all_trainable": None}
     if graph.streamed_params and opts.scheduler == "poet":  # the MILP decides what the rule proposed
         graph, extra["streaming"] = restream_by_milp(opts, graph, target, budget_bytes, progress)

@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from edgetrain.compiler.errors import BudgetError
+from edgetrain.compiler.errors import BudgetError, DeviceFitError
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import Liveness
 
@@ -158,3 +158,61 @@ def parse_deadline(text: str | None, store_all_time_s: float) -> float | None:
         raise BudgetError(f"deadline {text!r}: a multiple of the store-all time must be a finite number of at least 1.0")
     return f * store_all_time_s
 
+
+
+def device_memory_bytes(target) -> int | None:
+    """The memory a plan's training step may use on `target`: its RAM (a Jetson's memory shared by CPU and GPU; the
+    host's measured when its profile loads), from the target's profile. None for a microcontroller: its firmware
+    is held against RAM and flash by codegen/c/device_fit.py, with the stack and runtime it needs, and a Python
+    plan for its profile is a study of its costs that no such device runs."""
+    return None if target.family == "mcu" else int(target.ram_bytes)
+
+
+def _at_most(room: int) -> str:
+    """A --budget no larger than `room` bytes, as a user would type it."""
+    return f"{room // 10**6}MB" if room >= 10**7 else str(room)
+
+
+def _mb(n: int) -> str:
+    return f"{n} B ({n / 1e6:.3f} MB)"
+
+
+def check_budget_size(budget: Budget, target) -> None:
+    """Before tracing: a budget given in bytes that the device's memory cannot hold."""
+    room = device_memory_bytes(target)
+    if room is not None and budget.nbytes is not None and budget.nbytes > room:
+        raise DeviceFitError(f"budget {budget.text} = {_mb(budget.nbytes)} is more than {target.name}'s memory, "
+                             f"{_mb(room)}. Give --budget {_at_most(room)} or less, a percentage of plain "
+                             f"backprop's peak (80%) or min.")
+
+
+def budget_for_device(budget: Budget, a: Anchors, graph: TrainingGraph, target,
+                      device_bytes: int | None = None) -> int:
+    """The bytes of `budget` for this model on `target`, checked before any solve: the model's fixed state and its
+    smallest feasible budget must fit the device's memory, the budget must too, and it must be feasible.
+    `device_bytes`: what `auto` means on the target (see Budget.resolve)."""
+    room, name = device_memory_bytes(target), target.name
+    if room is None:
+        budget_bytes = budget.resolve(a, device_bytes)
+        check_feasible(budget, budget_bytes, a)
+        return budget_bytes
+    state = graph.state_bytes
+    if state > room:
+        raise DeviceFitError(
+            f"the model's fixed state is {_mb(state)} (weights {graph.param_bytes} B, optimizer state "
+            f"{graph.optimizer_bytes} B, buffers {graph.buffer_bytes} B), more than {name}'s memory, {_mb(room)}, "
+            "before any activation. Use a smaller model, freeze layers with --train, or an optimizer with less "
+            "state (sgd without momentum keeps none).")
+    if a.min_feasible_bytes > room:
+        raise DeviceFitError(
+            f"the model needs at least {_mb(a.min_feasible_bytes)} to train (its smallest feasible budget: the "
+            f"fixed state, {_mb(a.fixed_bytes)}, then what the largest backward step reads), more than {name}'s "
+            f"memory, {_mb(room)}. Lower --batch-size, freeze layers with --train, or use a smaller model.")
+    budget_bytes = budget.resolve(a, device_bytes)
+    if budget_bytes > room:
+        most = math.floor(10.0 * a.percent_of_store_all(room)) / 10.0
+        raise DeviceFitError(
+            f"budget {budget.text} = {_mb(budget_bytes)} is more than {name}'s memory, {_mb(room)}. Give at most "
+            f"{_at_most(room)} ({most:g}% of plain backprop's peak of {_mb(a.store_all_peak_bytes)}), or min.")
+    check_feasible(budget, budget_bytes, a)
+    return budget_bytes

@@ -53,7 +53,7 @@ def test_a_percentage_below_the_smallest_feasible_budget_names_it_in_bytes_and_p
         check_feasible(parse_budget("70%"), parse_budget("70%").resolve(a), a)
     msg = str(e.value)
     assert "budget 70% = 7000 B" in msg and "7071 B" in msg and "70.7% of plain backprop's peak" in msg
-    assert "--budget 70.8% or more" in msg and "--budget min" in msg
+    assert "--budget 70.8% or more" in msg and "at least 7071B" in msg and "--budget min" in msg
     assert parse_budget("70.8%").resolve(a) >= a.min_feasible_bytes  # the suggestion is feasible
     with pytest.raises(BudgetError, match=r"budget 5000 = 5000 B \(50.0% of plain backprop's peak\)"):
         check_feasible(parse_budget("5000"), 5000, a)

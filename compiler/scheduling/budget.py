@@ -107,8 +107,8 @@ def check_feasible(budget: "Budget", budget_bytes: int, a: Anchors) -> None:
         f"{given} is below the smallest feasible budget for this model and batch: {a.min_feasible_bytes} B "
         f"({a.min_feasible_bytes / 1e6:.3f} MB), {a.percent_of_store_all(a.min_feasible_bytes):.1f}% of plain "
         f"backprop's peak of {a.store_all_peak_bytes} B ({a.store_all_peak_bytes / 1e6:.3f} MB; 100% = plain "
-        f"backprop). Give --budget {smallest_percent(a):g}% or more (or --budget min), or lower --batch-size, "
-        f"or freeze layers with --train.")
+        f"backprop). Give --budget {smallest_percent(a):g}% or more (at least {a.min_feasible_bytes}B, or "
+        f"--budget min), or lower --batch-size, or freeze layers with --train.")
 
 
 def parse_budget(text: str) -> Budget:

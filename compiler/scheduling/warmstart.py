@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from .steps import Decisions, build_steps, on_demand
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import Liveness
+from edgetrain.compiler.errors import ValidationError
 from .validator import validate
 
 # Drop orders: (name, score of a tensor from its bytes, the energy of bringing it back once, its backward
@@ -87,9 +88,10 @@ def _evaluate(g, lv, target, keep, paging, retain, tally: list[int] | None = Non
         tally[0] += 1
     try:
         d = _schedule(g, lv, target, keep, paging, retain)
-    except ValueError:
+        # Refused without a budget: this order's schedule is one the runtime could not run; never a start.
+        return d, validate(g, build_steps(g, lv, d), target, None)
+    except (ValueError, ValidationError):
         return None
-    return d, validate(g, build_steps(g, lv, d), target, None)
 
 
 def _jitter(seed: int, name: str) -> float:

@@ -18,6 +18,7 @@ from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
 from .graph.workspace import applies as scratch_applies, scratch_threads
 from .schedule_file import format as schedule_format
+from .scheduling.clock import deadline
 from .scheduling.budget import anchors, budget_for_device, check_budget_size, parse_budget, parse_deadline
 from .scheduling.overlap import overlap_paging
 from .scheduling.schedulers import Scheduled, run_scheduler
@@ -231,7 +232,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         raise UnsupportedModelError(f"unknown --emit {opts.emit!r}; choose one of {', '.join(EMITS)}")
     target = load_target(opts.target)
     check_budget_size(budget, target)  # `--budget 100GB` fails before tracing
-    with StagedOutput(opts.out) as stage:  # the previous output stays whole until the new one is complete
+    with StagedOutput(opts.out) as stage, deadline(opts.time_limit):  # the old output stays whole until the end
         rep, result, graph, lv, anchor, sa, budget_bytes, deadline_s, resolved, firmware, extra = _compile_into(
             opts, target, budget, str(stage.path), progress, stage)
         stage.commit()

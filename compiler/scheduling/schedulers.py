@@ -19,6 +19,7 @@ from edgetrain.compiler.graph.liveness import Liveness
 from .phased import solve_phased
 from .milp.registry import solve_with
 from .poet import build as build_poet, without_redundant_holds
+from .clock import clamp
 from .validator import Report, validate
 from .warmstart import best_start
 
@@ -91,6 +92,7 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
+    time_limit = clamp(time_limit)  # what the compile's --time-limit leaves: the shares below are of it
     smallest = min_budget(lv)
     if budget_bytes < smallest:
         raise BudgetError(

@@ -24,6 +24,7 @@ import numpy as np
 from edgetrain.compiler.errors import EdgetrainError
 from . import cpsat, gurobi, highs, scipy_milp
 from .model import SolveResult, SparseMILP
+from ..clock import clamp
 
 SOLVERS = {"highs": highs.solve, "gurobi": gurobi.solve, "scipy": scipy_milp.solve, "cpsat": cpsat.solve}
 PACKAGES = {"highs": "highspy", "gurobi": "gurobipy", "scipy": "scipy", "cpsat": "ortools"}
@@ -97,7 +98,7 @@ def solve_with(name: str, m: SparseMILP, *, time_limit: float = 60.0, mip_gap: f
                warm_start: np.ndarray | None = None, threads: int | None = None) -> RoutedResult:
     """Solve `m` with the backend `name` (or "auto") under the policy above."""
     backend, notice = choose(name, m)
-    kw = dict(time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start, threads=threads)
+    kw = dict(time_limit=clamp(time_limit), mip_gap=mip_gap, warm_start=warm_start, threads=threads)  # within --time-limit
     if backend == "gurobi":
         import gurobipy as gp
 

@@ -114,7 +114,7 @@ def test_compile_runs_the_phased_solve_when_asked(tmp_path, capsys):
     from edgetrain.compiler.workbench.cli import main
 
     out = tmp_path / "p"
-    main(["compile", "resnet18", "--target", "nrf52840", "--budget", "80%", "--time-limit", "8", "--lns", "0.35",
+    main(["compile", "resnet18", "--target", "nrf52840", "--budget", "80%", "--time-limit", "25", "--lns", "0.35",
           "--cuts", "0.15", "--out", str(out), "--json"])
     r = json.loads(capsys.readouterr().out)
     assert r["ok"] is not False and "LNS" in r["solver"].get("notice", ""), r["solver"]

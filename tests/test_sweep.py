@@ -272,7 +272,7 @@ def test_energy_vs_time_front_is_drawn_from_solved_rows(plotted):
 
     out, r = plotted
     panels = r["data"]["energy_vs_time"]["panels"]
-    assert list(panels) == ["100%", "60%", "min"]  # loosest first
+    assert list(panels) == ["100%", "85%", "min"]  # loosest first
     ok = [x for x in read_rows(out) if x["status"] == "ok"]
     for b, p in panels.items():
         assert len(p["points"]) == sum(x["budget"] == b for x in ok)

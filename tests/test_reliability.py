@@ -26,7 +26,7 @@ from edgetrain.runtime.python.integrity import file_table, json_checksum, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "edgetrain.compiler.workbench.cli"]
-SMALL = dict(model="small_cnn", target="rpi4", budget="40%", batch_size=2, time_limit=10)
+SMALL = dict(model="small_cnn", target="rpi4", budget="85%", batch_size=2, time_limit=10)
 
 
 def _cli(capsys, *args) -> tuple[int, dict | str, str]:
@@ -126,7 +126,7 @@ def test_changed_folder_is_refused_before_plan_py_runs(plan, capsys, tmp_path, f
     assert not marker.exists()
 
 
-def _compile_cmd(out: Path, model: str = "small_cnn", budget: str = "40%") -> list[str]:
+def _compile_cmd(out: Path, model: str = "small_cnn", budget: str = "85%") -> list[str]:
     return [*CLI, "compile", model, "--target", "rpi4", "--budget", budget, "--batch-size", "2",
             "--time-limit", "10", "--out", str(out), "--json"]
 
@@ -139,7 +139,7 @@ def _staging_with_files(out: Path) -> bool:
 @pytest.mark.parametrize("when", ["while-writing", "early", "middle"])
 def test_killed_compile_leaves_the_previous_output_untouched(plan, capsys, when):
     before = _snapshot(plan)
-    p = subprocess.Popen(_compile_cmd(plan, model="mlp", budget="60%"), cwd=ROOT, stdout=subprocess.DEVNULL,
+    p = subprocess.Popen(_compile_cmd(plan, model="mlp", budget="100%"), cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     if when == "while-writing":  # the moment the new files appear
         t0 = time.time()
@@ -153,7 +153,7 @@ def test_killed_compile_leaves_the_previous_output_untouched(plan, capsys, when)
     rc, r, _ = _cli(capsys, "run", plan, "--steps", "1", "--json")
     assert rc == 0 and r["ok"], r
     # The next compile removes what the killed one left beside the folder, and swaps its own in.
-    assert compile_model(CompileOptions(out=str(plan), **dict(SMALL, budget="60%")))["out"] == str(plan)
+    assert compile_model(CompileOptions(out=str(plan), **dict(SMALL, budget="90%")))["out"] == str(plan)
     assert not [q for q in plan.parent.iterdir() if ".edgetrain-tmp-" in q.name]
     verify_folder(plan)
 
@@ -497,7 +497,7 @@ def test_two_concurrent_c_runs_of_one_folder_take_turns(tmp_path):
     if shutil.which("gcc") is None or shutil.which("make") is None:
         pytest.skip("needs gcc and make")
     out = tmp_path / "fw"
-    compile_model(CompileOptions(model="mcu_cnn", target="nrf52840", budget="70%", batch_size=1, emit="c",
+    compile_model(CompileOptions(model="mcu_cnn", target="nrf52840", budget="90%", batch_size=1, emit="c",
                                  out=str(out), time_limit=10))
     cmd = [*CLI, "run", str(out), "--steps", "300", "--json"]
     ps = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -538,14 +538,14 @@ def test_compiled_plan_overlaps_paging_and_stays_exact(tmp_path):
     from edgetrain.compiler.workbench.run import run_plan
 
     out = str(tmp_path / "plan")
-    c = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="40%", out=out, time_limit=20.0))
+    c = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="80%", out=out, time_limit=20.0))
     plan = _statements(open(f"{out}/plan.py").read())
     assert any("rt.page_in(" in s and "read ahead" in s for s in plan) and c["page_ins"] > 0
     assert any("rt.free(" in s and "while its page-out is written" in s for s in plan)
     r = run_plan(out, steps=2, check=True)
     assert r["ok"] and r["max_abs_err"] == 0, r.get("error")
     assert r["measured_peak_bytes"] == r["predicted_peak_bytes"] == c["peak_bytes"] <= c["budget_bytes"]
-    flat = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="40%", out=str(tmp_path / "flat"),
+    flat = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="80%", out=str(tmp_path / "flat"),
                                         time_limit=20.0, overlap_paging=False))
     assert flat["peak_bytes"] == c["peak_bytes"] and flat["page_ins"] == c["page_ins"]
     flat_plan = open(tmp_path / "flat" / "plan.py").read()

@@ -7,7 +7,7 @@ import math
 import re
 import sys
 
-from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.compiler.errors import EdgetrainError, InternalError, ValidationError
 from edgetrain.codegen.backends import EMITS
 from edgetrain.compiler.graph.ir import LOSSES, OptimizerConfig
 from edgetrain.runtime.python.optimizers import DEFAULT as DEFAULT_OPTIMIZER, OPTIMIZERS
@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
     c.add_argument("--target", required=True)
     c.add_argument("--budget", default="auto",
-                   help="2MB, 512KiB, 1.5GB, B%% of store-all's activations, min (the smallest feasible budget) or "
+                   help="2MB, 512KiB, 1.5GB, B%% of plain backprop's peak (100%%: plain backprop), min (the smallest feasible budget) or "
                         "auto (the default; microcontroller targets only: the RAM less the firmware's stack, runtime "
                         "and batch buffers)")
     c.add_argument("--deadline", help="multiple of the store-all time (1.2) or seconds (0.5s)")
@@ -190,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("sweep", help="solve every (budget, deadline, scheduler) combination; CSV and JSON results")
     w.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
     w.add_argument("--target", required=True)
-    w.add_argument("--budgets", default="100%,80%,60%,40%,min",
+    w.add_argument("--budgets", default="100%,90%,80%,70%,min",
                    help="comma-separated budgets: sizes (2MB), percentages (60%%) or min (the smallest feasible)")
     w.add_argument("--deadlines", default="none",
                    help="comma-separated deadlines: none (the default), multiples of the store-all time (1.2) or "
@@ -354,6 +354,14 @@ def main(argv: list[str] | None = None) -> int:
     as_json = getattr(a, "json", False)
     try:
         result = handlers[a.cmd](a)
+    except InternalError as e:  # edgetrain refused its own work: say so, and what to report
+        return _fail(a.cmd, "internal", str(e), as_json, debug, EXIT_INTERNAL)
+    except ValidationError as e:
+        if a.cmd != "compile":
+            return _fail(a.cmd, *describe(e), as_json, debug, EXIT_ERROR)
+        # compile validates only schedules it built itself: a refusal there is a bug, not the user's input
+        return _fail(a.cmd, "internal", str(InternalError("a schedule it built breaks the memory model", e)),
+                     as_json, debug, EXIT_INTERNAL)
     except ANTICIPATED as e:  # a message for the user: no traceback unless --debug
         kind, message = describe(e)
         return _fail(a.cmd, kind, message, as_json, debug, EXIT_ERROR)

@@ -1,19 +1,23 @@
-"""The measuring harness (compiler/workbench/memory_probe.py) reads a known allocation to the page: the peak of
+"""The measuring harness (benchmarks/memory_probe.py) reads a known allocation to the page: the peak of
 a span, not its end, and nothing of what was freed before it. Run in a child process, since it changes malloc."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from edgetrain.compiler.workbench.memory_probe import Probe, Span, cpu_probe_available
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.memory_probe import Probe, Span, cpu_probe_available  # noqa: E402
 
 CHILD = r"""
 import json
-from edgetrain.compiler.workbench.memory_probe import Probe, isolate_malloc
+from benchmarks.memory_probe import Probe, isolate_malloc
 isolated = isolate_malloc()
 import torch
 probe = Probe("cpu")
@@ -34,7 +38,8 @@ print(json.dumps({"isolated": isolated, "held": held.growth, "transient": transi
 
 @pytest.mark.skipif(not cpu_probe_available(), reason="needs Linux's resettable resident-set high-water mark")
 def test_cpu_probe_reads_a_known_allocation_to_the_page():
-    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)  # cwd: the child imports benchmarks/ from the checkout
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     mib16, tol = 16 * 1024 * 1024, 256 * 1024  # tol: small blocks torch and Python free or take meanwhile

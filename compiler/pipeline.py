@@ -320,6 +320,8 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
     from edgetrain.codegen import render_python_plan, write_weights
     from edgetrain.runtime.python.integrity import weights_table
 
+    if progress:
+        progress(f"tracing {opts.model}")
     resolved, model, graph = build_graph(opts, target)
     target = with_measured_paging(target, graph)  # a measured target's page store, timed at this plan's sizes
     lv = analyze(graph)
@@ -380,6 +382,8 @@ def _compile_into(opts: CompileOptions, target, budget, work: str, progress, sta
             extra["device_fit"] = check_fit(figures_of_firmware(checked, firmware), target).to_json()
         break
     # The schedule last: it records the sha256 of every file above and the weights' table.
+    if progress:
+        progress("recording the outputs")
     body["outputs"] = stage.outputs(weights_table(os.path.join(work, "weights.safetensors")))
     schedule_format.save(body, work)
     return rep, result, graph, lv, anchor, sa, budget_bytes, deadline_s, resolved, firmware, extra

@@ -354,11 +354,8 @@ def test_local_learning_benchmark_runs_and_draws(tmp_path):
 def test_a_flipped_byte_in_a_checkpoint_is_refused_on_resume(small_plan, tmp_path):
     out, _ = small_plan
     work = str(tmp_path / "killed")
-    progress = os.path.join(work, "progress.json")
-    seen = _kill_when(_run_train(out, work), progress, lambda s: s["block"] == 0 and s["epoch"] >= 1)
-    state = os.path.join(work, seen["state"])
-    if not os.path.exists(state):  # the run moved on to the next checkpoint between reading and killing
-        state = os.path.join(work, json.load(open(progress))["state"])
+    seen = _kill_at(out, work, "block 0 epoch 2/")
+    state = os.path.join(work, seen["state"])  # held at the next epoch's first batch: still the checkpoint named
     raw = bytearray(open(state, "rb").read())
     raw[-3] ^= 0x01  # one bit of the last tensor's data, as a torn write after a kill would leave
     open(state, "wb").write(bytes(raw))

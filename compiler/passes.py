@@ -32,6 +32,7 @@ FRAGMENTATION_RETRIES = 3  # solves for less when a backend's arena packing leav
 
 def trace(req: Request) -> Traced:
     """The model as the backend's costed training graph."""
+    req.say(f"tracing {req.opts.model}")
     return trace_model(req.opts, req.profile, req.backend)
 
 
@@ -137,6 +138,7 @@ def solve_and_render(req: Request, s: Selected) -> Rendered:
 
 def write_schedule(req: Request, r: Rendered) -> Compiled:
     """The schedule last: it records the sha256 of every file above and the weights' table."""
+    req.say("recording the outputs")
     r.body["outputs"] = req.stage.outputs(weights_table(os.path.join(req.work, "weights.safetensors")))
     schedule_format.save(r.body, req.work)
     return Compiled(r)

@@ -165,6 +165,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--save", metavar="OUT.safetensors",
                    help="write the trained weights (the model's own state_dict keys) and, beside them, "
                         "OUT.state.safetensors (weights, optimizer state, step: what --resume reads)")
+    r.add_argument("--save-trained", action="store_true",
+                   help="with --save: write only the parameters that train (a LoRA model's adapters) to "
+                        "OUT.safetensors, under the model's own keys (load_state_dict(strict=False) takes them "
+                        "back); the state file still holds everything --resume needs")
     r.add_argument("--resume", action="store_true",
                    help="with --save: continue from the state in that file, if it exists: the steps it holds "
                         "count towards --steps/--epochs, so rerunning a killed command finishes it exactly as an "
@@ -287,7 +291,7 @@ def _cmd_run(a) -> dict:
     from .run_c import run_firmware
 
     if is_c_plan(a.dir):
-        if a.epochs or a.save or a.resume or a.save_every:
+        if a.epochs or a.save or a.resume or a.save_every or a.save_trained:
             raise EdgetrainError("--epochs, --save and --resume train with the Python runtime; C firmware "
                                  "takes --steps")
         return run_firmware(a.dir, qemu=a.qemu, steps=a.steps or 1, data=a.data, check=a.check, seed=a.seed,
@@ -296,7 +300,7 @@ def _cmd_run(a) -> dict:
         raise EdgetrainError(f"{a.dir} holds a plan for the Python runtime; --qemu, --cycle and "
                              "--inject-corrupt-page need C firmware: compile with `--emit c`")
     opts = dict(steps=a.steps, epochs=a.epochs, data=a.data, check=a.check, device=a.device, seed=a.seed,
-                save=a.save, resume=a.resume, save_every=a.save_every)
+                save=a.save, resume=a.resume, save_every=a.save_every, save_trained=a.save_trained)
     if a.json or not sys.stderr.isatty():
         return run_plan(a.dir, **opts)
     from rich.progress import Progress

@@ -69,7 +69,7 @@ def analyze(g: TrainingGraph) -> Liveness:
     # Last backward need of each forward tensor, through recompute chains (reverse topological order).
     window_end: dict[str, int] = {}
     for n in reversed(g.nodes[: L + 1]):
-        if n.kind not in ("input", "labels", "forward") or n.bytes == 0:
+        if n.kind not in ("input", "forward") or n.bytes == 0:
             continue
         direct = [s for s in users[n.name] if s > L]
         via = [window_end[g.nodes[s].name] for s in users[n.name]

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import torch.utils._python_dispatch
 
 from edgetrain.compiler.errors import UnsupportedModelError
+from .eager_kernels import eager_backward_kernels, eager_upsampling
 from .random_keys import KeyedRandom, graph_keys
 
 # What `--loss` may be, besides a user function given as path/file.py:fn.
@@ -42,6 +43,7 @@ class JointCapture:
     seed_keys: dict[str, str] = field(default_factory=dict)  # random op node -> the key its mask is drawn by
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # buffer name -> a constant tensor of the code
     sources: dict[str, str] = field(default_factory=dict)  # forward fx node -> the user's line that made it
+    exported: bool = False  # traced as torch.export traces (`as_export`): a library's helper needed it
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, token_ids: bool = False) -> torch.Tensor:
@@ -302,13 +304,54 @@ def _real(value, name: str) -> torch.Tensor:
     return value.constant
 
 
+def _data_dependent(e: BaseException) -> bool:
+    name = type(e).__name__
+    return "GuardOnDataDependent" in name or "data-dependent" in str(e) or "DataDependent" in name
+
+
+def _library_frame(e: BaseException):
+    """The innermost frame of an installed library (transformers, timm) in an exception's traceback, when the
+    failure happened there rather than in the model's own code or torch's; None otherwise."""
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    torch_dir = os.path.dirname(torch.__file__)
+    for f in reversed(traceback.extract_tb(e.__traceback__)):
+        if f.filename.startswith((torch_dir, ours)) or f.filename.startswith("<"):
+            continue
+        return f if "site-packages" in f.filename or f.filename.startswith((sys.prefix, sys.exec_prefix)) else None
+    return None
+
+
+def _library_path(filename: str) -> str:
+    """A library file as its package names it: `transformers/masking_utils.py`."""
+    return filename.split("site-packages" + os.sep, 1)[-1]
+
+
 def _guard_message(e: Exception) -> str:
-    """Where torch gave up on data-dependent control flow: the user's line."""
+    """Where torch gave up on data-dependent control flow: the library's line where a library branched, and the
+    user's line."""
     text = str(e)
     where = user_frame(e)
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    lib = _library_frame(e)
+    if lib is not None:
+        return (f"the model's control flow depends on tensor values in {_library_path(lib.filename)}:{lib.lineno}: "
+                f"`{(lib.line or '').strip()}`, called{where or ' from the model'} ({first[:200]}), even traced as "
+                "torch.export traces. A training graph must be the same for every batch: give that code what it "
+                "branches on (an explicit attention_mask for a Hugging Face mask helper), or pick the model's "
+                "option that avoids it (attn_implementation=\"eager\")")
     return (f"the model's control flow depends on tensor values{where} ({first[:200]}). A training graph must be "
             "the same for every batch: replace the data-dependent `if`/loop with torch.where or a fixed shape")
+
+
+def as_export(on: bool):
+    """Library code run as torch.export runs it: torch.compiler.is_compiling() and is_exporting() true, which
+    libraries read to take a path a trace can follow (Hugging Face's mask helpers then build the mask instead of
+    asking whether it is all ones). The eager reference of a plan traced so runs the same way."""
+    if not on:
+        return contextlib.nullcontext()
+    from torch._export.utils import _compiling_state_context
+
+    return _compiling_state_context()
 
 
 def portable_kernels(gpu: bool):
@@ -323,33 +366,49 @@ def portable_kernels(gpu: bool):
     return sdpa_kernel(SDPBackend.MATH)
 
 
+def _trace(step: _Step, x: torch.Tensor, y: torch.Tensor, gpu: bool, exported: bool) -> tuple:
+    """aot_export_module's joint graph and signature, with the forward's source lines and random draws."""
+    from torch._functorch.aot_autograd import aot_export_module
+
+    # Fakes: the trace needs shapes, not values (a real batch made it run the model, 4x slower on BERT-base).
+    # preserve_node_meta: each backward node keeps the seq_nr of the forward op it differentiates
+    with on_fakes(step) as fake, contextlib.redirect_stderr(io.StringIO()), torch.fx.traceback.preserve_node_meta(), \
+            portable_kernels(gpu), as_export(exported), eager_upsampling():
+        gm, sig = aot_export_module(step, (fake.from_tensor(x), fake.from_tensor(y)), trace_joint=True,
+                                    output_loss_index=0)
+        sources, draws = _sources(step, gm, fake.from_tensor(x), fake.from_tensor(y), fake)
+    return gm, sig, sources, draws
+
+
 def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy",
             token_ids: bool = False, user_fn=None, gpu: bool = False) -> JointCapture:
     """The joint graph of one training step of `model` on a batch like (x, y); `gpu`: of kernels a CUDA device runs
     (`portable_kernels`)."""
-    from torch._functorch.aot_autograd import aot_export_module
-
     if not any(p.requires_grad for p in model.parameters()):
         raise UnsupportedModelError("every parameter of the model is frozen (requires_grad=False): "
                                     "there is nothing to train")
     step = _Step(model, objective(loss, token_ids, user_fn))
     try:
-        # Fakes: the trace needs shapes, not values (a real batch made it run the model, 4x slower on BERT-base).
-        # preserve_node_meta: each backward node keeps the seq_nr of the forward op it differentiates
-        with on_fakes(step) as fake, contextlib.redirect_stderr(io.StringIO()), \
-                torch.fx.traceback.preserve_node_meta(), portable_kernels(gpu):
-            gm, sig = aot_export_module(step, (fake.from_tensor(x), fake.from_tensor(y)), trace_joint=True,
-                                        output_loss_index=0)
-            sources, draws = _sources(step, gm, fake.from_tensor(x), fake.from_tensor(y), fake)
+        try:
+            exported = False
+            gm, sig, sources, draws = _trace(step, x, y, gpu, exported)
+        except Exception as e:
+            if not (_data_dependent(e) and _library_frame(e) is not None):
+                raise
+            try:  # a library's helper branched on a tensor's value: traced as torch.export traces, it may not
+                exported = True
+                gm, sig, sources, draws = _trace(step, x, y, gpu, exported)
+            except Exception:
+                raise e from None  # the first failure names the library's line
     except UnsupportedModelError:
         raise
     except Exception as e:  # torch's own message for what it could not trace
-        name = type(e).__name__
-        if "GuardOnDataDependent" in name or "data-dependent" in str(e) or "DataDependent" in name:
+        if _data_dependent(e):
             raise UnsupportedModelError(_guard_message(e)) from None
-        raise UnsupportedModelError(f"torch could not trace the training step{user_frame(e)}: {name}: "
+        raise UnsupportedModelError(f"torch could not trace the training step{user_frame(e)}: {type(e).__name__}: "
                                     f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
     _unmasked(gm)
+    eager_backward_kernels(gm)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     params = {ph: _strip(p) for ph, p in sig.inputs_to_parameters.items()}  # a tied one by its first name
     buffers = {ph: _strip(b) for ph, b in sig.inputs_to_buffers.items()}
@@ -364,4 +423,5 @@ def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cro
     return JointCapture(gm=gm, constants=constants, params=params, buffers=buffers, inputs=(user[0], user[1]),
                         loss=sig.user_outputs[0], grads=grads,
                         buffer_updates={node: _strip(b) for node, b in sig.buffers_to_mutate.items()},
-                        seed_keys=graph_keys(gm, draws), sources=sources)
+                        seed_keys=graph_keys(gm, draws), sources=sources,
+                        exported=exported)

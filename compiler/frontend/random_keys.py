@@ -59,7 +59,7 @@ class _Draws:
         self.model, self.calls, self.clock, self.hashed = model, calls, clock, hashed
         self.stack: list[tuple[str, nn.Module]] = []
         self.counts: dict[str, int] = {}  # record mode: draws of each key so far
-        self.functional = 0  # > 0 inside an F.dropout the function mode draws itself
+        self.pending: str | None = None  # the key an F.dropout call gives the draw it makes
 
     def module(self) -> tuple[str, nn.Module | None]:
         return self.stack[-1] if self.stack else ("", None)
@@ -73,32 +73,22 @@ class _Draws:
             self.calls.append(key)
         return key
 
-    def draw(self, key: str, x: torch.Tensor | None, run):
-        """Run a random op: as it is when recording, else from the generator of (seed, step, key)."""
-        if self.clock is None:
-            return run()
-        from edgetrain.runtime.python.aten_call import seeded
-
-        seed, step, _ = self.clock
-        device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
-        with seeded(seed, step, key, device):
-            return run()
-
 
 class _Functional(TorchFunctionMode):
-    """F.dropout and torch.dropout as torch's native_dropout (the op the trace holds, rounding for rounding), keyed by
-    the module that calls them; attention with a dropout under the Python dispatcher, as the trace runs it, so its
-    dropout is a native_dropout too (eager's C++ path draws with bernoulli_ and scales apart)."""
+    """F.dropout (and torch.dropout) and attention with a dropout run under the Python dispatcher, as the trace runs
+    them: a dropout is then torch's native_dropout, the op the graph holds, rounding for rounding (eager's C++ path
+    draws with bernoulli_ and scales apart; an in-place dropout runs that path in both). An F.dropout's draw is keyed
+    by the module that calls it."""
 
     def __init__(self, draws: _Draws) -> None:
         super().__init__()
         self.d = draws
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        from torch._dispatch.python import enable_python_dispatcher
+
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention and _sdpa_dropout(args, kwargs) > 0:
-            from torch._dispatch.python import enable_python_dispatcher
-
             with enable_python_dispatcher():
                 return func(*args, **kwargs)
         if func is not F.dropout and func is not torch.dropout:
@@ -107,19 +97,17 @@ class _Functional(TorchFunctionMode):
         if not isinstance(x, torch.Tensor) or not isinstance(p, (int, float)) or not 0 < p < 1 or not training:
             return func(*args, **kwargs)  # the identity, or torch's own message for a bad p
         name, mod = self.d.module()
-        key = self.d.take(name if isinstance(mod, nn.Dropout) else f"{name}:F.dropout" if name else "F.dropout")
-        self.d.functional += 1
+        self.d.pending = name if isinstance(mod, nn.Dropout) else f"{name}:F.dropout" if name else "F.dropout"
         try:
-            if self.d.hashed:
-                return _hashed_dropout(self.d.clock, key, x, p)[0]
-            return self.d.draw(key, x, lambda: torch.ops.aten.native_dropout(x, p, True)[0])
+            with enable_python_dispatcher():
+                return func(*args, **kwargs)
         finally:
-            self.d.functional -= 1
+            self.d.pending = None
 
 
 class _Ops(TorchDispatchMode):
-    """Any other random aten op (dropout inside attention, a drop-path's bernoulli_, torch.rand), keyed by its module
-    and op."""
+    """Every random aten op: drawn as it is when recording, else from the generator of (seed, step, key), or (hashed)
+    a native_dropout as the C runtime draws it. Keyed by the F.dropout that makes it, else by its module and op."""
 
     def __init__(self, draws: _Draws) -> None:
         super().__init__()
@@ -127,15 +115,23 @@ class _Ops(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.d.functional or not draws_random(func, args, kwargs):
+        if not draws_random(func, args, kwargs):
             return func(*args, **kwargs)
         name, _ = self.d.module()
         op = func._schema.name.split("::")[-1]
-        key = self.d.take(f"{name}:{op}" if name else op)
-        x = next((a for a in args if isinstance(a, torch.Tensor)), None)
-        if self.d.hashed and func is torch.ops.aten.native_dropout.default and self.d.clock is not None:
+        key = self.d.take(self.d.pending or (f"{name}:{op}" if name else op))
+        self.d.pending = None
+        if self.d.clock is None:
+            return func(*args, **kwargs)
+        if self.d.hashed and func is torch.ops.aten.native_dropout.default:
             return _hashed_dropout(self.d.clock, key, *args[:2])
-        return self.d.draw(key, x, lambda: func(*args, **kwargs))
+        from edgetrain.runtime.python.aten_call import seeded
+
+        seed, step, _ = self.d.clock
+        x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        device = x.device if x is not None else torch.device(kwargs.get("device") or "cpu")  # torch.rand(..., device=)
+        with seeded(seed, step, key, device):
+            return func(*args, **kwargs)
 
 
 def _hashed_dropout(clock, key: str, x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:

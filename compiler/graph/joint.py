@@ -252,7 +252,7 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
              if n.updates else n for n in nodes]
     return TrainingGraph(model=model, nodes=nodes, params=model_params, buffers=model_buffers,
                          input_shape=tuple(input_shape), num_classes=num_classes, loss=loss, optimizer=optimizer,
-                         input_dtype=input_dtype, input_high=input_high, trainable=trainable)
+                         input_dtype=input_dtype, input_high=input_high, trainable=trainable, exported=cap.exported)
 
 
 _BN_BACKWARD = "aten.native_batch_norm_backward.default"

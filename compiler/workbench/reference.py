@@ -15,7 +15,7 @@ import torch.nn as nn
 from safetensors.torch import load_file
 
 from edgetrain.compiler.errors import EdgetrainError
-from edgetrain.compiler.frontend.capture import load_loss, objective, portable_kernels
+from edgetrain.compiler.frontend.capture import as_export, load_loss, objective, portable_kernels
 from edgetrain.compiler.frontend.random_keys import KeyedRandom
 from edgetrain.compiler.frontend.modelspec import resolve
 from edgetrain.targets import Target
@@ -89,8 +89,10 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     for k, (x, y) in enumerate(batches):
         clock[1], clock[2] = first_step + k, {}
         opt.zero_grad(set_to_none=True)
-        # C firmware hashes its masks; a GPU plan's attention is the kernel its graph was traced with
-        with KeyedRandom(model, drawn, clock=clock, hashed=schedule.get("backend") == "c"), portable_kernels(gpu):
+        # C firmware hashes its masks; a GPU plan's attention is the kernel its graph was traced with; library code
+        # takes the path it took in the trace
+        with KeyedRandom(model, drawn, clock=clock, hashed=schedule.get("backend") == "c"), portable_kernels(gpu), \
+                as_export(graph.get("exported", False)):
             value = fn(model, x.to(device), y.to(device))
         missing = [node for key, node in keyed.items() if key not in drawn]
         if missing:  # the eager forward drew other numbers than the plan: its steps would not compare

@@ -154,10 +154,24 @@ def test_a_last_solve_that_would_repeat_the_first_is_skipped(resnet18, monkeypat
     import edgetrain.compiler.scheduling.phased as phased
     import edgetrain.compiler.scheduling.milp.registry as registry
 
-    events = []
+    events, searching = [], []
     solve, improve = registry.solve_with, phased.improve
-    monkeypatch.setattr(registry, "solve_with", lambda *a, **k: events.append("solve") or solve(*a, **k))
-    monkeypatch.setattr(phased, "improve", lambda *a, **k: events.append("search") or improve(*a, **k))
+
+    def search(*a, **k):  # the search's own solves (its windows) are not the phased solve's
+        events.append("search")
+        searching.append(True)
+        try:
+            return improve(*a, **k)
+        finally:
+            searching.pop()
+
+    def solved(*a, **k):
+        if not searching:
+            events.append("solve")
+        return solve(*a, **k)
+
+    monkeypatch.setattr(registry, "solve_with", solved)
+    monkeypatch.setattr(phased, "improve", search)
     monkeypatch.setattr(phased, "_worth_it", lambda *a: False)
     strengthen = cuts_mod.strengthen  # never "too slow" (that path has its own test)
     monkeypatch.setattr(cuts_mod, "strengthen", lambda *a, **k: strengthen(*a, **{**k, "then": 1e6}))

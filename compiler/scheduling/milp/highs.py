@@ -99,6 +99,8 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         name = "error"
     objective = m.objective(values) if values is not None else None
     bound = info.mip_dual_bound / scale if np.isfinite(info.mip_dual_bound) else None
+    if name == "optimal" and objective is not None and not any(m.integer):
+        bound = objective  # an LP (a relaxation solved through the interface): its optimum is its bound
     claimed = info.objective_function_value / scale
     if (warm_start is not None and objective is not None
             and abs(objective - claimed) > 1e-9 * max(abs(objective), abs(claimed), 1e-300)):

@@ -31,8 +31,8 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
                                 []).append(where)
             continue
         if n.op == DROPOUT and n.attrs.get("seed_key") == n.name:
-            problems.setdefault((n.op, "is a dropout drawn outside nn.Dropout and F.dropout, whose mask the "
-                                 "exactness reference cannot redraw; use an nn.Dropout module"), []).append(where)
+            problems.setdefault((n.op, "is a dropout no draw of the model's eager forward pairs with, whose mask "
+                                 "the exactness reference cannot redraw; use an nn.Dropout module"), []).append(where)
             continue
         missing = [o["op"] for o in node_ops(n) if o["op"] not in C_OPS]
         for op in missing:

@@ -16,7 +16,7 @@ from .data import fashion_mnist_batches, random_batches
 from edgetrain.compiler.scheduling.steps import Step
 from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.compiler.graph.ir import TrainingGraph
-from .reference import train_reference
+from .reference import check_draws, train_reference
 from .run_data import NAMED, dataset_batches, epochs_to_steps, open_source
 from edgetrain.compiler.scheduling.validator import validate
 
@@ -130,6 +130,8 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         raise EdgetrainError("--save-every writes the --save file: give --save FILE too")
     if resume and check:
         raise EdgetrainError("--check trains autograd from the compiled weights; it cannot follow --resume")
+    if check:
+        check_draws(body)  # a random op no eager run can draw: refused before any step
     ds = open_source(data, body)  # None for random data
     batch = body["graph"]["input_shape"][0]
     if epochs is not None:

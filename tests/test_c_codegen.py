@@ -85,8 +85,10 @@ def test_every_op_of_the_c_table_has_an_emitter_and_nothing_else_does():
     from edgetrain.codegen.c.emitters import EMITTERS
 
     assert set(EMITTERS) == set(C_OPS)
+    umbrella = (ROOT / "runtime" / "c" / "et_runtime.h").read_text()  # what plan.c includes
     for k in {k.kernel for k in C_OPS.values() if k.kernel}:
         assert (ROOT / "runtime" / "c" / "kernels" / f"{k}.h").exists(), k
+        assert f'#include "kernels/{k}.h"' in umbrella, k
     for src in {s for k in C_OPS.values() for s in k.source_files}:
         assert (ROOT / "runtime" / "c" / "kernels" / f"{src}.c").exists(), src
         assert f"kernels/{src}.c" in firmware.RUNTIME_SOURCES

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from edgetrain.runtime.python.aten_call import resolve
 
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.graph.ir import Node, TrainingGraph  # the graph it lowers
 
+from .emitters import ELEMENTWISE
 from .operands import bind, node_cases, node_ops, state_shapes
 from .ops import AUX_ITEMS, BATCH_NORM, C_OPS, DROPOUT, DROPOUT_BACKWARD, STATS_OPS, supported_text
 
@@ -49,7 +52,7 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
                                 []).append(where)
             continue
         for case in cases:
-            why = C_OPS[case.op].refuse(case)
+            why = C_OPS[case.op].refuse(case) or _strided_operand(case)
             if why:
                 problems.setdefault((case.op, why), []).append(where)
     if problems:
@@ -85,6 +88,20 @@ def _redraw_dropout_masks(nodes: list[Node]) -> list[Node]:
                                                        "seed_key": fwd.attrs.get("seed_key"), "dropout_p": p})
         out.append(n)
     return out
+
+
+# Ops whose kernels run over contiguous floats: they cannot read a strided view.
+_FLAT_OPS = set(ELEMENTWISE) | {"aten.add.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.clone.default"}
+
+
+def _strided_operand(case) -> str | None:
+    if case.op not in _FLAT_OPS:
+        return None
+    strided = [k for k, v in case.args.items() if isinstance(v, torch.Tensor) and not v.is_contiguous()]
+    if not strided:
+        return None
+    return (f"reads `{strided[0]}` through a strided view (a channel slice of a batch of more than one), which its "
+            "kernel over contiguous floats cannot; at --batch-size 1 the slice is contiguous")
 
 
 def _stats_as_aux(nodes: list[Node]) -> list[Node]:

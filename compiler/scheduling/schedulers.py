@@ -12,6 +12,7 @@ import numpy as np
 
 from .steps import Decisions, Step, build_steps
 from .budget import min_budget
+from .bound import remedies, smallest_budget_bound
 from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
 from edgetrain.compiler.errors import BudgetError, ValidationError
 from edgetrain.compiler.graph.ir import TrainingGraph
@@ -91,10 +92,12 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     paging = _MILPS.get(scheduler, True)
     smallest = min_budget(lv)
     if budget_bytes < smallest:
+        bound = smallest_budget_bound(g, lv)
         raise BudgetError(
             f"budget {budget_bytes} B is below the smallest feasible budget for this model and batch: "
             f"{smallest} B ({smallest / 1e6:.3f} MB), of which {lv.state_bytes} B is parameters, optimizer "
-            f"state and buffers. Raise --budget to at least {smallest}B or lower --batch-size."
+            f"state and buffers. Raise --budget to at least {smallest}B or lower --batch-size. "
+            f"{bound.text()[0].upper()}{bound.text()[1:]}; to lower it: {remedies(bound)}."
         )
     base_time = sum(n.time_s for n in g.nodes)
     if deadline_s is not None and deadline_s < base_time * (1 - 1e-12):

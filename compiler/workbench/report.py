@@ -156,5 +156,9 @@ def print_human(cmd: str, r: dict) -> None:
         sol = r["solver"]
         seconds = "-" if sol.get("seconds") is None else f"{sol['seconds']:.2f}"
         con.print(f"solver {sol['name']}: {sol['status']}, gap {percent(sol.get('gap'))}, {seconds} s")
+        if r.get("smallest_budget_bound"):
+            b = r["smallest_budget_bound"]
+            con.print(escape(f"smallest feasible budget {b['budget_bytes']} B: {b['text']}. To lower it: "
+                             f"{b['remedies']}."))
 
 

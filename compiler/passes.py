@@ -21,8 +21,8 @@ from .graph.paging_profile import with_measured_paging
 from .graph.streaming import restreamed
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
-from .scheduling.bound import remedies, smallest_budget_bound
-from .scheduling.budget import anchors, parse_deadline
+from .scheduling.bound import bound_text
+from .scheduling.budget import anchors, budget_for_device, parse_deadline
 from .scheduling.overlap import overlap_paging
 from .scheduling.schedulers import Scheduled, run_scheduler
 from .scheduling.validator import validate
@@ -48,7 +48,7 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
     lv = analyze(graph)
     anchor = anchors(graph, lv, target)
     if not req.budget.device:
-        return Budgeted(m, lv, anchor, req.budget.resolve(anchor))
+        return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target))  # before any solve
     room = req.backend.device_room(graph, target)
     budget_bytes = req.budget.resolve(anchor, None if room is None else room.bytes)
     if anchor.min_feasible_bytes > budget_bytes:
@@ -56,14 +56,8 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
             f"{req.opts.model} needs at least {anchor.min_feasible_bytes} B to train (its smallest feasible budget: "
             f"{anchor.fixed_bytes} B of weights, optimizer state and buffers, then what the largest backward step "
             f"reads), but {target.name}'s {target.ram_bytes} B of RAM leave {budget_bytes} B after "
-            f"{room.reserved_for} ({room.reserved_bytes} B). {_bound_text(graph, lv)}")
-    return Budgeted(m, lv, anchor, budget_bytes)
-
-
-def _bound_text(graph, lv) -> str:
-    """Which op's working set bounds the smallest budget, and what would lower it."""
-    bound = smallest_budget_bound(graph, lv)
-    return f"{bound.text()[0].upper()}{bound.text()[1:]}; to lower it: {remedies(bound)}."
+            f"{room.reserved_for} ({room.reserved_bytes} B). {bound_text(graph, lv)}")
+    return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target, budget_bytes))
 
 
 def place_weights(req: Request, b: Budgeted) -> Placed:

@@ -102,3 +102,13 @@ def test_no_room_left_for_streaming_says_by_how_much_the_fixed_state_exceeds_ram
     msg = str(e.value)
     assert "exceeds the RAM by 129060 B" in msg and "--train" in msg
     assert not re.search(r"-\d", msg)
+
+
+def test_compile_below_the_smallest_budget_names_the_op_that_bounds_it(tmp_path, graph):
+    g, lv = graph
+    b = smallest_budget_bound(g, lv)
+    with pytest.raises(BudgetError) as e:
+        compile_model(_options(tmp_path / "o", str(b.budget_bytes - 1)))
+    msg = str(e.value)
+    assert f"node `{b.node}` ({b.op}" in msg and b.source in msg and remedies(b) in msg
+    assert not re.search(r"-\d+ ?B", msg)

@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 
 from edgetrain.runtime.python.aten_call import resolve
+from edgetrain.runtime.python.optimizers import c_refusal
 
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.graph.ir import Node, TrainingGraph  # the graph it lowers
@@ -170,11 +171,9 @@ def _substitute(a, remap: dict[int, dict | None]):
 
 
 def _check_optimizer(g: TrainingGraph) -> None:
-    o = g.optimizer
-    if o.name != "sgd" or o.nesterov:
-        raise UnsupportedModelError(
-            f"--emit c: the C runtime trains with SGD (momentum, weight decay), not {o.name}"
-            f"{' with Nesterov momentum' if o.nesterov else ''}; use --optimizer sgd or --emit python")
+    problem = c_refusal(g.optimizer.to_json())  # the optimizer's unit names its C kernel, if it has one
+    if problem:
+        raise UnsupportedModelError(f"--emit c: {problem}")
 
 
 def _as_c(n: Node) -> Node:

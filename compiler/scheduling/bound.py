@@ -55,6 +55,15 @@ def smallest_budget_bound(g: TrainingGraph, lv: Liveness) -> Bound:
                  scratch_bytes=n.workspace_bytes, other_bytes=other, updates_params=bool(n.updates))
 
 
+def bound_text(g: TrainingGraph, lv: Liveness | None = None) -> str:
+    """One sentence for a refusal: which op's working set bounds the smallest budget, and what would lower it."""
+    from edgetrain.compiler.graph.liveness import analyze
+
+    b = smallest_budget_bound(g, lv or analyze(g))
+    text = b.text()
+    return f"{text[0].upper()}{text[1:]}; to lower it: {remedies(b)}."
+
+
 def remedies(b: Bound) -> str:
     """What would lower the smallest budget, most effective first."""
     ways = []

@@ -21,6 +21,7 @@ from .graph.paging_profile import with_measured_paging
 from .graph.streaming import restreamed
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
+from .scheduling.bound import bound_text
 from .scheduling.budget import anchors, budget_for_device, parse_deadline
 from .scheduling.overlap import overlap_paging
 from .scheduling.schedulers import Scheduled, run_scheduler
@@ -56,8 +57,7 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
             f"{req.opts.model} needs at least {anchor.min_feasible_bytes} B to train (its smallest feasible budget: "
             f"{anchor.fixed_bytes} B of weights, optimizer state and buffers, then what the largest backward step "
             f"reads), but {target.name}'s {target.ram_bytes} B of RAM leave {budget_bytes} B after "
-            f"{room.reserved_for} ({room.reserved_bytes} B). Freeze more with --train, use a "
-            "smaller --batch-size or a smaller model")
+            f"{room.reserved_for} ({room.reserved_bytes} B). {bound_text(graph, lv)}")
     return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target, budget_bytes))
 
 

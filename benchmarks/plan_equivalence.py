@@ -1,7 +1,7 @@
 """Plan equivalence: another checkout's plan.py and this checkout's, rendered from one schedule, train alike.
 
     .venv/bin/python benchmarks/plan_equivalence.py --baseline /path/to/other/checkout [--steps 3]
-        [--case 'small_cnn --target rpi4 --budget 50%'] ... [--json build/bench/plan_equivalence.json]
+        [--case 'small_cnn --target rpi4 --budget 85%'] ... [--json build/bench/plan_equivalence.json]
 
 Per case, the baseline checkout compiles the model (its own CLI, in its own virtual environment,
 `<baseline>/.venv/bin/python`); this checkout renders plan.py again from that very schedule.json into a copy of
@@ -34,9 +34,9 @@ from edgetrain.codegen.python_plan import render_python_plan  # noqa: E402
 from edgetrain.compiler.workbench.run import schedule_batches  # noqa: E402
 from edgetrain.runtime.python.integrity import file_table, json_checksum  # noqa: E402
 
-CASES = ("small_cnn --target rpi4 --budget 50%", "gpt_tiny --target rpi4 --budget 50%",
-         "mobilenetv2 --target rpi4 --budget 50%", "small_cnn --target rpi4 --budget 50% --train biases",
-         "small_cnn --target rpi4 --budget 50% --optimizer adamw")
+CASES = ("small_cnn --target rpi4 --budget 85%", "gpt_tiny --target rpi4 --budget 85%",
+         "mobilenetv2 --target rpi4 --budget 85%", "small_cnn --target rpi4 --budget 85% --train biases",
+         "small_cnn --target rpi4 --budget 85% --optimizer adamw")
 
 # Run by either checkout's interpreter: train a folder on saved batches, save the training state.
 _TRAIN = """

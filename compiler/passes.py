@@ -21,7 +21,8 @@ from .graph.paging_profile import with_measured_paging
 from .graph.streaming import restreamed
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
-from .scheduling.budget import anchors, parse_deadline
+from .scheduling.bound import bound_text
+from .scheduling.budget import anchors, budget_for_device, parse_deadline
 from .scheduling.overlap import overlap_paging
 from .scheduling.schedulers import Scheduled, run_scheduler
 from .scheduling.validator import validate
@@ -32,6 +33,7 @@ FRAGMENTATION_RETRIES = 3  # solves for less when a backend's arena packing leav
 
 def trace(req: Request) -> Traced:
     """The model as the backend's costed training graph."""
+    req.say(f"tracing {req.opts.model}")
     return trace_model(req.opts, req.profile, req.backend)
 
 
@@ -47,7 +49,7 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
     lv = analyze(graph)
     anchor = anchors(graph, lv, target)
     if not req.budget.device:
-        return Budgeted(m, lv, anchor, req.budget.resolve(anchor))
+        return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target))  # before any solve
     room = req.backend.device_room(graph, target)
     budget_bytes = req.budget.resolve(anchor, None if room is None else room.bytes)
     if anchor.min_feasible_bytes > budget_bytes:
@@ -55,9 +57,8 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
             f"{req.opts.model} needs at least {anchor.min_feasible_bytes} B to train (its smallest feasible budget: "
             f"{anchor.fixed_bytes} B of weights, optimizer state and buffers, then what the largest backward step "
             f"reads), but {target.name}'s {target.ram_bytes} B of RAM leave {budget_bytes} B after "
-            f"{room.reserved_for} ({room.reserved_bytes} B). Freeze more with --train, use a "
-            "smaller --batch-size or a smaller model")
-    return Budgeted(m, lv, anchor, budget_bytes)
+            f"{room.reserved_for} ({room.reserved_bytes} B). {bound_text(graph, lv)}")
+    return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target, budget_bytes))
 
 
 def place_weights(req: Request, b: Budgeted) -> Placed:
@@ -137,6 +138,7 @@ def solve_and_render(req: Request, s: Selected) -> Rendered:
 
 def write_schedule(req: Request, r: Rendered) -> Compiled:
     """The schedule last: it records the sha256 of every file above and the weights' table."""
+    req.say("recording the outputs")
     r.body["outputs"] = req.stage.outputs(weights_table(os.path.join(req.work, "weights.safetensors")))
     schedule_format.save(r.body, req.work)
     return Compiled(r)

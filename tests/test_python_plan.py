@@ -24,8 +24,8 @@ from edgetrain.runtime.python.executor import PlanError
 from edgetrain.runtime.python.plan_api import AuxRef, Ref, aten, buffer, empty, fused, node_of, out, param
 
 CASES = {
-    "small_cnn-40%": dict(model="small_cnn", target="rpi4", budget="40%", batch_size=2),  # pages, twins, fused ops
-    "gpt_tiny-dropout": dict(model="gpt_tiny", target="jetson-agx-orin", budget="50%", batch_size=4,
+    "small_cnn-85%": dict(model="small_cnn", target="rpi4", budget="85%", batch_size=2),  # pages, twins, fused ops
+    "gpt_tiny-dropout": dict(model="gpt_tiny", target="jetson-agx-orin", budget="60%", batch_size=4,
                              model_kwargs={"dropout": 0.1}),  # recomputes, views, items, dropout seeds, -inf
 }
 

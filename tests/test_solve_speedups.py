@@ -188,7 +188,7 @@ def test_greedy_keep_beats_paging_everything_on_resnet18():
     from edgetrain.compiler.scheduling.warmstart import greedy_keep
 
     G = Graph("resnet18", batch=8)
-    b = parse_budget("40%").resolve(anchors(G.g, G.lv, TARGET))
+    b = parse_budget("80%").resolve(anchors(G.g, G.lv, TARGET))
     mine = validate(G.g, build_steps(G.g, G.lv, greedy_keep(G.g, G.lv, TARGET, b)), TARGET, b).energy_j
     pages = validate(G.g, build_steps(G.g, G.lv, page_all(G.g, G.lv, retain=True)), TARGET, b).energy_j
     assert mine < pages - 2.0, (mine, pages)

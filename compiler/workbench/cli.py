@@ -7,7 +7,7 @@ import math
 import re
 import sys
 
-from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.compiler.errors import EdgetrainError, InternalError, ValidationError
 from edgetrain.codegen.backends import EMITS
 from edgetrain.compiler.graph.ir import LOSSES, OptimizerConfig
 from edgetrain.runtime.python.optimizers import DEFAULT as DEFAULT_OPTIMIZER, OPTIMIZERS
@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
     c.add_argument("--target", required=True)
     c.add_argument("--budget", default="auto",
-                   help="2MB, 512KiB, 1.5GB, B%% of store-all's activations, min (the smallest feasible budget) or "
+                   help="2MB, 512KiB, 1.5GB, B%% of plain backprop's peak (100%%: plain backprop), min (the smallest feasible budget) or "
                         "auto (the default; microcontroller targets only: the RAM less the firmware's stack, runtime "
                         "and batch buffers)")
     c.add_argument("--deadline", help="multiple of the store-all time (1.2) or seconds (0.5s)")
@@ -165,6 +165,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--save", metavar="OUT.safetensors",
                    help="write the trained weights (the model's own state_dict keys) and, beside them, "
                         "OUT.state.safetensors (weights, optimizer state, step: what --resume reads)")
+    r.add_argument("--save-trained", action="store_true",
+                   help="with --save: write only the parameters that train (a LoRA model's adapters) to "
+                        "OUT.safetensors, under the model's own keys (load_state_dict(strict=False) takes them "
+                        "back); the state file still holds everything --resume needs")
     r.add_argument("--resume", action="store_true",
                    help="with --save: continue from the state in that file, if it exists: the steps it holds "
                         "count towards --steps/--epochs, so rerunning a killed command finishes it exactly as an "
@@ -190,7 +194,7 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("sweep", help="solve every (budget, deadline, scheduler) combination; CSV and JSON results")
     w.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
     w.add_argument("--target", required=True)
-    w.add_argument("--budgets", default="100%,80%,60%,40%,min",
+    w.add_argument("--budgets", default="100%,90%,80%,70%,min",
                    help="comma-separated budgets: sizes (2MB), percentages (60%%) or min (the smallest feasible)")
     w.add_argument("--deadlines", default="none",
                    help="comma-separated deadlines: none (the default), multiples of the store-all time (1.2) or "
@@ -287,7 +291,7 @@ def _cmd_run(a) -> dict:
     from .run_c import run_firmware
 
     if is_c_plan(a.dir):
-        if a.epochs or a.save or a.resume or a.save_every:
+        if a.epochs or a.save or a.resume or a.save_every or a.save_trained:
             raise EdgetrainError("--epochs, --save and --resume train with the Python runtime; C firmware "
                                  "takes --steps")
         return run_firmware(a.dir, qemu=a.qemu, steps=a.steps or 1, data=a.data, check=a.check, seed=a.seed,
@@ -296,7 +300,7 @@ def _cmd_run(a) -> dict:
         raise EdgetrainError(f"{a.dir} holds a plan for the Python runtime; --qemu, --cycle and "
                              "--inject-corrupt-page need C firmware: compile with `--emit c`")
     opts = dict(steps=a.steps, epochs=a.epochs, data=a.data, check=a.check, device=a.device, seed=a.seed,
-                save=a.save, resume=a.resume, save_every=a.save_every)
+                save=a.save, resume=a.resume, save_every=a.save_every, save_trained=a.save_trained)
     if a.json or not sys.stderr.isatty():
         return run_plan(a.dir, **opts)
     from rich.progress import Progress
@@ -354,6 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     as_json = getattr(a, "json", False)
     try:
         result = handlers[a.cmd](a)
+    except InternalError as e:  # edgetrain refused its own work: say so, and what to report
+        return _fail(a.cmd, "internal", str(e), as_json, debug, EXIT_INTERNAL)
+    except ValidationError as e:
+        if a.cmd != "compile":
+            return _fail(a.cmd, *describe(e), as_json, debug, EXIT_ERROR)
+        # compile validates only schedules it built itself: a refusal there is a bug, not the user's input
+        return _fail(a.cmd, "internal", str(InternalError("a schedule it built breaks the memory model", e)),
+                     as_json, debug, EXIT_INTERNAL)
     except ANTICIPATED as e:  # a message for the user: no traceback unless --debug
         kind, message = describe(e)
         return _fail(a.cmd, kind, message, as_json, debug, EXIT_ERROR)

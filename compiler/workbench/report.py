@@ -153,6 +153,10 @@ def print_human(cmd: str, r: dict) -> None:
         s.add_row("time (s)", f"{r['time_s']:.6g}", f"{r['store_all_time_s']:.6g}")
         s.add_row("recomputes / page-ins / page-outs", f"{r['recomputes']} / {r['page_ins']} / {r['page_outs']}", "0 / 0 / 0")
         con.print(s)
+        if r.get("smallest_budget_bound"):
+            b = r["smallest_budget_bound"]
+            con.print(escape(f"smallest feasible budget {b['budget_bytes']} B: {b['text']}. To lower it: "
+                             f"{b['remedies']}."))
         sol = r["solver"]
         seconds = "-" if sol.get("seconds") is None else f"{sol['seconds']:.2f}"
         con.print(f"solver {sol['name']}: {sol['status']}, gap {percent(sol.get('gap'))}, {seconds} s")

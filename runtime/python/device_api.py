@@ -154,8 +154,14 @@ class Trainer:
         """Everything `resume` needs in one file: the weights (`model/<key>`) and the optimizer state."""
         return {**{f"model/{k}": v for k, v in self.state_dict().items()}, **self.optimizer_state()}
 
-    def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
-        """Write the weights to `path` and the training state beside it; returns both paths.
+    def trained_state_dict(self) -> dict[str, torch.Tensor]:
+        """Only the parameters the plan trains (a LoRA model's adapters), under the model's own keys: what
+        `model.load_state_dict(sd, strict=False)` or peft's `set_peft_model_state_dict` takes back."""
+        return {k: v for k, v in self.state_dict().items() if k in set(self.rt.trainable)}
+
+    def save(self, path: str | os.PathLike, trained_only: bool = False) -> tuple[Path, Path]:
+        """Write the weights to `path` (`trained_only`: the trained parameters alone) and the training state
+        beside it; returns both paths.
 
         The state file alone is what `resume` reads (weights, optimizer state, step, a checksum), and it is
         written first: a save killed between the two files leaves a state that resumes correctly."""
@@ -164,7 +170,7 @@ class Trainer:
         state = self.training_state()
         opt = state_path(path)
         _atomic_save(state, opt, dict(meta, **{_META_SUM: tensors_sha256(state)}))
-        _atomic_save(self.state_dict(), path, meta)
+        _atomic_save(self.trained_state_dict() if trained_only else self.state_dict(), path, meta)
         return path, opt
 
     def _resume(self, path: Path) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 from edgetrain.compiler.errors import EdgetrainError
 from . import cpsat, gurobi, highs, scipy_milp
 from .model import SolveResult, SparseMILP
+from ..clock import clamp
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ def solve_with(name: str, m: SparseMILP, *, time_limit: float = 60.0, mip_gap: f
     """Solve `m` with the backend `name` (or "auto") under the policy above. `solutions`: stop after that many
     improving schedules (HiGHS, Gurobi; the others stop at the time limit or the gap)."""
     backend, notice = choose(name, m)
-    kw = dict(time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start, threads=threads, solutions=solutions)
+    kw = dict(time_limit=clamp(time_limit), mip_gap=mip_gap, warm_start=warm_start, threads=threads,  # clock.py
+              solutions=solutions)
     if backend == "gurobi":
         import gurobipy as gp
 

@@ -13,7 +13,7 @@ Hugging Face LlamaForCausalLM of 4.7 M parameters (benchmarks/peers_models.py); 
 path/file.py:fn.
 
 Real peak: each configuration in a fresh process (`--child`) whose malloc returns every block of a page or more
-at once (benchmarks/memory.py's probe), --mem-steps steps on random batches, each step's resident-set high-water
+at once (benchmarks/memory_probe.py), --mem-steps steps on random batches, each step's resident-set high-water
 growth added to the tensors held before it (parameters, buffers, optimizer state; a plan's ledger): the most of
 the steps after the first (which also pays one-time allocations, torch.compile's compile among them). Step time:
 every configuration of a model built in one process and their steps alternating (the order rotating each step),
@@ -80,10 +80,9 @@ def workload(model: str, a) -> Workload:
 
 
 def child(model: str, method: str, setting: str, a) -> dict:
-    from benchmarks.memory import _probe_module
+    from benchmarks.memory_probe import Probe, isolate_malloc
 
-    probe_mod = _probe_module()
-    isolated = probe_mod.isolate_malloc()  # before torch allocates anything
+    isolated = isolate_malloc()  # before torch allocates anything
     import torch
 
     from benchmarks.peers_methods import batches, make_step
@@ -91,7 +90,7 @@ def child(model: str, method: str, setting: str, a) -> dict:
     torch.set_num_threads(a.threads)
     w = workload(model, a)
     step = make_step(w, method, setting, a.work)
-    probe = probe_mod.Probe("cpu")
+    probe = Probe("cpu")
     reals = []
     for x, y in batches(w, a.mem_steps):
         state = step.state_bytes()

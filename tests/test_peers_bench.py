@@ -1,4 +1,5 @@
-"""benchmarks/peers.py end to end on small_cnn: eager, checkpoint per block and two edgetrain plans, each real
+"""benchmarks/peers.py end to end on small_cnn: eager, checkpoint per block and two edgetrain plans (100% and
+80%: on rpi4 at batch 8 its smallest feasible budget is about 71% of plain backprop's peak), each real
 peak measured in its own process, their steps timed alternating; the rows' fields and figures hold up, and the
 table and the figure come back from the JSON alone."""
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.memory import _probe_module  # noqa: E402
+from benchmarks.memory_probe import cpu_probe_available  # noqa: E402
 from benchmarks.peers import main, parse_methods  # noqa: E402
 from benchmarks.peers_figure import pareto  # noqa: E402
 
@@ -24,27 +25,27 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, PEERS, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
-@pytest.mark.skipif(not _probe_module().cpu_probe_available(), reason="needs Linux's resettable resident-set high-water mark")
+@pytest.mark.skipif(not cpu_probe_available(), reason="needs Linux's resettable resident-set high-water mark")
 def test_peers_rows_table_and_figure(tmp_path, capsys):
     out = tmp_path / "peers.json"
-    r = _run("--models", "small_cnn", "--methods", "checkpoint,edgetrain:100%,edgetrain:50%", "--steps", "2",
+    r = _run("--models", "small_cnn", "--methods", "checkpoint,edgetrain:100%,edgetrain:80%", "--steps", "2",
              "--warmup", "1", "--mem-steps", "2", "--target", "rpi4", "--time-limit", "10", "--json", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(out.read_text())
     by = {(row["method"], row["setting"]): row for row in rows}
-    assert set(by) == {("eager", "-"), ("checkpoint", "per block"), ("edgetrain", "100%"), ("edgetrain", "50%")}
+    assert set(by) == {("eager", "-"), ("checkpoint", "per block"), ("edgetrain", "100%"), ("edgetrain", "80%")}
     for row in rows:
         assert row["model"] == "small_cnn" and "error" not in row, row
         assert row["real_peak_bytes"] > row["state_bytes"] > 0
         assert row["time_ratio"] > 0 and len(row["steps_s"]) == 2
         assert len(row["loadavg_1min_before_after"]) == 2
     assert by[("eager", "-")]["time_ratio"] == 1.0
-    for budget in ("100%", "50%"):
+    for budget in ("100%", "80%"):
         plan = by[("edgetrain", budget)]
         assert plan["ledger_peak_bytes"] == plan["predicted_peak_bytes"]  # the ledger counts what was predicted
         assert plan["real_peak_bytes"] <= plan["budget_bytes"] and plan["within_budget"]
-    assert by[("edgetrain", "50%")]["budget_bytes"] < by[("edgetrain", "100%")]["budget_bytes"]
-    assert by[("eager", "-")]["real_peak_bytes"] >= by[("edgetrain", "50%")]["real_peak_bytes"]
+    assert by[("edgetrain", "80%")]["budget_bytes"] < by[("edgetrain", "100%")]["budget_bytes"]
+    assert by[("eager", "-")]["real_peak_bytes"] >= by[("edgetrain", "80%")]["real_peak_bytes"]
 
     figures = tmp_path / "figures"
     assert main(["--table", str(out), "--figures", str(figures)]) == 0

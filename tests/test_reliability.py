@@ -442,7 +442,7 @@ def make():
 
 @pytest.mark.parametrize("factory, extra, words", [
     ("needs", [], ["width", "default"]),
-    ("make", ["--mode", "local", "--budget", "4MB"], ["num_classes"]),
+    ("needs", ["--mode", "local", "--budget", "4MB"], ["width", "default"]),
 ])
 def test_a_factory_that_cannot_be_called_is_the_users_error(capsys, tmp_path, factory, extra, words):
     (tmp_path / "f.py").write_text(FACTORIES)

@@ -37,7 +37,7 @@ def schedule_batches(body: dict, data: str, steps: int, seed: int) -> list:
         if labels["dtype"].startswith("float"):  # regression targets
             g = torch.Generator().manual_seed(seed)
             return [(torch.randn(*shape, generator=g), torch.randn(*labels["shape"], generator=g)) for _ in range(steps)]
-        classes = body["model"]["num_classes"] or body["graph"].get("input_high") or 2
+        classes = body["model"]["num_classes"]  # the model's output's, recorded at compile
         return list(random_batches(tuple(shape[1:]), classes, shape[0], steps, seed,
                                    input_high=body["graph"].get("input_high"), label_shape=tuple(labels["shape"][1:])))
     if body["graph"].get("input_dtype", "float32") != "float32":
@@ -105,6 +105,9 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     """Train `steps` (or `epochs`) in all; with `resume`, the steps `save` already holds count towards them,
     so rerunning the same command after a kill finishes the run exactly as if it had never stopped."""
     body = schedule_format.load(out_dir)
+    if body["mode"] == "local":
+        raise EdgetrainError(f"{out_dir} is a local-learning plan: use `edgetrain train {out_dir} --data ...` "
+                             "(`run` trains backprop plans)")
     verify_folder(out_dir)  # every generated file as compiled, before plan.py is imported
     graph = TrainingGraph.from_json(body["graph"])
     # The schedule is replayed once more before it runs: a plan that could exceed its budget never runs.

@@ -91,6 +91,9 @@ class Trainer:
                  check_peak: bool = True) -> None:
         self.plan_dir = Path(plan_dir)
         self.plan = load_plan(self.plan_dir)  # refuses a folder whose files differ from what compile wrote
+        if self.plan.PLAN.get("mode") == "local":
+            raise ValueError(f"{self.plan_dir} is a local-learning plan: train it with the plan's train() "
+                             "(`edgetrain train`), not step by step")
         remove_stale_pages(self.plan_dir)
         try:
             self._pages = tempfile.mkdtemp(prefix=f"pages-{os.getpid()}-", dir=self.plan_dir)
@@ -122,7 +125,27 @@ class Trainer:
         if x.is_floating_point() and not bool(torch.isfinite(x).all()):
             raise NonFiniteError(f"step {self.rt.step}: the batch's inputs hold NaN or infinite values; training "
                                  "stopped (clean the data)")
+        self._check_labels(y)
         return checked_step(self.plan, self.rt, x, y, check_peak_bytes=self.check_peak)
+
+    def _check_labels(self, y: torch.Tensor) -> None:
+        """Labels of the compiled shape and, for class ids, inside the classes the model's output scores (an id
+        outside them would stop torch's loss kernel with an index error, or read past the logits)."""
+        shape, classes = self.plan.PLAN.get("labels_shape"), self.plan.PLAN.get("num_classes")
+        if shape is not None and list(y.shape) != list(shape):
+            raise ValueError(f"labels of shape {list(y.shape)}; the plan was compiled for {list(shape)}")
+        if classes is None or shape is None:  # regression targets, or a plan from before plans named them
+            return
+        if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+            raise ValueError(f"labels of dtype {y.dtype}; this plan takes integer class ids 0..{classes - 1}")
+        bad = y >= classes
+        if self.plan.PLAN.get("loss") != "model":  # a model's own loss reads negative ids its way (HF: -100)
+            bad |= y < 0
+        if bool(bad.any()):
+            k = int(bad.reshape(-1).nonzero()[0])
+            raise ValueError(f"step {self.rt.step}: label {int(y.reshape(-1)[k])} is outside 0..{classes - 1} "
+                             f"(the model's output scores {classes} classes); relabel the data or compile a model "
+                             "with more outputs")
 
     def close(self) -> None:
         """Remove this trainer's page store (its pages are only needed inside a step)."""

@@ -138,3 +138,36 @@ def test_a_sequence_classifier_over_token_ids_takes_class_labels_not_vocabulary_
     labels = {g.model: next(n for n in g.nodes if n.kind == "labels").shape for g in (seq, lm)}
     assert (seq.num_classes, labels[seq.model]) == (5, (2,))
     assert (lm.num_classes, labels[lm.model]) == (32, (2, 8))
+
+
+LOCAL_FACTORY = """\
+import torch.nn as nn
+
+
+def make():
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 10))
+"""
+
+
+def test_local_learning_as_the_readme_writes_it(tmp_path, capsys):
+    """`compile --mode local` without --lr or --weight-decay, on a factory that takes no num_classes, then
+    `train` exactly as the README shows; `run` of that folder says to use `train`."""
+    (tmp_path / "mynet.py").write_text(LOCAL_FACTORY)
+    plan = tmp_path / "local"
+    rc, r = _cli(capsys, "compile", f"{tmp_path / 'mynet.py'}:make", "--mode", "local", "--target", "jetson-agx-orin",
+                 "--budget", "1MB", "--input-shape", "1,8,8", "--out", plan)
+    assert rc == 0, r
+    body = json.loads((plan / "schedule.json").read_text())
+    assert body["model"]["num_classes"] == 10 and {h["classes"] for h in body["local"]["heads"]} == {10}
+    training = body["local"]["training"]
+    assert (training["lr"], training["momentum"], training["weight_decay"]) == (0.01, 0.9, 5e-4)
+    rc, t = _cli(capsys, "train", plan, "--data", "digits", "--epochs", 1, "--train-size", 300, "--no-export")
+    assert rc == 0 and t["test_accuracy"] > 10.0, t
+    msg = _refused(capsys, "EdgetrainError", "run", plan)
+    assert "local-learning plan" in msg and "edgetrain train" in msg, msg
+    msg = _refused(capsys, "EdgetrainError", "compile", f"{tmp_path / 'mynet.py'}:make", "--mode", "local",
+                   "--target", "jetson-agx-orin", "--budget", "1MB", "--input-shape", "1,8,8", "--optimizer", "adam",
+                   "--out", tmp_path / "adam")
+    assert "SGD" in msg, msg

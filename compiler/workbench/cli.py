@@ -228,9 +228,9 @@ def _cmd_compile(a) -> dict:
             raise EdgetrainError("--train selects what backprop trains; --mode local trains every layer block by "
                                  "block: drop --train or use --mode poet")
         if a.json or not sys.stderr.isatty():
-            return compile_local_cmd(a)
+            return compile_local_cmd(a, _optimizer(a))
         with console(stderr=True).status("compiling (local learning)") as status:
-            return compile_local_cmd(a, progress=lambda msg: status.update(msg))
+            return compile_local_cmd(a, _optimizer(a), progress=lambda msg: status.update(msg))
 
     if a.cuts > 0 and a.lns == 0:
         raise EdgetrainError("--cuts works inside the phased solve: give --lns too (e.g. --lns 0.45 --cuts 0.15)")

@@ -49,12 +49,19 @@ def add_train_parser(sub) -> None:
     t.add_argument("--json", action="store_true")
 
 
-def compile_local_cmd(a, progress=None) -> dict:
+def compile_local_cmd(a, optimizer, progress=None) -> dict:
+    """`optimizer`: the OptimizerConfig `compile` made of --lr, --momentum and --weight-decay (their defaults
+    filled in where they were not given); local learning trains every block with SGD."""
+    from edgetrain.compiler.errors import EdgetrainError
     from edgetrain.compiler.pipeline_local import LocalOptions, compile_local
 
+    if optimizer.name != "sgd" or optimizer.nesterov:
+        raise EdgetrainError("--mode local trains every block with SGD (--lr, --momentum, --weight-decay): drop "
+                             "--optimizer and --nesterov, or use --mode poet")
     shape = tuple(a.input_shape) if a.input_shape else None
     opts = LocalOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, cap=a.cap, rho=a.rho,
-                        input_shape=shape, lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay,
+                        input_shape=shape, lr=optimizer.lr, momentum=optimizer.momentum,
+                        weight_decay=optimizer.weight_decay,
                         cache_dtype=a.cache_dtype, seed=a.seed, profile_method=a.profile)
     return compile_local(opts, progress=progress)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -9,7 +10,7 @@ import torch
 
 from edgetrain.runtime.python.threads import PLAN_THREADS
 
-from .errors import DeviceFitError, OutputDirError, UnsupportedModelError
+from .errors import BudgetError, DeviceFitError, OutputDirError, UnsupportedModelError
 from .output_dir import StagedOutput
 from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
@@ -80,6 +81,7 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         from edgetrain.codegen.c.device_fit import check_model_fits
 
         check_model_fits(model, target, opts.optimizer, opts.model)  # a model whose weights alone overflow fails before tracing
+    check_batch_size(opts.batch_size, shape, resolved.input_dtype, target)
     gen = torch.Generator().manual_seed(opts.seed)
     if resolved.input_dtype == "int64":  # token ids
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
@@ -100,6 +102,16 @@ def build_graph(opts: CompileOptions, target, device_check: bool = True):
         measured = profile_nodes(graph, threads=scratch_threads(target))
     apply_costs(graph, target, measured)
     return resolved, model, graph
+
+
+def check_batch_size(batch_size: int, shape, input_dtype: str, target) -> None:
+    """A batch whose inputs alone outgrow the target's RAM cannot train there: refused before an example of it
+    is made (which would ask the compiling machine for as much)."""
+    per_example = (8 if input_dtype == "int64" else 4) * math.prod(shape)
+    if batch_size * per_example > target.ram_bytes:
+        raise BudgetError(f"--batch-size {batch_size}: one batch of inputs of shape {list(shape)} takes "
+                          f"{batch_size * per_example} B, more than {target.name}'s {target.ram_bytes} B of RAM; "
+                          f"use at most --batch-size {max(1, target.ram_bytes // per_example)}")
 
 
 def _stream_figures(graph, target) -> tuple[dict[str, int], int, int]:

@@ -129,6 +129,8 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     with Trainer(out_dir, device=dev, resume=resume_from) as trainer:
         if trainer.plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
             raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
+        if save:
+            trainer.claim_save(save)  # its name, its folder and one writer, before any training
         rt = trainer.rt
         start = trainer.steps_done
         batches = _stream(body, data, start, max(0, steps - start), seed, ds)

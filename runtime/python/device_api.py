@@ -103,7 +103,10 @@ class Trainer:
         self.check_peak = check_peak
         if resume is not None:
             self._resume(Path(resume))
-        bad = first_non_finite(self.rt.params)  # buffers may hold -inf on purpose (attention masks)
+        self._save_lock = None
+        # Buffers may hold -inf on purpose (attention masks): only those finite now must stay finite.
+        self._finite_buffers = [k for k, b in self.rt.buffers.items() if first_non_finite({k: b}) is None]
+        bad = first_non_finite(self.rt.params)
         if bad is not None:  # cheap, and it names the cause instead of a NaN loss one step later
             source = resume if resume is not None else self.plan_dir / self.plan.PLAN["weights"]
             raise NonFiniteError(f"'{bad}' in {source} holds NaN or infinite values before any training "
@@ -148,10 +151,13 @@ class Trainer:
                              "with more outputs")
 
     def close(self) -> None:
-        """Remove this trainer's page store (its pages are only needed inside a step)."""
+        """Remove this trainer's page store (its pages are only needed inside a step); release a claimed save."""
         import shutil
 
         shutil.rmtree(self._pages, ignore_errors=True)
+        if self._save_lock is not None:
+            self._save_lock.release()
+            self._save_lock = None
 
     def __enter__(self) -> "Trainer":
         return self
@@ -177,12 +183,36 @@ class Trainer:
         """Everything `resume` needs in one file: the weights (`model/<key>`) and the optimizer state."""
         return {**{f"model/{k}": v for k, v in self.state_dict().items()}, **self.optimizer_state()}
 
+    def plan_files(self) -> set[Path]:
+        """The compiled folder's own files (resolved), which no save may replace."""
+        outputs = getattr(self.plan, "OUTPUTS", None)
+        names = list(outputs["files"]) if outputs else ["plan.py", self.plan.PLAN["weights"]]
+        return {(self.plan_dir / n).resolve() for n in [*names, "schedule.json"]}
+
+    def claim_save(self, path: str | os.PathLike) -> None:
+        """Check a save path before training (a .safetensors name, none of the plan's files, a writable folder)
+        and hold it against other runs until `close()` (save_target.py)."""
+        from .save_target import claim
+
+        if self._save_lock is None:
+            self._save_lock = claim(path, state_path(path), self.plan_files())
+
     def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
         """Write the weights to `path` and the training state beside it; returns both paths.
 
         The state file alone is what `resume` reads (weights, optimizer state, step, a checksum), and it is
-        written first: a save killed between the two files leaves a state that resumes correctly."""
+        written first: a save killed between the two files leaves a state that resumes correctly. Weights that
+        are no longer finite are never written: the last good save stays as it was."""
+        from .save_target import check_name
+
         path = Path(path)
+        check_name(path, state_path(path), self.plan_files())
+        bad = first_non_finite(self.rt.params) or first_non_finite(
+            {k: self.rt.buffers[k] for k in self._finite_buffers})
+        if bad is not None:
+            raise NonFiniteError(f"step {self.rt.step}: '{bad}' holds NaN or infinite values; {path} was not "
+                                 "written (it keeps the last finite save). Lower the learning rate or check the "
+                                 "data")
         meta = {_META_PLAN: str(self.plan.PLAN["schedule_content"]), _META_STEP: str(self.rt.step)}
         state = self.training_state()
         opt = state_path(path)

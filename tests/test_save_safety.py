@@ -83,7 +83,7 @@ def test_a_diverged_run_never_replaces_the_last_finite_checkpoint(plan, tmp_path
     np.savez(tmp_path / "huge.npz", x=x, y=g.integers(0, 10, 40))
     save = tmp_path / "out" / "trained.safetensors"
     err = _refused(capsys, "run", plan, "--data", tmp_path / "huge.npz", "--steps", 10,
-                   "--save", save, "--save-every", 1)
+                   "--holdout", 0, "--save", save, "--save-every", 1)
     assert err["kind"] == "NonFiniteError" and "running_var" in err["message"] and "not written" in err["message"]
     with safe_open(str(save), framework="pt") as f:
         kept_step = int(f.metadata()["edgetrain.step"])

@@ -21,6 +21,7 @@ from .data import adapt_images, digits, fashion_mnist_batches, random_batches  #
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".pgm", ".ppm")
 NAMED = ("random", "fashion-mnist", "digits")
+HOLDOUT = 0.1  # the share of a dataset kept out of training to measure it on, when no --eval-data is given
 
 
 def zipfile_error() -> type:

@@ -17,6 +17,15 @@ class BudgetError(EdgetrainError):
     """A budget is malformed, or no schedule fits it; the message states the smallest feasible budget."""
 
 
+class ArenaOverflowError(BudgetError):
+    """A backend packed the schedule's tensors with gaps that put them `excess_bytes` over the budget (the
+    arena's fragmentation): a schedule solved for that much less would fit."""
+
+    def __init__(self, message: str, excess_bytes: int) -> None:
+        super().__init__(message)
+        self.excess_bytes = excess_bytes
+
+
 class ScheduleFormatError(EdgetrainError):
     """A schedule file is corrupt, hand-edited or of another format version."""
 

@@ -7,9 +7,15 @@
 Importing this package pulls in nothing from compiler/, codegen/ or runtime/.
 """
 
+from .boards import DEFAULT_BOARD, Board, board_of, list_boards, load_board
 from .loader import (FAMILIES, Target, TargetError, TargetProfileError, UnknownTargetError, list_targets, load_target, measure_flops_per_s)
 
 __all__ = [
+    "DEFAULT_BOARD",
+    "Board",
+    "board_of",
+    "list_boards",
+    "load_board",
     "FAMILIES",
     "Target",
     "TargetError",

@@ -58,7 +58,9 @@ _FLASH = "flash_bytes"
 # torch's intra-op threads a Python plan's CPU kernels train with on the device (its cores); 1 where absent. A
 # plan's kernel scratch is counted for it and the runtime pins it (oneDNN holds more scratch per extra thread).
 _THREADS = "cpu_threads"
-_OPTIONAL_FIELDS = frozenset({"measured", _FLASH, _THREADS})
+# The board a microcontroller's firmware is built and emulated on (targets/boards/<name>.toml; boards.py).
+_BOARD = "board"
+_OPTIONAL_FIELDS = frozenset({"measured", _FLASH, _THREADS, _BOARD})
 _WHOLE_FIELDS = _INT_FIELDS + (_FLASH,)
 
 
@@ -95,6 +97,7 @@ class Target:
     measured: bool = False
     flash_bytes: int | None = None  # on-chip program flash (family "mcu"); None for devices with a disk
     cpu_threads: int = 1  # intra-op threads of torch's CPU kernels on the device (a plan's scratch counts them)
+    board: str | None = None  # where its C firmware is built and emulated (targets/boards/); None: the default
     # Where the profile came from; informative only, so two equal profiles compare equal.
     path: str | None = field(default=None, compare=False)
 
@@ -146,6 +149,8 @@ class Target:
             del d["flash_bytes"]
         if d["cpu_threads"] == 1:  # likewise a profile that names no thread count
             del d["cpu_threads"]
+        if d["board"] is None:  # and one that names no board
+            del d["board"]
         return d
 
 
@@ -231,7 +236,7 @@ def _validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     if unknown:
         # Typos such as "page_in_latency" would otherwise be silently ignored.
         raise fail(unknown[0], f"is not a known field; known fields: {', '.join(REQUIRED_FIELDS)}, measured, "
-                               f"{_FLASH}, {_THREADS}")
+                               f"{_FLASH}, {_THREADS}, {_BOARD}")
 
     measured = raw.get("measured", False)
     if not isinstance(measured, bool):
@@ -259,6 +264,11 @@ def _validate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise fail(_THREADS, f"must be a whole number of threads >= 1, got {threads!r}")
         out[_THREADS] = threads
+    if _BOARD in raw:
+        board = raw[_BOARD]
+        if not isinstance(board, str) or not (_profiles_dir().parent / "boards" / f"{board}.toml").is_file():
+            raise fail(_BOARD, f"must name a board of targets/boards/, got {board!r}")
+        out[_BOARD] = board
     out["sources"] = _validate_sources(raw["sources"], fail, flash=_FLASH in raw, threads=_THREADS in raw)
     return out
 

@@ -25,11 +25,12 @@ import edgetrain.codegen.c.firmware as firmware
 from edgetrain.codegen.c import Namer, c_comment, c_ident
 from edgetrain.codegen.c.arena import Lifetime, check, live_peak_words, pack
 from edgetrain.compiler.workbench import cli
-from edgetrain.compiler.graph.c_ops import C_OPS, supported_text
+from edgetrain.codegen.c.ops import C_OPS, supported_text
 from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
 from edgetrain.compiler.errors import BudgetError, UnsupportedModelError
 from edgetrain.compiler.graph.ir import OptimizerConfig
-from edgetrain.compiler.workbench.run_c import FirmwareError, read_result, run_firmware
+from edgetrain.codegen.c.runner import FirmwareError, read_result
+from edgetrain.compiler.workbench.run_c import run_firmware
 from edgetrain.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -364,9 +365,9 @@ def test_corrupted_page_stops_the_host_step(tiny):
 
 
 def test_missing_toolchain_says_how_to_install(tiny, monkeypatch):
-    import edgetrain.compiler.workbench.run_c as run_c
+    import edgetrain.codegen.c.runner as runner
 
-    monkeypatch.setattr(run_c.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(runner.shutil, "which", lambda tool: None)
     with pytest.raises(FirmwareError, match="apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"):
         run_firmware(str(tiny["tiny_cnn"][0]), qemu=True, steps=1)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import edgetrain.compiler.pipeline as compile_mod
+import edgetrain.compiler.passes as compile_mod  # the passes a compile runs: trace_model traces, run_scheduler solves
 from edgetrain.compiler.schedule_file import format as schedule_format
 from edgetrain.compiler.workbench.cli import main
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
@@ -340,7 +340,7 @@ def test_unwritable_output_directory_fails_before_any_work(capsys, tmp_path, mon
     def must_not_run(*a, **k):
         raise AssertionError("traced or solved before checking the output directory")
 
-    monkeypatch.setattr(compile_mod, "build_graph", must_not_run)
+    monkeypatch.setattr(compile_mod, "trace_model", must_not_run)
     monkeypatch.setattr(compile_mod, "run_scheduler", must_not_run)
     (tmp_path / "afile").write_text("a file, not a folder")
     out = tmp_path / "afile" / "out"
@@ -353,7 +353,7 @@ def test_unwritable_output_directory_fails_before_any_work(capsys, tmp_path, mon
 
 @pytest.mark.parametrize("budget", ["abc", "12XB", "-5MB", "0", "2 MB B", "1001%", "%", "x%", "1e6"])
 def test_malformed_budget(capsys, tmp_path, monkeypatch, budget):
-    monkeypatch.setattr(compile_mod, "build_graph", lambda *a, **k: pytest.fail("traced a model for a bad budget"))
+    monkeypatch.setattr(compile_mod, "trace_model", lambda *a, **k: pytest.fail("traced a model for a bad budget"))
     msg = expect_error(capsys, *_compile_args("small_cnn", tmp_path / "o", budget))
     assert f"budget {budget!r}" in msg
     assert not (tmp_path / "o").exists()

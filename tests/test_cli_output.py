@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.compiler.graph.ir import EMITS
+from edgetrain.codegen.backends import EMITS
 from edgetrain.compiler.schedule_file.format import MODES
 from edgetrain.compiler.scheduling.milp.registry import CHOICES
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS

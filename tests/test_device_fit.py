@@ -15,7 +15,7 @@ from edgetrain.codegen.c.device_fit import (STACK_BYTES, FirmwareFigures, check_
 from edgetrain.compiler.errors import BudgetError, DeviceFitError
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.workbench import cli
-from edgetrain.compiler.workbench.run_c import check_size, elf_size
+from edgetrain.codegen.c.runner import check_size, elf_size
 from edgetrain.targets import Target, TargetProfileError, load_target
 
 HAVE_ARM = bool(shutil.which("make") and shutil.which("arm-none-eabi-gcc") and shutil.which("arm-none-eabi-size"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -43,7 +44,8 @@ STAGES = (
     ("edgetrain.compiler.scheduling", "edgetrain.compiler.local"),
     ("edgetrain.compiler.schedule_file",),
     ("edgetrain.codegen",),
-    ("edgetrain.compiler.pipeline", "edgetrain.compiler.pipeline_local", "edgetrain.compiler.output_dir"),
+    ("edgetrain.compiler.pipeline", "edgetrain.compiler.pipeline_local", "edgetrain.compiler.output_dir",
+     "edgetrain.compiler.passes", "edgetrain.compiler.stages", "edgetrain.compiler.model_graph"),
     ("edgetrain.compiler.workbench",),
 )
 # What every stage may use: the user's errors, the package's version, device profiles, the device runtime.
@@ -187,6 +189,38 @@ def test_the_stage_rule_flags_an_import_of_a_later_stage_and_a_module_of_no_stag
         "compiler/helpers.py: belongs to no stage (add it to STAGES or SHARED)"]
 
 
+# -- one room per backend ----------------------------------------------------------------------------------
+
+BACKEND_BRANCH = re.compile(r"""\b(emit|backend(\.name)?)\s*[!=]=\s*["'](c|python)["']""")
+
+
+def backend_branches(sources: dict[Path, str]) -> list[str]:
+    """Lines that ask which backend they hold (`emit == "c"`, `backend.name != "python"`, ...)."""
+    return [f"{f.relative_to(ROOT)}:{k}: {line.strip()}" for f, text in sources.items()
+            for k, line in enumerate(text.splitlines(), 1) if BACKEND_BRANCH.search(line)]
+
+
+def test_the_compiler_never_branches_on_the_backend():
+    """The pipeline asks the backend it holds (codegen/backend.py); no module of compiler/ asks which it is."""
+    files = sorted((ROOT / "compiler").rglob("*.py"))
+    assert not backend_branches({f: f.read_text() for f in files})
+    probe = ROOT / "compiler" / "probe.py"
+    assert backend_branches({probe: 'if opts.emit == "c":\n    pass\nx = opts.emit != \'c\'\n'}) == [
+        'compiler/probe.py:1: if opts.emit == "c":', "compiler/probe.py:3: x = opts.emit != 'c'"]
+
+
+def test_no_backend_lives_under_the_compiler():
+    """The C backend's op table, lowering and device fit are codegen/c's: no C module under compiler/graph, and
+    compiler/ reaches codegen/c only from the workbench's CLI glue (`edgetrain run` of firmware)."""
+    assert not sorted(p.name for p in (ROOT / "compiler" / "graph").glob("c_*.py"))
+    assert (ROOT / "codegen" / "c" / "ops.py").exists() and (ROOT / "codegen" / "c" / "lower.py").exists()
+    outside = [f for f in sorted((ROOT / "compiler").rglob("*.py")) if "workbench" not in f.parts]
+    reach = [f"{f.relative_to(ROOT)}:{line}: {mod}" for f in outside
+             for line, mod in imports_of(f.read_text(), _package_of(f), str(f))
+             if _matches(mod, ("edgetrain.codegen.c",))]
+    assert not reach, reach
+
+
 def test_every_package_folder_is_installed():
     """pyproject.toml lists the packages by hand (the folders map under the edgetrain root): none forgotten."""
     import tomllib
@@ -307,3 +341,15 @@ def test_no_import_circles():
                 g.add_edge(me, mod)
     cycles = list(nx.simple_cycles(g))
     assert not cycles, cycles[:3]
+
+
+def test_every_backend_answers_the_interface():
+    """Each backend of the table has every member the pipeline asks for (codegen/backend.py's Backend)."""
+    from edgetrain.codegen.backend import Backend
+    from edgetrain.codegen.backends import BACKENDS, EMITS
+
+    members = {m for m in vars(Backend) if not m.startswith("_")} | set(Backend.__annotations__)
+    assert {"name", "lower", "render", "device_room", "weight_room"} <= members
+    for name, b in BACKENDS.items():
+        assert b.name == name and all(hasattr(b, m) for m in members), name
+    assert EMITS == ("python", "c")

@@ -71,7 +71,7 @@ def test_fine_tuning_fits_the_chip_and_trains_like_pytorch(tmp_path, capsys, cas
     assert r["arena_bytes"] <= r["budget_bytes"]
 
     # The frozen weights come back from the device bit for bit as they went in.
-    from edgetrain.compiler.workbench.run_c import read_result
+    from edgetrain.codegen.c.runner import read_result
 
     got = read_result(str(out / "run-qemu"), json.loads((out / "firmware.json").read_text()))["params"]
     w = load_file(str(out / "weights.safetensors"))

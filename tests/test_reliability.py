@@ -402,7 +402,7 @@ def test_a_killed_c_run_takes_its_firmware_process_with_it(tmp_path):
 
 
 def test_missing_c_page_names_its_file(tmp_path):
-    from edgetrain.compiler.workbench.run_c import _missing_page, page_file
+    from edgetrain.codegen.c.runner import _missing_page, page_file
 
     manifest = {"pages": [{"id": 1, "paged_in": True}, {"id": 2, "paged_in": True}, {"id": 3, "paged_in": False}]}
     (tmp_path / "pages").mkdir()

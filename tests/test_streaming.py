@@ -125,7 +125,7 @@ def test_a_changed_storage_block_is_refused_before_running(wide, tmp_path):
     raw[100] ^= 1
     block.write_bytes(bytes(raw))
     with pytest.raises(IntegrityError, match=re.escape(str(block))):
-        from edgetrain.compiler.workbench.run_c import verified_firmware
+        from edgetrain.codegen.c.runner import verified_firmware
 
         verified_firmware(str(copy))
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import edgetrain.targets as targets
-from edgetrain.targets import FAMILIES, Target, TargetProfileError, UnknownTargetError, list_targets, load_target
+from edgetrain.targets import (FAMILIES, Target, TargetProfileError, UnknownTargetError, list_boards, list_targets,
+                               load_target)
 
 BUILTINS = [
     "host", "jetson-agx-orin", "jetson-nano", "jetson-tx2", "jetson-xavier-nx",
@@ -242,3 +243,48 @@ def test_jetsons_train_on_their_gpu_the_others_on_cpu_cores():
         t = load_target(name)
         assert t.gpu is (t.family == "jetson"), name
     assert load_target("jetson-nano").gpu and not load_target("rpi4").gpu
+
+
+# -- boards: data in targets/boards/, code in runtime/c/port/ -----------------------------------------------
+
+def _link_script(board) -> dict:
+    """The memory a port's link script gives the image: {region: (origin, bytes)} and its minimum stack."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "runtime" / "c" / "port" / board.port / "link.ld").read_text()
+    regions = {m[0]: (int(m[1], 16), int(m[2]) * 1024)
+               for m in re.findall(r"(\w+)\s*\(\w+\)\s*:\s*ORIGIN\s*=\s*(0x[0-9A-Fa-f]+),\s*LENGTH\s*=\s*(\d+)K", text)}
+    return {"regions": regions, "stack": int(re.search(r"_min_stack\s*=\s*(\d+)K;", text)[1]) * 1024}
+
+
+@pytest.mark.parametrize("name", list_boards())
+def test_a_board_is_its_port_and_its_link_script_says_what_it_says(name):
+    """Each board's figures are the ones its port's link script links with (a test that fails when they part),
+    and its port has the startup code the Makefile builds."""
+    from edgetrain.targets import load_board
+
+    b = load_board(name)
+    port = Path(__file__).resolve().parents[1] / "runtime" / "c" / "port" / b.port
+    assert (port / "startup.c").exists() and (port / "link.ld").exists()
+    ld = _link_script(b)
+    assert ld["regions"] == {"FLASH": (b.flash_origin, b.flash_bytes), "RAM": (b.ram_origin, b.ram_bytes)}
+    assert ld["stack"] == b.stack_bytes
+    assert b.instructions_per_tick * b.timer_hz == 1_000_000_000
+
+
+def test_a_target_names_a_known_board_or_none(tmp_path):
+    from edgetrain.targets import DEFAULT_BOARD, board_of
+
+    for name in list_targets():
+        if name != "host":
+            assert board_of(load_target(name)).name == (load_target(name).board or DEFAULT_BOARD)
+    assert "board" not in load_target("nrf52840").to_dict()  # schedules of a default board are as they were
+    src = (Path(__file__).resolve().parents[1] / "targets" / "profiles" / "nrf52840.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(src.replace('family = "mcu"', 'family = "mcu"\nboard = "no-such-board"'))
+    with pytest.raises(TargetProfileError, match="board"):
+        load_target(str(bad))
+    good = tmp_path / "good.toml"
+    good.write_text(src.replace('family = "mcu"', f'family = "mcu"\nboard = "{DEFAULT_BOARD}"'))
+    t = load_target(str(good))
+    assert t.board == DEFAULT_BOARD and t.to_dict()["board"] == DEFAULT_BOARD and Target(**t.to_dict()) == t

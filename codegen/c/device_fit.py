@@ -4,8 +4,9 @@ RAM holds the arena (activations, gradients, labels, streamed weights while they
 weights, their optimizer state, the driver's batch buffers (input, labels, logits), the runtime's statics
 and the stack. Flash holds the code, the trainable weights' initial values (copied to RAM at reset) and the
 frozen weights, which stay const there - but for those streamed from storage when flash is short.
-The code and statics are estimates measured on the Cortex-M4F build (runtime/c/port/mps2_an386/link.ld);
-after a build, `check_elf` holds arm-none-eabi-size's exact figures against the device.
+The stack is the target's board's (targets/boards/: its link script's minimum); the code and statics are
+estimates measured on the Cortex-M4F build; after a build, `check_elf` holds arm-none-eabi-size's exact
+figures against the device.
 
 Pure functions of figures: nothing here solves, builds or reads files.
 """
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 
 from edgetrain.compiler.errors import DeviceFitError  # the user's error, not a solver
 from edgetrain.runtime.python.optim import state_names, step_counter_bytes  # the optimizer's state per parameter
+from edgetrain.targets import Target
+from edgetrain.targets.boards import DEFAULT_BOARD, board_of, load_board
 
-STACK_BYTES = 16 * 1024  # the link script's _min_stack: the build fails with less
+STACK_BYTES = load_board(DEFAULT_BOARD).stack_bytes  # the default board's link script's minimum stack
 RUNTIME_STATIC_BYTES = 1024  # runtime and driver statics besides the batch buffers (~0.7 KB measured, mcu_cnn)
 CODE_BASE_BYTES = 20 * 1024  # runtime, kernels, newlib-nano and driver .text (~18.7 KB measured, mcu_cnn)
 CODE_PER_STEP_BYTES = 48  # the straight-line plan: ~30 B of Thumb-2 per schedule step measured
@@ -33,11 +36,12 @@ class FirmwareFigures:
     io_bytes: int = 0
     steps: int = 0
     streamed_bytes: int = 0  # frozen weights kept in storage (not in flash), paged into the arena when read
+    stack_bytes: int = STACK_BYTES  # the board's minimum stack
 
     @property
     def reserve_bytes(self) -> int:
         """RAM the firmware needs besides the training state and the arena."""
-        return runtime_reserve_bytes(self.io_bytes)
+        return runtime_reserve_bytes(self.io_bytes, self.stack_bytes)
 
     @property
     def ram_bytes(self) -> int:
@@ -70,8 +74,13 @@ class DeviceFit:
                 "flash_need_bytes": self.flash_need, "flash_bytes": self.flash_bytes, "fits": self.fits}
 
 
-def runtime_reserve_bytes(io_bytes: int = 0) -> int:
-    return STACK_BYTES + RUNTIME_STATIC_BYTES + io_bytes
+def runtime_reserve_bytes(io_bytes: int = 0, stack_bytes: int = STACK_BYTES) -> int:
+    return stack_bytes + RUNTIME_STATIC_BYTES + io_bytes
+
+
+def board_stack_bytes(target) -> int:
+    """The minimum stack of the board `target`'s firmware is built for."""
+    return board_of(target).stack_bytes
 
 
 def applies(target) -> bool:
@@ -83,7 +92,7 @@ def device_budget(target, io_bytes: int = 0) -> int | None:
     """`--budget auto`: the RAM a microcontroller leaves for the training state and the arena; None elsewhere."""
     if not applies(target):
         return None
-    return target.ram_bytes - runtime_reserve_bytes(io_bytes)
+    return target.ram_bytes - runtime_reserve_bytes(io_bytes, board_stack_bytes(target))
 
 
 def optimizer_state_bytes(config: dict, trainable_bytes: int, trainable_count: int) -> int:
@@ -152,11 +161,12 @@ def figures_of_model(model, optimizer, target=None) -> FirmwareFigures:
     tb = sum(p.numel() * p.element_size() for p in trainable)
     ob = optimizer_state_bytes(optimizer.to_json(), tb, len(trainable))
     frozen = {k: p.numel() * p.element_size() for k, p in model.named_parameters() if not p.requires_grad}
-    streamed = streamed_of(frozen, target, tb, 0, target.ram_bytes - runtime_reserve_bytes() - tb - ob) \
+    stack = board_stack_bytes(target) if target is not None else STACK_BYTES
+    streamed = streamed_of(frozen, target, tb, 0, target.ram_bytes - runtime_reserve_bytes(0, stack) - tb - ob) \
         if target is not None else []
     kept = sum(b for k, b in frozen.items() if k not in streamed)
     return FirmwareFigures(trainable_bytes=tb, frozen_bytes=kept, optimizer_bytes=ob,
-                           streamed_bytes=sum(frozen.values()) - kept)
+                           streamed_bytes=sum(frozen.values()) - kept, stack_bytes=stack)
 
 
 def check_model_fits(model, target, optimizer, name: str = "the model") -> None:
@@ -185,17 +195,19 @@ def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
                            optimizer_bytes=optimizer_state_bytes(g["optimizer"], tb, len(trainable)),
                            frozen_bytes=sum(b for k, b in sizes.items() if k not in trainable and k not in streamed),
                            io_bytes=io, steps=len(schedule["steps"]),
-                           streamed_bytes=sum(sizes[k] for k in streamed))
+                           streamed_bytes=sum(sizes[k] for k in streamed),
+                           stack_bytes=board_stack_bytes(Target(**schedule["target"])))
 
 
 def check_elf(sizes: dict, target) -> str | None:
     """arm-none-eabi-size's text/data/bss of a build against the device: a message when it does not fit."""
     flash_need = sizes["text_bytes"] + sizes["data_bytes"]
-    ram_need = sizes["data_bytes"] + sizes["bss_bytes"] + STACK_BYTES
+    stack = board_stack_bytes(target)
+    ram_need = sizes["data_bytes"] + sizes["bss_bytes"] + stack
     flash = getattr(target, "flash_bytes", None)
     over = []
     if ram_need > target.ram_bytes:
-        over.append(f"RAM: .data {sizes['data_bytes']} B + .bss {sizes['bss_bytes']} B + stack {STACK_BYTES} B = "
+        over.append(f"RAM: .data {sizes['data_bytes']} B + .bss {sizes['bss_bytes']} B + stack {stack} B = "
                     f"{ram_need} B, over the {target.ram_bytes} B of {target.name}")
     if flash is not None and flash_need > flash:
         over.append(f"flash: .text {sizes['text_bytes']} B + .data {sizes['data_bytes']} B = {flash_need} B, over "

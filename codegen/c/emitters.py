@@ -2,7 +2,7 @@
 
 Each emitter gets the op bound to its schema's argument names (`OpCase`): tensors as meta tensors whose
 storage offset is their place in the arena (in 4-byte words), parameters as {"param", "t"}. It returns the
-C statements. The table (`compiler/graph/c_ops.py`) already refused every case these do not cover.
+C statements. The table (`ops.py`) already refused every case these do not cover.
 """
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from typing import Callable
 import torch
 
 from edgetrain.compiler.frontend import dropout_mask
-from edgetrain.compiler.graph.c_ops import (DROPOUT, DROPOUT_BACKWARD, LAYER_NORM, OpCase, is_counter,
-                                            layer_norm_rows, mean_backward_planes, mm_kind, mul_kind, sum_kind)
-
 from .names import c_comment, c_float
+from .ops import (DROPOUT, DROPOUT_BACKWARD, LAYER_NORM, OpCase, is_counter, layer_norm_rows, mean_backward_planes,
+                  mm_kind, mul_kind, sum_kind)
 
 EMITTERS: dict[str, Callable] = {}
 

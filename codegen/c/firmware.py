@@ -22,16 +22,18 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
-from edgetrain.compiler.errors import BudgetError, UnsupportedModelError  # messages for the user, not a solver
-from edgetrain.compiler.graph.c_operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
-from edgetrain.compiler.graph.c_ops import DROPOUT, kernel_sources  # the C op table
+from edgetrain.compiler.errors import ArenaOverflowError, UnsupportedModelError  # messages for the user, not a solver
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
+from edgetrain.targets import Target
+from edgetrain.targets.boards import board_of
 
 from edgetrain.codegen.templating import environment
 from .arena import Lifetime, Packing, pack
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
+from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
+from .ops import DROPOUT, kernel_sources  # the C op table
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
 VENDORED = "et_runtime"  # the runtime's copy inside the firmware folder
@@ -42,25 +44,16 @@ BLOCK_MAGIC = 0x47505445  # runtime/c/storage.h: "ETPG"
 # Runtime sources every build compiles. Both builds keep pages in files (storage_file.c); each adds the
 # raw-I/O back end under it (storage_stdio.c on the host, storage_semihost.c under QEMU).
 RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c") + kernel_sources()
-INSTRUCTIONS_PER_TICK = 40  # QEMU -icount shift=0: 1 ns per instruction; the CMSDK timer counts at 25 MHz
 
 _ENV = environment("templates/c")
 
 
-_ENV.filters.update(comment=c_comment, cfloat=c_float)
+_ENV.filters.update(comment=c_comment, cfloat=c_float, size=lambda n: f"{n >> 20} MB" if n % (1 << 20) == 0 else f"{n >> 10} KB",
+                    hex32=lambda n: f"0x{n:08X}u")
 
 
 class CodegenError(UnsupportedModelError):
     """The schedule asks for something the C runtime cannot do."""
-
-
-class ArenaOverflowError(BudgetError):
-    """The packed arena and the state exceed the budget by `excess_bytes` (the arena's fragmentation): a
-    schedule solved for that much less would fit."""
-
-    def __init__(self, message: str, excess_bytes: int) -> None:
-        super().__init__(message)
-        self.excess_bytes = excess_bytes
 
 
 @dataclass
@@ -389,6 +382,7 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
                "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": _rows(weights[name])}
               for name, spec in g["params"].items() if name not in em.streamed]
     input_node = em.nodes[0]
+    board = board_of(Target(**schedule["target"]))  # where the QEMU build runs
     ctx = {
         "s": schedule,
         "schedule_file": schedule_file,
@@ -420,7 +414,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "num_classes": logits_floats // input_node["shape"][0],
         "runtime_sources": RUNTIME_SOURCES,
         "vendored": VENDORED,
-        "instructions_per_tick": INSTRUCTIONS_PER_TICK,
+        "board": board,
+        "instructions_per_tick": board.instructions_per_tick,
         # Only a plan with dropout has a seed and a step counter (its masks are hashes of both).
         "dropout_seed": int(schedule["seed"]) & 0xFFFFFFFF if any(n["op"] == DROPOUT for n in em.nodes) else None,
     }
@@ -439,7 +434,7 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "arena_strategy": packing.strategy, "state_bytes": state_bytes, "budget_bytes": budget,
         "predicted_peak_bytes": schedule["predicted"]["peak_bytes"], "paged_bytes_per_step": ctx["paged_bytes"],
         "batch": ctx["batch"], "input_floats": ctx["input_floats"], "logits_floats": ctx["logits_floats"],
-        "num_classes": ctx["num_classes"], "instructions_per_tick": INSTRUCTIONS_PER_TICK,
+        "num_classes": ctx["num_classes"], "instructions_per_tick": board.instructions_per_tick,
     }
     texts["firmware.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     for name, text in texts.items():

@@ -2,6 +2,8 @@
 page-in of the frozen weights it streams from storage."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .ir import Node, TrainingGraph
 
 
@@ -10,6 +12,13 @@ def stream_in(g: TrainingGraph, n: Node, target) -> tuple[int, float, float]:
     sizes = [g.params[p].bytes for p in n.streamed]
     return (sum(sizes), sum(target.page_in_time_s(b) for b in sizes),
             sum(target.page_in_energy_j(b) for b in sizes))
+
+
+def costed(graph: TrainingGraph, target, measured_s: dict[str, float] | None = None) -> TrainingGraph:
+    """`graph` with every node's time and energy on `target` (apply_costs's), its own nodes untouched."""
+    out = replace(graph, nodes=[replace(n) for n in graph.nodes])
+    apply_costs(out, target, measured_s)
+    return out
 
 
 def apply_costs(graph: TrainingGraph, target, measured_s: dict[str, float] | None = None) -> None:

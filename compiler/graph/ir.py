@@ -14,7 +14,6 @@ import networkx as nx
 
 DTYPE_BYTES = {"float32": 4, "int64": 8, "int32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int16": 2,
                "int8": 1, "uint8": 1, "bool": 1}
-EMITS = ("python", "c")  # the runtimes a plan is generated for: torch (runtime/python) or C firmware (runtime/c)
 LOSSES = ("cross_entropy", "mse", "model")  # what TrainingGraph.loss may be (or a user's path/file.py:fn)
 # The training graph's JSON layout; a graph.json or schedule of another format is refused, not misread.
 GRAPH_FORMAT = 2

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from edgetrain.compiler.errors import DeviceFitError
 
+from .costs import costed
 from .ir import TrainingGraph
 
 
@@ -58,6 +59,12 @@ def stream_weights(g: TrainingGraph, streamed: list[str]) -> TrainingGraph:
         nodes.append(replace(n, streamed=mine, workspace_bytes=n.workspace_bytes + sum(g.params[p].bytes for p in mine))
                      if mine else n)
     return replace(g, nodes=nodes)
+
+
+def restreamed(g: TrainingGraph, streamed: list[str], target, measured_s: dict[str, float] | None = None) -> TrainingGraph:
+    """`g` with exactly `streamed` paged in by their readers (none: every weight in flash), costed on `target`
+    (node seconds `measured_s` where the graph was profiled)."""
+    return costed(stream_weights(unstream(g), streamed), target, measured_s)
 
 
 def unstream(g: TrainingGraph) -> TrainingGraph:

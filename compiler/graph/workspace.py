@@ -17,7 +17,7 @@ rule stays an upper bound rather than follow each of oneDNN's choices. A plan is
 thread count (`cpu_threads` in the profile: a Raspberry Pi 4's four cores; 1 where a profile names none,
 runtime/python/threads.py), which the plan records and the runtime pins while a step trains on the CPU. The
 term is for the targets torch's kernels train on (Raspberry Pi, Jetson, host: `applies`); the C
-runtime's kernels have no scratch (`c_lower.py` sets every workspace to the streamed weights alone), and a
+runtime's kernels have no scratch (`codegen/c/lower.py` sets every workspace to the streamed weights alone), and a
 microcontroller profile's graph has none even in a Python plan.
 """
 from __future__ import annotations

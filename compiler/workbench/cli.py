@@ -8,7 +8,8 @@ import re
 import sys
 
 from edgetrain.compiler.errors import EdgetrainError
-from edgetrain.compiler.graph.ir import EMITS, LOSSES, OptimizerConfig
+from edgetrain.codegen.backends import EMITS
+from edgetrain.compiler.graph.ir import LOSSES, OptimizerConfig
 from edgetrain.runtime.python.optim import OPTIMIZERS
 from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICES
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
@@ -281,7 +282,9 @@ def _optimizer(a) -> OptimizerConfig:
 
 def _cmd_run(a) -> dict:
     from .run import run_plan
-    from .run_c import is_c_plan, run_firmware
+    from edgetrain.codegen.c.runner import is_c_plan
+
+    from .run_c import run_firmware
 
     if is_c_plan(a.dir):
         if a.epochs or a.save or a.resume or a.save_every:

@@ -1,4 +1,4 @@
-"""The pass that fits a training graph to the C runtime (the table: `c_ops.py`): it refuses, in one error, every
+"""The pass that fits a training graph to the C runtime (the table: `ops.py`): it refuses, in one error, every
 op the C runtime cannot run; redraws dropout masks instead of keeping them; and gives each node the C
 runtime's memory (int32 indices and labels, no gradient workspace, only the operands its kernels read)."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ from dataclasses import replace
 from edgetrain.runtime.python.aten_call import resolve
 
 from edgetrain.compiler.errors import UnsupportedModelError
+from edgetrain.compiler.graph.ir import Node, TrainingGraph  # the graph it lowers
 
-from .c_operands import bind, node_cases, node_ops, state_shapes
-from .c_ops import AUX_ITEMS, BATCH_NORM, C_OPS, DROPOUT, DROPOUT_BACKWARD, STATS_OPS, supported_text
-from .ir import Node, TrainingGraph
+from .operands import bind, node_cases, node_ops, state_shapes
+from .ops import AUX_ITEMS, BATCH_NORM, C_OPS, DROPOUT, DROPOUT_BACKWARD, STATS_OPS, supported_text
 
 
 def lower_for_c(g: TrainingGraph) -> TrainingGraph:

@@ -8,8 +8,9 @@ import torch
 
 from edgetrain.runtime.python.aten_call import apply_view, resolve
 
-from .c_ops import AUX_ITEMS, LAYER_NORM, STATS_OPS, OpCase
-from .ir import Node, TensorRef, TrainingGraph
+from edgetrain.compiler.graph.ir import Node, TensorRef, TrainingGraph  # the graph it binds
+
+from .ops import AUX_ITEMS, LAYER_NORM, STATS_OPS, OpCase
 
 
 def holder_meta(node: Node, offset: int = 0):

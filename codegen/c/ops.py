@@ -3,8 +3,8 @@
 torch knows every op's semantics, shapes and FLOPs; what it does not know is which aten ops the C runtime
 (runtime/c) has a kernel for, which operands that kernel reads, and how it holds memory. That is this table,
 the one place for it: codegen/c emits a call for each op listed here and for nothing else, and compiles the
-kernel sources it names. The pass that fits a training graph to it is `c_lower.py`; ops bound to their
-arguments as meta tensors, the form the table's checks read, come from `c_operands.py`.
+kernel sources it names. The pass that fits a training graph to it is `lower.py`; ops bound to their
+arguments as meta tensors, the form the table's checks read, come from `operands.py`.
 
 The C runtime differs from torch in what it holds, and the schedule must count what it holds:
 - a parameter's gradient is never a tensor: `et_*_wgrad_sgd` computes it and applies SGD in one pass, so a
@@ -324,7 +324,7 @@ C_OPS: dict[str, CKernel] = {
     "aten.gelu_backward.default": CKernel("gelu", refuse=_both(_gelu_refuse, _no_update)),
     DROPOUT: CKernel("dropout", "dropout (nn.Dropout; its mask redrawn from a hash)", reads=lambda a: {"input"},
                      refuse=_both(_dropout_refuse, _no_update)),
-    DROPOUT_BACKWARD: CKernel("dropout", refuse=_both(_dropout_refuse, _no_update)),  # its mask: see c_lower.py
+    DROPOUT_BACKWARD: CKernel("dropout", refuse=_both(_dropout_refuse, _no_update)),  # its mask: see lower.py
     "aten.mul.Tensor": CKernel("mul", "mul of same-shape tensors or by a per-channel scale (squeeze-excitation)",
                                refuse=_both(_mul_refuse, _no_update)),
     "aten.max_pool2d_with_indices.default": CKernel("maxpool2d", "max-pool", refuse=_no_update),

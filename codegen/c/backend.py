@@ -1,0 +1,62 @@
+"""The C backend: training firmware for runtime/c (`--emit c`), the room that owns it end to end.
+
+Its op coverage is the table in `ops.py` and the graph pass in `lower.py`; its device limits are
+`device_fit.py` (RAM and flash of a microcontroller, the board's stack: targets/boards/); its rendering is
+`firmware.py` (with `emitters.py` and `arena.py`); its way to run, on the host or under QEMU, is `runner.py`.
+"""
+from __future__ import annotations
+
+from edgetrain.codegen.backend import DeviceRoom, Rendered, WeightRoom
+from edgetrain.codegen.python_plan import write_weights
+from edgetrain.compiler.graph.ir import TrainingGraph
+
+from .device_fit import (applies, check_fit, check_model_fits, device_budget, figures_of_firmware,
+                         flash_room_for_frozen, runtime_reserve_bytes, board_stack_bytes)
+from .firmware import render_c_firmware
+from .lower import lower_for_c
+
+CODE_STEPS_PER_NODE = 3  # code estimated at 3 steps a node (computed, freed, sometimes recomputed); the image is checked
+
+
+def io_bytes(graph: TrainingGraph) -> int:
+    """The batch buffers a firmware's driver keeps besides the arena: the input, the labels and the logits."""
+    loss = graph.nodes[graph.loss_stage]
+    first = loss.inputs[0].name if loss.inputs else None
+    return sum(n.bytes for n in graph.nodes if n.kind in ("input", "labels") or n.name == first)
+
+
+class CBackend:
+    name = "c"
+    widen_fusion = False  # microcontroller graphs are small: every byte counts
+    overlaps_paging = False  # the C runtime pages synchronously: overlap would only hold RAM
+
+    def check_model(self, model, target, optimizer, name: str) -> None:
+        check_model_fits(model, target, optimizer, name)  # a model whose weights alone overflow fails before tracing
+
+    def lower(self, graph: TrainingGraph) -> TrainingGraph:
+        return lower_for_c(graph)
+
+    def weight_room(self, graph: TrainingGraph, target) -> WeightRoom | None:
+        if not applies(target) or target.flash_bytes is None or len(graph.trainable_params) == len(graph.params):
+            return None
+        trained = set(graph.trainable_params)
+        tb = sum(s.bytes for p, s in graph.params.items() if p in trained)
+        return WeightRoom(frozen={p: s.bytes for p, s in graph.params.items() if p not in trained},
+                          flash_bytes=flash_room_for_frozen(target, tb, CODE_STEPS_PER_NODE * len(graph.nodes)),
+                          ram_bytes=device_budget(target, io_bytes(graph)) - graph.state_bytes)
+
+    def device_room(self, graph: TrainingGraph, target) -> DeviceRoom | None:
+        io = io_bytes(graph)
+        room = device_budget(target, io)
+        return None if room is None else DeviceRoom(
+            room, runtime_reserve_bytes(io, board_stack_bytes(target)), "the stack, the runtime and the batch buffers")
+
+    def render(self, schedule: dict, model, out_dir: str, target) -> Rendered:
+        # Weights first: the C initializers are read from them.
+        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), out_dir)
+        firmware = render_c_firmware(schedule, out_dir)  # ArenaOverflowError: the pipeline solves for less
+        summary = {"arena_bytes": firmware["arena_bytes"], "paged_bytes_per_step": firmware["paged_bytes_per_step"],
+                   "pages": len(firmware["pages"]), "streamed": [w["param"] for w in firmware["streamed"]],
+                   "streamed_bytes": firmware["streamed_bytes"]}
+        fit = check_fit(figures_of_firmware(schedule, firmware), target).to_json() if applies(target) else None
+        return Rendered(summary, fit)  # arena, weights and buffers held against the device's RAM and flash

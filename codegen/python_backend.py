@@ -1,0 +1,37 @@
+"""The Python backend: a plan for the Python runtime (runtime/python, torch's own kernels), `--emit python`.
+
+It runs every aten op of the joint graph as traced, so it lowers nothing and refuses nothing; its plan is
+`python_plan.py`'s, run by `edgetrain run` in-process.
+"""
+from __future__ import annotations
+
+from edgetrain.codegen.backend import DeviceRoom, Rendered, WeightRoom
+from edgetrain.compiler.graph.ir import TrainingGraph
+
+from .c.backend import CBackend
+from .python_plan import render_python_plan, write_weights
+
+
+class PythonBackend:
+    name = "python"
+    widen_fusion = True
+    overlaps_paging = True  # the page store's threads read ahead and write behind (scheduling/overlap.py)
+
+    def check_model(self, model, target, optimizer, name: str) -> None:
+        return None
+
+    def lower(self, graph: TrainingGraph) -> TrainingGraph:
+        return graph
+
+    def weight_room(self, graph: TrainingGraph, target) -> WeightRoom | None:
+        return None  # weights stay in memory
+
+    def device_room(self, graph: TrainingGraph, target) -> DeviceRoom | None:
+        # A microcontroller's `--budget auto` is its RAM less what its firmware needs, whichever runtime
+        # the plan is for (README: --budget).
+        return CBackend().device_room(graph, target)
+
+    def render(self, schedule: dict, model, out_dir: str, target) -> Rendered:
+        render_python_plan(schedule, out_dir)
+        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), out_dir)
+        return Rendered()

@@ -1,0 +1,96 @@
+"""The model as a training graph: resolved, traced, lowered for the backend, its frozen weights placed, costed.
+
+The first pass of a compile (compiler/passes.py) and what tests and sweeps call for a graph alone.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from edgetrain.runtime.python.threads import PLAN_THREADS
+
+from .errors import BudgetError, UnsupportedModelError
+from .frontend.labels import example_labels
+from .frontend.modelspec import resolve
+from .graph.costs import costed
+from .graph.streaming import choose_streamed, stream_weights
+from .graph.workspace import applies as scratch_applies, scratch_threads
+from .stages import CompileOptions, Traced
+
+
+def trace_model(opts: CompileOptions, target, backend, device_check: bool = True) -> Traced:
+    """Resolve, trace and lower the model for `backend`; place the frozen weights the device cannot hold in
+    storage (by the largest-first rule; `device_check`: against the device's limits at all); cost the graph
+    on `target`."""
+    torch.manual_seed(opts.seed)  # zoo models initialize deterministically from the seed
+    resolved = resolve(opts.model, **opts.model_kwargs)
+    shape = opts.input_shape or resolved.input_shape
+    if not shape:
+        raise UnsupportedModelError(f"the input shape of {opts.model!r} is unknown; pass --input-shape C,H,W")
+    model = resolved.module.train()
+    if opts.train is not None:
+        from .frontend.train_select import select_and_apply
+
+        select_and_apply(model, opts.train)
+    if device_check:
+        backend.check_model(model, target, opts.optimizer, opts.model)
+    check_batch_size(opts.batch_size, shape, resolved.input_dtype, target)
+    gen = torch.Generator().manual_seed(opts.seed)
+    if resolved.input_dtype == "int64":  # token ids
+        example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
+    else:
+        example = torch.randn(opts.batch_size, *shape, generator=gen)
+    graph = capture_graph(opts, resolved, model, example,
+                          scratch_threads(target) if scratch_applies(target) else 0, gpu=target.gpu,
+                          widen_fusion=backend.widen_fusion)
+    graph = backend.lower(graph)
+    if device_check:
+        graph = stream_beyond_flash(graph, target, backend)
+    measured = None
+    if getattr(target, "measured", False):
+        from .graph.profiler import profile_nodes
+
+        measured = profile_nodes(graph, threads=scratch_threads(target))
+    return Traced(resolved, model, costed(graph, target, measured), measured)
+
+
+def check_batch_size(batch_size: int, shape, input_dtype: str, target) -> None:
+    """A batch whose inputs alone outgrow the target's RAM cannot train there: refused before an example of it
+    is made (which would ask the compiling machine for as much)."""
+    per_example = (8 if input_dtype == "int64" else 4) * math.prod(shape)
+    if batch_size * per_example > target.ram_bytes:
+        raise BudgetError(f"--batch-size {batch_size}: one batch of inputs of shape {list(shape)} takes "
+                          f"{batch_size * per_example} B, more than {target.name}'s {target.ram_bytes} B of RAM; "
+                          f"use at most --batch-size {max(1, target.ram_bytes // per_example)}")
+
+
+def stream_beyond_flash(graph, target, backend):
+    """A graph whose frozen weights overflow the device's flash: the largest streamed from storage."""
+    room = backend.weight_room(graph, target)
+    if room is None:
+        return graph
+    return stream_weights(graph, choose_streamed(room.frozen, room.flash_bytes, room.ram_bytes, target.storage_bytes,
+                                                 target.name))
+
+
+def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,
+                  gpu: bool = False, widen_fusion: bool = True):
+    """The training graph from torch's joint forward-backward graph of one step; kernel scratch counted for
+    `threads` intra-op threads (0: none); `gpu`: of kernels a CUDA device runs (a Jetson's plan); `widen_fusion`:
+    the backend's (codegen/backend.py)."""
+    from .frontend.capture import capture, load_loss
+    from .graph.joint import build_graph as joint_graph
+
+    builtin = opts.loss in ("cross_entropy", "mse", "model")
+    user_fn = None if builtin else load_loss(opts.loss)
+    kind = opts.loss if builtin else "cross_entropy"  # a user's loss takes class labels
+    labels = example_labels(kind, opts.seed, resolved, model, example)  # the class count from the model's output
+    cap = capture(model, example, labels.example, loss=kind, token_ids=resolved.input_dtype == "int64", user_fn=user_fn,
+                  gpu=gpu)
+    for name, value in cap.constants.items():  # tensors torch lifted out of the code: buffers of the plan
+        model.register_buffer(name, value.detach().clone())
+    return joint_graph(cap, opts.model, tuple(example.shape), labels.num_classes, opts.loss, opts.optimizer,
+                       input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys,
+                       widen_fusion=widen_fusion,
+                       scratch_threads=threads)

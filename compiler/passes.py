@@ -1,0 +1,176 @@
+"""The compile pipeline as an ordered list of passes, each from one stage result to the next (stages.py).
+
+    trace (Request -> Traced) -> measure_paging (-> Measured) -> resolve_budget (-> Budgeted)
+    -> place_weights (-> Placed) -> compare_selection (-> Selected) -> solve_and_render (-> Rendered)
+    -> write_schedule (-> Compiled)
+
+The backend (codegen/backend.py) answers every question that depends on the runtime the plan is for; no
+pass asks which backend it holds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from edgetrain.runtime.python.integrity import weights_table
+
+from .errors import ArenaOverflowError, DeviceFitError
+from .graph.liveness import analyze
+from .graph.paging_profile import with_measured_paging
+from .graph.streaming import restreamed
+from .model_graph import trace_model
+from .schedule_file import format as schedule_format
+from .scheduling.budget import anchors, parse_deadline
+from .scheduling.overlap import overlap_paging
+from .scheduling.schedulers import Scheduled, run_scheduler
+from .scheduling.validator import validate
+from .stages import (Budgeted, Compiled, CompileOptions, Measured, Placed, Rendered, Request, Selected, Traced)
+
+FRAGMENTATION_RETRIES = 3  # solves for less when a backend's arena packing leaves gaps over the budget
+
+
+def trace(req: Request) -> Traced:
+    """The model as the backend's costed training graph."""
+    return trace_model(req.opts, req.profile, req.backend)
+
+
+def measure_paging(req: Request, t: Traced) -> Measured:
+    """The target the plan is solved for: a measured target's page store timed at this plan's sizes."""
+    return Measured(t, with_measured_paging(req.profile, t.graph))
+
+
+def resolve_budget(req: Request, m: Measured) -> Budgeted:
+    """The budget in bytes: from the anchors, or (`auto`) what the device's RAM leaves, refused when training
+    cannot fit it."""
+    graph, target = m.traced.graph, m.target
+    lv = analyze(graph)
+    anchor = anchors(graph, lv, target)
+    if not req.budget.device:
+        return Budgeted(m, lv, anchor, req.budget.resolve(anchor))
+    room = req.backend.device_room(graph, target)
+    budget_bytes = req.budget.resolve(anchor, None if room is None else room.bytes)
+    if anchor.min_feasible_bytes > budget_bytes:
+        raise DeviceFitError(
+            f"{req.opts.model} needs at least {anchor.min_feasible_bytes} B to train (its smallest feasible budget: "
+            f"{anchor.fixed_bytes} B of weights, optimizer state and buffers, then what the largest backward step "
+            f"reads), but {target.name}'s {target.ram_bytes} B of RAM leave {budget_bytes} B after "
+            f"{room.reserved_for} ({room.reserved_bytes} B). Freeze more with --train, use a "
+            "smaller --batch-size or a smaller model")
+    return Budgeted(m, lv, anchor, budget_bytes)
+
+
+def place_weights(req: Request, b: Budgeted) -> Placed:
+    """The graph with the frozen weights in storage that the POET MILP chooses (the rule's choice when the MILP
+    finds none, or with another scheduler); what was chosen, by which, for the output."""
+    traced, target = b.measured.traced, b.measured.target
+    graph = traced.graph
+    if not graph.streamed_params or req.opts.scheduler != "poet":
+        return Placed(b, graph, b.liveness, b.anchor)
+    from .scheduling.stream_choice import choose_streamed
+
+    rule = list(graph.streamed_params)
+    plain = restreamed(graph, [], target, traced.measured_s)
+    room = req.backend.weight_room(plain, target)
+    candidates = {p: n for p, n in room.frozen.items() if n <= room.ram_bytes}
+    req.say(f"choosing which of {len(candidates)} frozen weights to stream from storage")
+    chosen, solver = choose_streamed(plain, target, b.budget_bytes, candidates,
+                                     sum(room.frozen.values()) - room.flash_bytes, rule,
+                                     time_limit=req.opts.time_limit, solver=req.opts.solver)
+    info = {"rule": rule, "milp": chosen, "solver_status": solver["free"].get("status"),
+            "objective_j": solver["free"].get("objective"),
+            "rule_objective_j": solver.get("proposed", solver["free"]).get("objective")}
+    if chosen is not None and set(chosen) != set(rule):
+        graph = restreamed(plain, chosen, target, traced.measured_s)
+    lv = analyze(graph)
+    return Placed(b, graph, lv, anchors(graph, lv, target), info)
+
+
+def compare_selection(req: Request, p: Placed) -> Selected:
+    """What trains; with some parameters frozen (`--train`), the anchors of the same model with every one trained
+    (a second capture and the store-all replay; no solve)."""
+    selection = {"train": req.opts.train, **selection_summary(p.graph), "all_trainable": None}
+    if req.opts.train is not None and selection["trainable_tensors"] < selection["param_tensors"]:
+        req.say("capturing the all-trainable graph for comparison")
+        full = trace_model(dataclasses.replace(req.opts, train="all"), p.budgeted.measured.target, req.backend,
+                           device_check=False).graph
+        a = anchors(full, analyze(full), p.budgeted.measured.target)
+        selection["all_trainable"] = {"min_feasible_bytes": a.min_feasible_bytes,
+                                      "store_all_peak_bytes": a.store_all.peak_bytes, "fixed_bytes": a.fixed_bytes}
+    return Selected(p, selection)
+
+
+def solve_and_render(req: Request, s: Selected) -> Rendered:
+    """Solve, and have the backend write the plan; a backend whose arena packs with gaps over the budget gets a
+    schedule solved for that much less (at most FRAGMENTATION_RETRIES times)."""
+    p = s.placed
+    opts, target, graph, budget_bytes = req.opts, p.budgeted.measured.target, p.graph, p.budgeted.budget_bytes
+    deadline_s = parse_deadline(opts.deadline, p.anchor.store_all.time_s)
+    solve_budget = budget_bytes
+    for attempt in range(FRAGMENTATION_RETRIES + 1):
+        req.say(f"solving {len(graph.nodes)} stages, {len(p.liveness.decision)} decision tensors"
+                + (f" for {solve_budget} B (the arena's fragmentation)" if solve_budget != budget_bytes else ""))
+        result = run_scheduler(graph, p.liveness, target, solve_budget, scheduler=opts.scheduler, deadline_s=deadline_s,
+                               time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
+        if req.backend.overlaps_paging and opts.overlap_paging:
+            result = _overlapped(graph, result, target, solve_budget)
+        body = schedule_format.backprop_body(
+            spec=s.placed.budgeted.measured.traced.resolved.spec, kwargs=s.placed.budgeted.measured.traced.resolved.kwargs,
+            graph=graph, target=target, budget_text=req.budget.text, budget_bytes=budget_bytes, anchor=p.anchor,
+            decision_tensors=len(p.liveness.decision), deadline_s=deadline_s, scheduled=result,
+            scheduler=opts.scheduler, seed=opts.seed, backend=req.backend.name)
+        if opts.train is not None:  # the selection as given; graph.trainable holds what it chose
+            body["model"]["train"] = opts.train
+        checked = json.loads(schedule_format.dumps(body))  # exactly what schedule.json will hold
+        try:
+            output = req.backend.render(checked, p.budgeted.measured.traced.model, req.work, target)
+        except ArenaOverflowError as e:
+            # The arena packs with gaps the schedule does not see: solve again for that much less.
+            tighter = min(solve_budget, result.report.peak_bytes) - e.excess_bytes
+            if attempt == FRAGMENTATION_RETRIES or tighter < p.anchor.min_feasible_bytes:
+                raise
+            solve_budget = tighter
+            continue
+        return Rendered(s, body, result, deadline_s, output)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def write_schedule(req: Request, r: Rendered) -> Compiled:
+    """The schedule last: it records the sha256 of every file above and the weights' table."""
+    r.body["outputs"] = req.stage.outputs(weights_table(os.path.join(req.work, "weights.safetensors")))
+    schedule_format.save(r.body, req.work)
+    return Compiled(r)
+
+
+PASSES = (measure_paging, resolve_budget, place_weights, compare_selection, solve_and_render, write_schedule)
+
+
+def run_passes(req: Request) -> Compiled:
+    """`trace`, then every pass in order: from the model to the complete staging folder."""
+    result = trace(req)
+    for step in PASSES:
+        result = step(req, result)
+    return result
+
+
+def _overlapped(graph, result: Scheduled, target, budget_bytes: int) -> Scheduled:
+    """`result` with its paging overlapped with compute, revalidated (its peak, energy and time stay as they were)."""
+    steps = overlap_paging(graph, result.steps, target)
+    return dataclasses.replace(result, steps=steps, report=validate(graph, steps, target, budget_bytes, strict=True))
+
+
+def _numel(spec) -> int:
+    n = 1
+    for d in spec.shape:
+        n *= d
+    return n
+
+
+def selection_summary(graph) -> dict:
+    """What trains: parameter counts and bytes of the trainable and the frozen parameters."""
+    trainable = set(graph.trainable_params)
+    return {"trainable_tensors": len(trainable), "param_tensors": len(graph.params),
+            "trainable_params": sum(_numel(s) for k, s in graph.params.items() if k in trainable),
+            "total_params": sum(_numel(s) for s in graph.params.values()),
+            "trainable_bytes": sum(s.bytes for k, s in graph.params.items() if k in trainable),
+            "frozen_bytes": sum(s.bytes for k, s in graph.params.items() if k not in trainable)}

@@ -44,7 +44,7 @@ test: venv data toolchain
 	$(PY) -m pytest -q -n 2 tests
 
 demo: venv
-	$(VENV)/bin/edgetrain compile resnet18 --target jetson-agx-orin --budget 40% --time-limit 20 --out build/demo
+	$(VENV)/bin/edgetrain compile resnet18 --target jetson-agx-orin --budget 80% --time-limit 20 --out build/demo
 	$(VENV)/bin/edgetrain run build/demo --steps 3 --check
 	$(VENV)/bin/edgetrain inspect build/demo
 

@@ -24,16 +24,20 @@ default of compile) and without, one row each, their steps alternating with PyTo
 DIR` adds, per plan, a row whose runtime pages through another checkout's page store
 (DIR/runtime/python/storage.py, e.g. the main branch's) instead of this one's, its steps in the same loop: a
 before/after of the page store under one load. `--compare-runtime DIR` likewise adds a row run by another
-checkout's whole runtime package (DIR/runtime/python: executor, op calls, ledger, page store) on the same plan: a
-before/after of the runtime. Prints a table and writes JSON rows with at least model, budget (as given), threads
+checkout's whole runtime package (DIR/runtime/python: executor, op calls, ledger, page store) on the same schedule,
+its plan.py rendered by that checkout's own codegen (in DIR/.venv): a before/after of the runtime and the plan. Prints a table and writes JSON rows with at least model, budget (as given), threads
 and ratio.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
+import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +56,7 @@ from edgetrain.compiler.schedule_file import format as schedule_format  # noqa: 
 from edgetrain.compiler.workbench.run import schedule_batches  # noqa: E402
 from edgetrain.compiler.workbench.reference import load_weights  # noqa: E402
 from edgetrain.runtime.python import Runtime, load_plan  # noqa: E402
+from edgetrain.runtime.python.integrity import file_table, json_checksum  # noqa: E402
 from edgetrain.runtime.python.storage import PendingRead  # noqa: E402
 
 
@@ -122,6 +127,24 @@ def _other_runtime(checkout: str):
     return sys.modules[name]
 
 
+def _other_plan(checkout: str, out: str) -> str:
+    """A copy of the compiled folder `out` whose plan.py the other checkout's codegen rendered from the same
+    schedule (in its own virtual environment, checkout/.venv), its file hashes recorded as compile records them:
+    the plan that checkout's runtime runs."""
+    other = f"{out}-{hashlib.sha1(os.path.abspath(checkout).encode()).hexdigest()[:8]}"
+    if not os.path.exists(os.path.join(other, "plan.py")):
+        shutil.copytree(out, other, ignore=shutil.ignore_patterns("pages*", "__pycache__"))
+        render = ("import json, sys; from edgetrain.codegen.python_plan import render_python_plan; "
+                  "render_python_plan(json.load(open(sys.argv[1] + '/schedule.json')), sys.argv[1])")
+        subprocess.run([os.path.join(checkout, ".venv", "bin", "python"), "-c", render, other], check=True)
+        body = json.loads(open(os.path.join(other, "schedule.json")).read())
+        body["outputs"]["files"] = file_table(other)
+        body["checksum"] = json_checksum(body)
+        with open(os.path.join(other, "schedule.json"), "w") as f:
+            f.write(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    return other
+
+
 def bench(model: str, budget: str, threads: int, overlaps: list[str], args, work: str) -> list[dict]:
     """One row per overlap setting (and page store); their runtime steps and the PyTorch step alternate in one
     loop (the order rotating each step), so every row sees the same load."""
@@ -143,7 +166,8 @@ def bench(model: str, budget: str, threads: int, overlaps: list[str], args, work
             if store != "this":
                 rt.store = _other_store(store)(pages)
             rows.append(row)
-            runs.append((load_plan(out), rt, [], [], []))
+            plan = load_plan(out) if runtime == "this" else _other_runtime(runtime).load_plan(_other_plan(runtime, out))
+            runs.append((plan, rt, [], [], []))
     ref, opt = pytorch_side(body, out)
     t_pt, c_pt = [], []
     for k, (x, y) in enumerate(schedule_batches(body, "random", args.warmup + args.steps, seed=1)):

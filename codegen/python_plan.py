@@ -1,4 +1,9 @@
-"""Render a schedule as a Python plan module for the torch runtime (Jetson, Raspberry Pi, host)."""
+"""Render a schedule as a Python plan module for the torch runtime (Jetson, Raspberry Pi, host).
+
+plan.py reads as Python: `train_step(rt)` has one statement per schedule step, each op called with its arguments
+inline on the plan's variables (`python_calls.py`, in the language of runtime/python/plan_api.py), each free and
+page with its reason, each stage headed by its node and the user's source line, lines kept short (`py_layout.py`).
+"""
 from __future__ import annotations
 
 import os
@@ -10,6 +15,8 @@ from edgetrain.compiler.schedule_file.format import content_hash  # the schedule
 from edgetrain.runtime.python.inplace import INPLACE
 from edgetrain.targets import Target
 
+from .py_layout import Group, comment, statement
+from .python_calls import CallWriter, Names, literal
 from .templating import environment
 
 _ENV = environment("templates")
@@ -24,24 +31,21 @@ def _py(value) -> str:
     return repr(value)
 
 
-def _operands(inputs: list[dict]) -> str:
-    return _py([r["t"] if not r.get("view") else r for r in inputs])
+def _layout(value):
+    """A literal as a py_layout expression: lists and dicts may break at their commas."""
+    if isinstance(value, dict):
+        return Group("{", tuple(_entry(k, v) for k, v in value.items()), "}")
+    if isinstance(value, (list, tuple)):
+        return Group("[", tuple(_layout(v) for v in value), "]")
+    return literal(value)
 
 
-def _extras(node: dict) -> str:
-    out = ""
-    if node["params"]:
-        out += f", params={_py(node['params'])}"
-    if node["buffers"]:
-        out += f", buffers={_py(node['buffers'])}"
-    if node["attrs"]:
-        out += f", attrs={_py(node['attrs'])}"
-    if node["aux_of"]:
-        out += f", aux_of={_py(node['aux_of'])}"
-    return out
+def _entry(k, v):
+    e, key = _layout(v), literal(k)
+    return Group(f"{key}: {e.open}", e.items, e.close) if isinstance(e, Group) else f"{key}: {e}"
 
 
-_ENV.filters.update(py=_py, operands=_operands, extras=_extras)
+_ENV.filters.update(py=literal)
 
 
 def dying_operands(steps: list[dict], i: int, node: dict) -> list[int]:
@@ -57,24 +61,99 @@ def dying_operands(steps: list[dict], i: int, node: dict) -> list[int]:
             if not r.get("view") and r["t"] in freed and names.count(r["t"]) == 1]
 
 
-def _step_node(steps: list[dict], i: int, node: dict | None) -> dict | None:
-    """The node as step i runs it: an in-place-capable op gets `attrs.dying` where the plan frees an operand next."""
-    if node is None or steps[i]["action"] not in ("compute", "recompute") or node["op"] not in INPLACE:
-        return node
-    dying = dying_operands(steps, i, node)
-    return dict(node, attrs={**node["attrs"], "dying": dying}) if dying else node
+def _same_call(a: dict | None, b: dict) -> bool:
+    """Whether two nodes hold different outputs of one call of their op (the runtime runs it once)."""
+    if a is None or a["op"] != b["op"] or a["inputs"] != b["inputs"]:
+        return False
+    strip = ("keep", "aux", "updates", "then", "scratch", "dying", "loss_item")
+
+    def call(n: dict) -> dict:
+        return {k: v for k, v in n["attrs"].items() if k not in strip}
+
+    return isinstance(a["attrs"].get("keep"), int) and isinstance(b["attrs"].get("keep"), int) and call(a) == call(b)
+
+
+def _stage_lines(t: int, node: dict) -> list[str]:
+    words = f"-- stage {t}: {node['name']} ({node['kind']})" + (f" -- {node['source']}" if node.get("source") else "")
+    return comment(words)
+
+
+def _step_lines(steps: list[dict], i: int, node: dict | None, names: Names, before: dict | None) -> list[str]:
+    st = steps[i]
+    action, tensor, reason = st["action"], st["tensor"], st.get("reason", "")
+    if action in ("free", "page_out", "page_in"):
+        return statement(f"rt.{action}(", names.tensor(tensor) + ")", note=reason)
+    if node["kind"] in ("input", "labels"):
+        return statement(f"{names.tensor(tensor)} = ", f"rt.load_{node['kind']}()")
+    first = action == "compute"
+    dying = dying_operands(steps, i, node) if node["op"] in INPLACE else []
+    call = CallWriter(names, node).call("rt.call(" if first else "rt.recompute(", dying)
+    keep = node["attrs"].get("keep")
+    if keep in ("none", []):
+        head = ""
+    elif first and node["attrs"].get("aux"):
+        head = f"{names.tensor(tensor)}, {names.tensor(tensor + '.aux')} = "
+    else:
+        head = f"{names.tensor(tensor)} = "
+    notes = []  # a first computation's reason is its stage's source line, above it already
+    if not first:
+        notes.append(f"recompute {tensor}: {reason}" if reason else f"recompute {tensor}")
+    if _same_call(before, node):
+        notes.append(f"output {keep} of the call above: the op runs once")
+    lines = [line for n in notes for line in comment(n)]
+    return lines + statement(head, call)
+
+
+def render_plan_text(schedule: dict, schedule_file: str = "schedule.json") -> str:
+    """plan.py's text for a schedule (as loaded from JSON)."""
+    graph = schedule["graph"]
+    nodes = graph["nodes"]
+    by_name = {n["name"]: n for n in nodes}
+    names = Names()
+    for p in graph.get("params", {}):  # named in the model's order, whichever the plan reads first
+        names.declare("param", p)
+    for b in graph.get("buffers", {}):
+        names.declare("buffer", b)
+    for n in nodes:
+        names.tensor(n["name"])
+        if n["attrs"].get("aux"):
+            names.tensor(n["name"] + ".aux")
+    steps = schedule["steps"]
+    body: list[str] = []
+    stage, before = None, None
+    for i, st in enumerate(steps):
+        if st["stage"] != stage:
+            stage = st["stage"]
+            body += _stage_lines(stage, nodes[stage])
+        node = by_name.get(st["tensor"])
+        body += _step_lines(steps, i, node, names, before)
+        before = node if st["action"] in ("compute", "recompute") else None  # any other op ends a twin's turn
+    s = schedule
+    plan = {"schedule_content": content_hash(s), "weights": "weights.safetensors", "optimizer": graph["optimizer"],
+            "trainable": graph.get("trainable"), "seed": s["seed"], "model": s["model"]["spec"],
+            "input_shape": graph["input_shape"], "loss": graph["loss"],
+            "num_classes": s["model"]["num_classes"],  # labels are class ids 0..num_classes-1 (None: values)
+            "labels_shape": next(n["shape"] for n in nodes if n["kind"] == "labels"),
+            "budget_bytes": s["budget"]["bytes"],
+            "predicted_peak_bytes": s["predicted"]["peak_bytes"],
+            "threads": Target(**s["target"]).cpu_threads}  # the profile's, or the field's own default
+    plan_lines = []
+    for k, v in plan.items():
+        lines = statement(f'"{k}": ', _layout(v))
+        lines[-1] += ","
+        if k == "threads":
+            lines[-1] += "  # CPU threads: the kernel scratch is counted for them"
+        plan_lines += lines
+    return _ENV.get_template("plan.py.j2").render(
+        s=s, schedule_file=schedule_file, content=plan["schedule_content"], plan_lines=plan_lines,
+        params=names.bound("param"), buffers=names.bound("buffer"), body=body,
+        imports=", ".join(sorted({"aten", *(w for w in ("buffer", "param") if names.bound(w))}
+                                 | (names.used & {"empty", "fused", "held", "out"}))),
+        uses_torch="torch" in names.used)
 
 
 def render_python_plan(schedule: dict, out_dir: str, schedule_file: str = "schedule.json") -> str:
-    nodes = schedule["graph"]["nodes"]
-    by_name = {n["name"]: n for n in nodes}
-    stages = [{"index": t, "node": n, "steps": []} for t, n in enumerate(nodes)]
-    steps = schedule["steps"]
-    for i, st in enumerate(steps):
-        stages[st["stage"]]["steps"].append(dict(st, node=_step_node(steps, i, by_name.get(st["tensor"]))))
-    threads = Target(**schedule["target"]).cpu_threads  # the profile's, or the field's own default
-    text = _ENV.get_template("plan.py.j2").render(s=schedule, stages=stages, schedule_file=schedule_file,
-                                                   content=content_hash(schedule), threads=threads)
+    text = render_plan_text(schedule, schedule_file)
     path = os.path.join(out_dir, "plan.py")
     with open(path, "w") as f:
         f.write(text)

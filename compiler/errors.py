@@ -34,6 +34,19 @@ class ValidationError(EdgetrainError):
     """A schedule breaks a rule of the memory model (operand not resident, budget exceeded, ...)."""
 
 
+class OverBudgetError(ValidationError):
+    """A schedule that is valid so far needs more memory than the budget: how a heuristic fails to fit."""
+
+
+class InternalError(EdgetrainError):
+    """edgetrain broke its own rules (its validator refused a schedule it built): a bug, not the user's input."""
+
+    def __init__(self, what: str, cause: Exception | str):
+        super().__init__(f"an edgetrain bug: {what} ({cause}). Please report it with the full command line, the "
+                         "model file and this message (edgetrain --debug prints the traceback); meanwhile another "
+                         "--scheduler or --budget may avoid it.")
+
+
 class OutputDirError(EdgetrainError):
     """The output directory cannot be written."""
 

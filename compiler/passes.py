@@ -21,7 +21,7 @@ from .graph.paging_profile import with_measured_paging
 from .graph.streaming import restreamed
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
-from .scheduling.budget import anchors, parse_deadline
+from .scheduling.budget import anchors, budget_for_device, parse_deadline
 from .scheduling.overlap import overlap_paging
 from .scheduling.schedulers import Scheduled, run_scheduler
 from .scheduling.validator import validate
@@ -47,7 +47,7 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
     lv = analyze(graph)
     anchor = anchors(graph, lv, target)
     if not req.budget.device:
-        return Budgeted(m, lv, anchor, req.budget.resolve(anchor))
+        return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target))  # before any solve
     room = req.backend.device_room(graph, target)
     budget_bytes = req.budget.resolve(anchor, None if room is None else room.bytes)
     if anchor.min_feasible_bytes > budget_bytes:
@@ -57,7 +57,7 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
             f"reads), but {target.name}'s {target.ram_bytes} B of RAM leave {budget_bytes} B after "
             f"{room.reserved_for} ({room.reserved_bytes} B). Freeze more with --train, use a "
             "smaller --batch-size or a smaller model")
-    return Budgeted(m, lv, anchor, budget_bytes)
+    return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target, budget_bytes))
 
 
 def place_weights(req: Request, b: Budgeted) -> Placed:

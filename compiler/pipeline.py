@@ -14,7 +14,8 @@ from .graph.workspace import scratch_threads
 from .model_graph import trace_model
 from .output_dir import StagedOutput
 from .passes import run_passes, selection_summary
-from .scheduling.budget import parse_budget
+from .scheduling.budget import check_budget_size, parse_budget
+from .scheduling.clock import deadline
 from .stages import Compiled, CompileOptions, Request
 
 __all__ = ["CompileOptions", "build_graph", "compile_model", "prepare_out_dir", "selection_summary"]
@@ -45,7 +46,8 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     budget = parse_budget(opts.budget)
     backend = backend_for(opts.emit)  # an unknown --emit fails before any work
     target = load_target(opts.target)
-    with StagedOutput(opts.out) as stage:  # the previous output stays whole until the new one is complete
+    check_budget_size(budget, target)  # `--budget 100GB` fails before tracing
+    with StagedOutput(opts.out) as stage, deadline(opts.time_limit):  # the old output stays whole until the end
         req = Request(opts, budget, target, backend, stage, progress)
         done = run_passes(req)
         stage.commit()

@@ -84,7 +84,7 @@ def compile_local(opts: LocalOptions, progress=None) -> dict:
     budget = parse_budget(opts.budget)
     if budget.nbytes is None:
         raise BudgetError(f"--mode local needs the budget in bytes (like 64MB or 512KiB), not {budget.text!r}: "
-                          "a percentage or min refers to plain backprop's activations, which local learning "
+                          "a percentage or min refers to plain backprop's peak, which local learning "
                           "never holds")
     if opts.cache_dtype not in CACHE_DTYPES:
         raise BudgetError(f"--cache-dtype must be one of {', '.join(CACHE_DTYPES)}, got {opts.cache_dtype!r}")

@@ -106,6 +106,11 @@ class Target:
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
 
     @property
+    def is_mcu(self) -> bool:
+        """Whether the device is a microcontroller: C firmware is all that runs there, within its RAM and flash."""
+        return self.family == "mcu"
+
+    @property
     def gpu(self) -> bool:
         """Whether the device's plans train on a CUDA GPU (a Jetson's), not on its CPU cores."""
         return self.family == "jetson"

@@ -6,7 +6,7 @@ from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.errors import BudgetError
 from edgetrain.compiler.workbench.run import run_plan
 
-CASES = [("small_cnn", 8, "70%"), ("resnet18", 2, "80%")]
+CASES = [("small_cnn", 8, "80%"), ("resnet18", 2, "95%")]
 BASELINES = ("checkmate", "paging", "dtr", "checkpoint")
 
 

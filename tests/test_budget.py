@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from edgetrain.compiler.scheduling.budget import Anchors, Budget, parse_budget, parse_deadline
+from edgetrain.compiler.scheduling.budget import Anchors, Budget, check_feasible, parse_budget, parse_deadline
 from edgetrain.compiler.errors import BudgetError, EdgetrainError
 
 
 def _anchors(fixed: int, activations: int, smallest: int = 1) -> Anchors:
-    return Anchors(fixed_bytes=fixed, activation_peak_bytes=activations, min_feasible_bytes=smallest, store_all=None)
+    return Anchors(fixed_bytes=fixed, activation_peak_bytes=activations, min_feasible_bytes=smallest, store_all=None,
+                   store_all_peak_bytes=fixed + activations)
 
 
 @pytest.mark.parametrize("text, nbytes", [
@@ -33,15 +34,29 @@ def test_absolute_sizes(text, nbytes):
     assert b.resolve(_anchors(10**9, 10**9)) == nbytes
 
 
-def test_percent_is_of_store_all_activations_on_top_of_the_fixed_state():
+def test_percent_is_of_store_all_peak():
     b = parse_budget("40%")
     assert b == Budget(text="40%", percent=40.0)
     assert b.nbytes is None
-    assert b.resolve(_anchors(1000, 10_000)) == 1000 + 4000
-    assert parse_budget("100%").resolve(_anchors(1000, 10_000)) == 11_000  # store-all's peak always fits
-    assert parse_budget("0%").resolve(_anchors(1000, 10_000)) == 1000
+    assert b.resolve(_anchors(1000, 10_000)) == 4400
+    assert parse_budget("100%").resolve(_anchors(1000, 10_000)) == 11_000  # exactly plain backprop's peak
+    assert parse_budget("100%").resolve(_anchors(3, 2_898_197)) == 2_898_200
+    assert parse_budget("0%").resolve(_anchors(1000, 10_000)) == 0
     assert parse_budget("12.5%").resolve(_anchors(0, 800)) == 100
     assert parse_budget(" 150% ").percent == 150.0
+
+
+def test_a_percentage_below_the_smallest_feasible_budget_names_it_in_bytes_and_percent():
+    a = _anchors(1000, 9000, smallest=7071)  # store-all 10000 B: the smallest is 70.71%
+    check_feasible(parse_budget("71%"), 7100, a)  # feasible: no error
+    with pytest.raises(BudgetError) as e:
+        check_feasible(parse_budget("70%"), parse_budget("70%").resolve(a), a)
+    msg = str(e.value)
+    assert "budget 70% = 7000 B" in msg and "7071 B" in msg and "70.7% of plain backprop's peak" in msg
+    assert "--budget 70.8% or more" in msg and "at least 7071B" in msg and "--budget min" in msg
+    assert parse_budget("70.8%").resolve(a) >= a.min_feasible_bytes  # the suggestion is feasible
+    with pytest.raises(BudgetError, match=r"budget 5000 = 5000 B \(50.0% of plain backprop's peak\)"):
+        check_feasible(parse_budget("5000"), 5000, a)
 
 
 @pytest.mark.parametrize("text", ["min", "MIN", " min "])
@@ -63,7 +78,7 @@ def test_garbage_budgets_raise_a_budget_error(text):
 
 
 def test_budget_error_shows_the_accepted_forms():
-    with pytest.raises(BudgetError, match=r"2MB.*512KiB.*40%"):
+    with pytest.raises(BudgetError, match=r"2MB.*512KiB.*80%"):
         parse_budget("two megabytes")
 
 

@@ -446,7 +446,7 @@ def test_module_called_twice(capsys, tmp_path):
 
 def test_compile_run_inspect_happy_path(capsys, tmp_path):
     out = tmp_path / "plan"
-    args = ("compile", "small_cnn", "--target", "rpi4", "--budget", "50%", "--batch-size", "4", "--out", out)
+    args = ("compile", "small_cnn", "--target", "rpi4", "--budget", "80%", "--batch-size", "4", "--out", out)
     rc, stdout, err = _cli(capsys, *args, "--json")
     assert rc == 0, err
     c = json.loads(stdout)

@@ -42,7 +42,7 @@ def _refused(capsys, kind: str, *args) -> str:
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("deploy") / "small"
-    compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="40%", batch_size=BATCH, time_limit=10,
+    compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="85%", batch_size=BATCH, time_limit=10,
                                  out=str(out)))
     return out
 

@@ -33,7 +33,7 @@ def test_backward_reads_running_statistics_from_buffers():
 
 def test_tight_plan_with_recomputed_batch_norm_matches_autograd(tmp_path):
     out = str(tmp_path / "plan")
-    c = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="70%", out=out, batch_size=8,
+    c = compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="80%", out=out, batch_size=8,
                                      time_limit=8.0, scheduler="checkmate"))
     assert c["recomputes"] > 0
     r = run_plan(out, steps=2, check=True)  # parameters and buffers (running statistics) against autograd

@@ -48,7 +48,7 @@ def rt(tmp_path):
 
 
 def test_relu_writes_into_its_dying_operand_and_the_ledger_counts_as_scheduled(rt):
-    x = rt.load_input()
+    x = rt.tensor(rt.load_input())
     want = torch.relu(x)
     state = rt.ledger.live_bytes
     rt.compute("a", ADD, ["input", "input"], attrs={"args": [T(0), T(1)]})
@@ -71,7 +71,7 @@ def test_relu_writes_into_its_dying_operand_and_the_ledger_counts_as_scheduled(r
 
 
 def test_add_writes_into_whichever_operand_dies(rt):
-    x = rt.load_input()
+    x = rt.tensor(rt.load_input())
     rt.compute("a", RELU, ["input"], attrs={"args": [T(0)]})
     rt.compute("b", "aten.neg.default", ["input"], attrs={"args": [T(0)]})
     b = rt.tensor("b")
@@ -83,7 +83,7 @@ def test_add_writes_into_whichever_operand_dies(rt):
 
 @pytest.mark.parametrize("case", ["view", "alpha", "broadcast", "shared", "twice", "not dying", "writing"])
 def test_out_of_place_wherever_in_place_could_be_seen(rt, case):
-    x = rt.load_input()
+    x = rt.tensor(rt.load_input())
     rt.compute("a", "aten.neg.default", ["input"], attrs={"args": [T(0)]})
     a = rt.tensor("a")
     inputs, attrs, op = ["a"], {"args": [T(0)], "dying": [0]}, RELU
@@ -181,7 +181,7 @@ def test_a_gradient_the_node_holds_is_not_written_into(tmp_path):
     save_file({"param/w": torch.ones(4, 3)}, str(tmp_path / "w.safetensors"))
     r = Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cpu", lr=0.1, weight_decay=0.5)
     r.begin_step(torch.randn(4, 3, generator=torch.Generator().manual_seed(4)), torch.zeros(4, dtype=torch.long))
-    x = r.load_input()
+    x = r.tensor(r.load_input())
     held = r.compute("g", "aten.mul.Tensor", ["input", "input"],
                      attrs={"args": [T(0), T(1)], "updates": [{"param": "w", "item": None}]})
     assert torch.equal(held, x * x)  # held by the node: the update read it, never wrote into it

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -187,7 +188,7 @@ def test_greedy_keep_beats_paging_everything_on_resnet18():
     from edgetrain.compiler.scheduling.warmstart import greedy_keep
 
     G = Graph("resnet18", batch=8)
-    b = parse_budget("40%").resolve(anchors(G.g, G.lv, TARGET))
+    b = parse_budget("80%").resolve(anchors(G.g, G.lv, TARGET))
     mine = validate(G.g, build_steps(G.g, G.lv, greedy_keep(G.g, G.lv, TARGET, b)), TARGET, b).energy_j
     pages = validate(G.g, build_steps(G.g, G.lv, page_all(G.g, G.lv, retain=True)), TARGET, b).energy_j
     assert mine < pages - 2.0, (mine, pages)
@@ -371,3 +372,82 @@ def test_rounded_recompute_only_start(resnet18, frac, repaired):
     assert np.array_equal(again.values, r.values)
     draw = highs.solve(recompute_only(pm), time_limit=60, threads=1, solutions=1)
     assert draw.values is not None and r.objective < draw.objective
+
+
+# -- one interface for every solve ----------------------------------------------------------------------------
+
+class Recorder:
+    """A solver backend registered for a test ("recording": HiGHS underneath) that records the kind of every model
+    it is handed, and a count of the HiGHS instances made anywhere: one made outside it is a solve that bypassed
+    the interface."""
+
+    def __init__(self, monkeypatch):
+        from edgetrain.compiler.scheduling.milp import registry
+
+        self.calls: list[str] = []
+        self.made = self.inside = 0
+        make, solve = highs._highs, highs.solve
+
+        def counting(*a, **k):
+            self.made += 1
+            return make(*a, **k)
+
+        def recording(m, **kw):
+            before = self.made
+            r = solve(m, **kw)
+            self.inside += self.made - before
+            self.calls.append("mip" if any(m.integer) else "lp")
+            return r
+
+        monkeypatch.setattr(highs, "_highs", counting)
+        monkeypatch.setitem(registry.SOLVERS, "recording",
+                            registry.Backend("recording", "highspy", "highspy", recording))
+
+    @property
+    def bypassed(self) -> int:
+        return self.made - self.inside
+
+
+def test_every_sub_solve_goes_through_the_solver_it_is_given(mcu_resnet, monkeypatch):
+    """Local branching, the search's windows, the rounding's LP and repairs, the cut rounds' LPs: each solves with
+    the solver it is handed, and no HiGHS instance is made behind its back (a direct HiGHS call would show)."""
+    from edgetrain.compiler.scheduling.cuts import strengthen
+    from edgetrain.compiler.scheduling.heuristics import page_all
+    from edgetrain.compiler.scheduling.milp.registry import Solver
+    from edgetrain.compiler.scheduling.rounding import recompute_start
+    from edgetrain.compiler.scheduling.search import improve, local_branch
+
+    rec = Recorder(monkeypatch)
+    G = mcu_resnet
+    pm = build_poet(G.g, G.lv, TARGET, G.budget(0.1))
+    x0 = pm.vector(page_all(G.g, G.lv, retain=False))
+    solver = Solver("recording")
+    kinds = {}
+    for name, run in (("local branching", lambda: local_branch(pm.milp, x0, 10, 5.0, threads=1, solver=solver)),
+                      ("search", lambda: improve(pm, G.lv, x0, 2.0, threads=1, solver=solver)),
+                      ("rounding", lambda: recompute_start(pm, G.lv, 10.0, threads=1, solver=solver)),
+                      ("cuts", lambda: strengthen(pm, G.lv, seconds=3.0, threads=1, solver=solver))):
+        n = len(rec.calls)
+        run()
+        kinds[name] = set(rec.calls[n:])
+    assert kinds["local branching"] == {"mip"} and kinds["search"] == {"mip"}, kinds
+    assert "lp" in kinds["rounding"] and kinds["cuts"] == {"lp"}, kinds
+    assert rec.made > 0 and rec.bypassed == 0
+    highs.solve(pm.milp, time_limit=1, threads=1)  # what a solve around the interface looks like to the test
+    assert rec.bypassed == 1
+
+
+def test_the_phased_solve_routes_every_solve_through_the_requested_solver(resnet18, monkeypatch):
+    """`--solver X --lns --cuts`: the first and last solves, the probe, the search and the cut rounds all run
+    on X (here a recording backend registered for the test)."""
+    rec = Recorder(monkeypatch)
+    G = resnet18  # its smallest budget is not proven in 8 s, so every phase runs
+    s = run_scheduler(G.g, G.lv, TARGET, G.min, time_limit=8, mip_gap=1e-3, threads=1, lns=0.35, cuts=0.15,
+                      solver="recording")
+    info = s.solver
+    assert info["name"] == "highs" and info["requested"] == "recording"  # HiGHS's result, as the backend returns it
+    assert "LNS" in info["notice"] and info["cuts"]["rounds"] > 0, info
+    searched = int(re.search(r"LNS: (\d+) rounds", info["notice"]).group(1))  # one sub-MIP each
+    assert rec.calls[0] == "mip" and rec.calls.count("mip") >= 1 + searched, (rec.calls, info["notice"])
+    assert rec.calls.count("lp") >= info["cuts"]["rounds"] and rec.bypassed == 0, (rec.calls, rec.made)
+    assert s.report.peak_bytes <= G.min

@@ -15,7 +15,7 @@ from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.workbench.plot import memory_curve, schedule_matrices
 from edgetrain.compiler.workbench.sweep import COLUMNS, SweepOptions, combo_key, read_rows, run_sweep
 
-BUDGETS = ["100%", "60%", "min"]
+BUDGETS = ["100%", "85%", "min"]
 DEADLINES = ["none", "1.2"]
 SCHEDULERS = ["poet", "paging", "dtr"]
 
@@ -120,7 +120,7 @@ def test_resume_solves_only_missing_rows(swept, tmp_path, capsys):
     with open(path) as f:
         lines = f.readlines()
     keep, dropped = [], []
-    want = {combo_key("60%", "none", "poet"), combo_key("min", "1.2", "dtr")}  # one solved, one infeasible
+    want = {combo_key("85%", "none", "poet"), combo_key("min", "1.2", "dtr")}  # one solved, one infeasible
     for line in lines:
         (dropped if json.loads(line)["key"] in want else keep).append(line)
     assert len(dropped) == 2
@@ -162,7 +162,7 @@ def plotted(swept):
 def test_plot_writes_png_and_svg(plotted, capsys):
     out, r = plotted  # plot_sweep(out): the command's defaults
     assert r["solve"] == combo_key("min", "none", "poet")  # POET at the tightest budget by default
-    assert main(["plot", out, "--solve", combo_key("60%", "none", "paging"), "--memory-steps", "--json"]) == 0
+    assert main(["plot", out, "--solve", combo_key("85%", "none", "paging"), "--memory-steps", "--json"]) == 0
     r2 = json.loads(capsys.readouterr().out)
     assert "data" not in r2  # the drawn data is for Python callers, not the command's output
     names = {os.path.basename(p) for p in r["files"] + r2["files"]}
@@ -231,20 +231,20 @@ def test_every_scheduler_is_in_every_panel_and_infeasible_points_are_marked(swep
     inf = r["data"]["energy_vs_budget"]["panels"]["none"]["infeasible"]["dtr"]
     assert ("min", "budget") in [(b, why) for _, b, why in inf]  # DTR cannot page: min is out of its reach
     assert [p[0] for p in inf] == sorted(p[0] for p in inf)
-    assert budget_percent(meta, rows[("60%", "none", "poet")]["budget_bytes"]) == pytest.approx(60, abs=1e-3)
+    assert budget_percent(meta, rows[("85%", "none", "poet")]["budget_bytes"]) == pytest.approx(85, abs=1e-3)
 
 
 def test_versus_budget_has_one_legend_outside_the_axes():
     from edgetrain.compiler.workbench.plot import versus_budget
 
     meta = {"model": "m", "target": "t", "batch_size": 2, "schedulers": ["poet", "dtr"], "deadlines": ["none", "1.2"],
-            "fixed_bytes": 1e6, "activation_peak_bytes": 2e6, "min_feasible_bytes": 1.5e6,
+            "fixed_bytes": 1e6, "activation_peak_bytes": 2e6, "min_feasible_bytes": 1.2e6, "store_all_peak_bytes": 3e6,
             "store_all_energy_j": 1.0, "store_all_time_s": 1.0}
     rows = [{"scheduler": s, "deadline": d, "status": st, "budget": b, "budget_bytes": bb, "energy_j": e,
              "error": None if st == "ok" else "over the deadline"}
-            for s, d, st, b, bb, e in [("poet", "none", "ok", "100%", 3e6, 1.0), ("poet", "none", "ok", "50%", 2e6, 1.01),
-                                       ("dtr", "none", "ok", "100%", 3e6, 1.0), ("dtr", "1.2", "infeasible", "50%", 2e6, None),
-                                       ("poet", "1.2", "ok", "50%", 2e6, 1.02)]]
+            for s, d, st, b, bb, e in [("poet", "none", "ok", "100%", 3e6, 1.0), ("poet", "none", "ok", "50%", 1.5e6, 1.01),
+                                       ("dtr", "none", "ok", "100%", 3e6, 1.0), ("dtr", "1.2", "infeasible", "50%", 1.5e6, None),
+                                       ("poet", "1.2", "ok", "50%", 1.5e6, 1.02)]]
     fig, data = versus_budget(meta, rows, "energy_j", "energy")
     assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
     fig.canvas.draw()
@@ -272,7 +272,7 @@ def test_energy_vs_time_front_is_drawn_from_solved_rows(plotted):
 
     out, r = plotted
     panels = r["data"]["energy_vs_time"]["panels"]
-    assert list(panels) == ["100%", "60%", "min"]  # loosest first
+    assert list(panels) == ["100%", "85%", "min"]  # loosest first
     ok = [x for x in read_rows(out) if x["status"] == "ok"]
     for b, p in panels.items():
         assert len(p["points"]) == sum(x["budget"] == b for x in ok)

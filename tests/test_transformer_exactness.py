@@ -6,6 +6,8 @@ softmax, a permute + .contiguous() copy). rpi4 makes paging cheap, jetson-agx-or
 cheap, so both kinds of schedule run. The runtime's kernels are autograd's aten ops (flash attention
 included), so the error must be exactly 0, and no operand view may have needed a copy.
 """
+import re
+
 import pytest
 
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
@@ -13,10 +15,10 @@ from edgetrain.compiler.workbench.run import run_plan
 
 HAND = "tests.transformer_models:hand_attention"
 CASES = [
-    ("bert_tiny", "rpi4", "100%"), ("bert_tiny", "rpi4", "70%"), ("bert_tiny", "rpi4", "50%"),
-    ("gpt_tiny", "rpi4", "100%"), ("gpt_tiny", "rpi4", "70%"), ("gpt_tiny", "rpi4", "50%"),
-    ("bert_tiny", "jetson-agx-orin", "40%"), ("gpt_tiny", "jetson-agx-orin", "50%"),
-    (HAND, "rpi4", "100%"), (HAND, "rpi4", "88%"),  # the smallest feasible budget is ~86% of store-all here
+    ("bert_tiny", "rpi4", "100%"), ("bert_tiny", "rpi4", "80%"), ("bert_tiny", "rpi4", "65%"),
+    ("gpt_tiny", "rpi4", "100%"), ("gpt_tiny", "rpi4", "75%"), ("gpt_tiny", "rpi4", "60%"),
+    ("bert_tiny", "jetson-agx-orin", "60%"), ("gpt_tiny", "jetson-agx-orin", "60%"),
+    (HAND, "rpi4", "100%"), (HAND, "rpi4", "80%"),  # the smallest feasible budget is ~72% of store-all here
 ]
 BATCH = {"bert_tiny": 4, "gpt_tiny": 4, HAND: 16}
 
@@ -42,19 +44,18 @@ def test_recompute_schedule_recomputes_transformer_ops(tmp_path):
     """The recompute-heavy schedule really recomputes (incl. layer norm, whose statistics come from the
     first compute), so exactness above covers recomputed transformer ops."""
     out = str(tmp_path / "plan")
-    c = compile_model(CompileOptions(model="gpt_tiny", target="jetson-agx-orin", budget="50%", out=out,
+    c = compile_model(CompileOptions(model="gpt_tiny", target="jetson-agx-orin", budget="60%", out=out,
                                      batch_size=4, time_limit=8.0))
     assert c["recomputes"] > 0
     plan = open(f"{out}/plan.py").read()
-    assert any(line.strip().startswith("rt.recompute(") and "aten.native_layer_norm.default" in line
-               for line in plan.splitlines())
+    assert re.search(r"= rt\.recompute\(\s*\"\w+\", aten\.native_layer_norm\.default,", plan)
 
 
 def test_dropout_in_a_decoder_is_replayed_exactly(tmp_path):
     """Dropout after each FFN (p=0.1): the runtime draws each mask from its seed, step and module, and the
     reference draws the same masks."""
     out = str(tmp_path / "plan")
-    c = compile_model(CompileOptions(model="gpt_tiny", target="jetson-agx-orin", budget="50%", out=out,
+    c = compile_model(CompileOptions(model="gpt_tiny", target="jetson-agx-orin", budget="60%", out=out,
                                      batch_size=4, time_limit=8.0, model_kwargs={"dropout": 0.1}))
     plan = open(f"{out}/plan.py").read()
     assert c["recomputes"] > 0 and "aten.native_dropout.default" in plan

@@ -138,7 +138,7 @@ def test_random_token_batches():
 
 def test_cli_compiles_and_runs_a_decoder(tmp_path, capsys):
     out = tmp_path / "gpt"
-    rc = cli.main(["compile", "gpt_tiny", "--target", "rpi4", "--budget", "60%", "--batch-size", "2",
+    rc = cli.main(["compile", "gpt_tiny", "--target", "rpi4", "--budget", "75%", "--batch-size", "2",
                    "--time-limit", "5", "--out", str(out), "--json"])
     c = json.loads(capsys.readouterr().out)
     assert rc == 0 and c["ok"] and c["model"] == "gpt_tiny"

@@ -105,3 +105,25 @@ class TiedHead(nn.Module):
 
 def tied_head() -> nn.Module:
     return TiedHead()
+
+
+class PaddedLabelsLM(nn.Module):
+    """A token model that shifts its labels as Hugging Face's causal LMs do: pad with -100, drop the first. The
+    padded labels are a forward tensor made of the labels, which live only until their last forward reader."""
+
+    input_shape, input_dtype, input_high, num_classes, labels_shape = (8,), "int64", 40, 40, (8,)
+
+    def __init__(self, hidden: int = 32) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(40, hidden)
+        self.mid = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, 40)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(torch.tanh(self.mid(self.tok(ids))))
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        return F.cross_entropy(logits.flatten(0, 1), shifted.flatten(), ignore_index=-100)
+
+
+def padded_labels_lm() -> nn.Module:
+    return PaddedLabelsLM()

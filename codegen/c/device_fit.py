@@ -85,7 +85,7 @@ def board_stack_bytes(target) -> int:
 
 def applies(target) -> bool:
     """Device limits hold for microcontrollers: the firmware is all that runs there."""
-    return getattr(target, "family", None) == "mcu"
+    return target.is_mcu
 
 
 def device_budget(target, io_bytes: int = 0) -> int | None:

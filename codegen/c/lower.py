@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from edgetrain.runtime.python.aten_call import resolve
+from edgetrain.runtime.python.optimizers import c_refusal
 
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.graph.ir import Node, TrainingGraph  # the graph it lowers
@@ -84,11 +85,9 @@ def _redraw_dropout_masks(nodes: list[Node]) -> list[Node]:
 
 
 def _check_optimizer(g: TrainingGraph) -> None:
-    o = g.optimizer
-    if o.name != "sgd" or o.nesterov:
-        raise UnsupportedModelError(
-            f"--emit c: the C runtime trains with SGD (momentum, weight decay), not {o.name}"
-            f"{' with Nesterov momentum' if o.nesterov else ''}; use --optimizer sgd or --emit python")
+    problem = c_refusal(g.optimizer.to_json())  # the optimizer's unit names its C kernel, if it has one
+    if problem:
+        raise UnsupportedModelError(f"--emit c: {problem}")
 
 
 def _as_c(n: Node) -> Node:

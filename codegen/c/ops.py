@@ -24,6 +24,8 @@ from typing import Callable
 
 import torch
 
+from edgetrain.runtime.python.optimizers import OPTIMIZERS
+
 
 BATCH_NORM = "aten._native_batch_norm_legit_functional.default"
 DROPOUT, DROPOUT_BACKWARD = "aten.native_dropout.default", "aten.native_dropout_backward.default"
@@ -361,12 +363,13 @@ C_OPS: dict[str, CKernel] = {
 ALSO = "views (flatten, reshape, channel slices at batch 1); SGD with momentum and weight decay"
 
 
-OPTIMIZER_SOURCE = "sgd"  # every parameter's update, whichever op makes its gradient
+# every parameter's update, whichever op makes its gradient: the C kernels the optimizer units name
+OPTIMIZER_SOURCES = {u.c_kernel for u in OPTIMIZERS.values() if u.c_kernel}
 
 
 def kernel_sources() -> tuple[str, ...]:
     """Every kernel source a C firmware compiles, as paths under runtime/c: each op's, and the optimizer's."""
-    stems = {s for k in C_OPS.values() for s in k.source_files} | {OPTIMIZER_SOURCE}
+    stems = {s for k in C_OPS.values() for s in k.source_files} | OPTIMIZER_SOURCES
     return tuple(f"kernels/{s}.c" for s in sorted(stems))
 
 

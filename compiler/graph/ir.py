@@ -12,6 +12,8 @@ from typing import Literal
 
 import networkx as nx
 
+from edgetrain.runtime.python.optimizers import OPTIMIZERS, state_names, step_counter_bytes
+
 DTYPE_BYTES = {"float32": 4, "int64": 8, "int32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int16": 2,
                "int8": 1, "uint8": 1, "bool": 1}
 LOSSES = ("cross_entropy", "mse", "model")  # what TrainingGraph.loss may be (or a user's path/file.py:fn)
@@ -132,17 +134,34 @@ class TensorSpec:
         return n * DTYPE_BYTES[self.dtype]
 
 
+_SGD, _ADAM = OPTIMIZERS["sgd"].defaults, OPTIMIZERS["adam"].defaults
+# What a setting that the optimizer does not take is stored as (a schedule names every field).
+_NOT_TAKEN = {"momentum": 0.0, "nesterov": False}
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The user's optimizer: "sgd" (momentum, weight decay, Nesterov), "adam" or "adamw"."""
+    """The user's optimizer: a unit of `runtime/python/optimizers` by name and its settings. Build one with
+    `OptimizerConfig.of(name, **given)`: the unit's defaults for what is not given. The fields' own defaults are
+    SGD's (and Adam's betas and eps)."""
 
     name: str = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    nesterov: bool = False
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    lr: float = _SGD["lr"]
+    momentum: float = _SGD["momentum"]
+    weight_decay: float = _SGD["weight_decay"]
+    nesterov: bool = _SGD["nesterov"]
+    betas: tuple[float, float] = _ADAM["betas"]
+    eps: float = _ADAM["eps"]
+
+    @staticmethod
+    def of(name: str, **given) -> "OptimizerConfig":
+        """`name`'s settings: `given`, else its unit's defaults; settings it does not take switched off."""
+        unit = OPTIMIZERS[name]
+        foreign = sorted(set(given) - set(unit.defaults))
+        if foreign:
+            raise ValueError(f"{name} takes no {', '.join(foreign)} (its settings: {', '.join(unit.defaults)})")
+        off = {k: v for k, v in _NOT_TAKEN.items() if k not in unit.defaults}
+        return OptimizerConfig(name=name, **{**off, **unit.defaults, **given})
 
     def to_json(self) -> dict:
         return {**asdict(self), "betas": list(self.betas)}
@@ -206,10 +225,8 @@ class TrainingGraph:
 
     @property
     def optimizer_bytes(self) -> int:
-        """Optimizer state: per trainable parameter, its state tensors and (Adam) a 4-byte step count, as the
+        """Optimizer state: per trainable parameter, its state tensors and (Adam, Adagrad) a 4-byte step count, as the
         runtime's optimizer allocates them."""
-        from edgetrain.runtime.python.optim import state_names, step_counter_bytes
-
         config = self.optimizer.to_json()
         per, counter = len(state_names(config)), step_counter_bytes(config)
         return sum(per * self.params[p].bytes + counter for p in self.trainable_params)

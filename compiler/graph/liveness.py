@@ -100,7 +100,10 @@ def analyze(g: TrainingGraph) -> Liveness:
     for name in decision:
         node = g.node(name)
         if node.recomputable:
-            recompute_until[name] = min(window_end[name], update_stage.get(name, T))
+            # An operand with a fixed life (the labels; nothing a schedule decides about) is gone after its last
+            # reader: a recompute after that would read a freed tensor.
+            fixed = [end[r.name] for r in node.inputs if r.name not in dset and size.get(r.name, 0)]
+            recompute_until[name] = min([window_end[name], update_stage.get(name, T)] + fixed)
     needs = {t: [r.name for r in g.nodes[t].inputs if r.name in dset] for t in range(L + 1, T)}
     needs = {t: list(dict.fromkeys(v)) for t, v in needs.items()}
     inputs_of = {name: list(dict.fromkeys(r.name for r in g.node(name).inputs if r.name in dset))

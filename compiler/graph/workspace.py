@@ -35,7 +35,7 @@ def _bytes(t) -> int:
 def applies(target) -> bool:
     """Kernel scratch is counted for the targets torch's kernels train on (Raspberry Pi, Jetson, host); a
     microcontroller profile's graph models its C kernels, which have none, even in a Python plan."""
-    return getattr(target, "family", None) != "mcu"
+    return not target.is_mcu
 
 
 def scratch_threads(target) -> int:

@@ -16,6 +16,7 @@ import jsonschema
 from edgetrain.compiler import __version__
 from edgetrain.compiler.errors import ScheduleFormatError
 from edgetrain.runtime.python.integrity import json_checksum
+from edgetrain.runtime.python.optimizers import OPTIMIZERS
 
 FORMAT = "edgetrain.schedule"
 # 2: a `mode` field ("poet" or "local") and the local-learning section (`local`: layers, heads, partition).
@@ -24,7 +25,10 @@ FILENAME = "schedule.json"
 
 
 def _schema() -> dict:
-    return json.loads(resources.files(__package__).joinpath("schema.json").read_text())
+    schema = json.loads(resources.files(__package__).joinpath("schema.json").read_text())
+    # An optimizer is one the runtime has a unit for (runtime/python/optimizers), not a list kept here.
+    schema["properties"]["graph"]["properties"]["optimizer"]["properties"]["name"] = {"enum": list(OPTIMIZERS)}
+    return schema
 
 
 def _checksum(body: dict) -> str:

@@ -45,6 +45,7 @@ import numpy as np
 
 from edgetrain.compiler.graph.liveness import Liveness
 from .milp.model import merge_terms
+from .milp.registry import Solver
 from .poet import PoetModel
 
 
@@ -195,7 +196,7 @@ def separate_memory(pm: PoetModel, lv: Liveness, x: np.ndarray, *, tol: float = 
 
 def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0, max_rounds: int = 40,
                threads: int | None = None, warm_start: np.ndarray | None = None,
-               memory_cuts: bool = True) -> tuple[PoetModel, CutReport]:
+               memory_cuts: bool = True, solver: Solver | str = "auto") -> tuple[PoetModel, CutReport]:
     """Rounds of LP solve + separation for at most `seconds`; returns the model with the cuts added (a new
     SparseMILP, the input is left as it is). A cut the warm start violates is left out, so the warm start
     (a feasible schedule, maybe with a redundant recompute) stays usable. `memory_cuts=False` separates window
@@ -204,12 +205,10 @@ def strengthen(pm: PoetModel, lv: Liveness, *, seconds: float, then: float = 0.0
     `then`: the seconds the caller has after this for a solve on the model with the cuts. When 8 times the plain
     LP does not fit in `then`, that solve could not finish its root with the cuts (a MILP root re-solves its LP
     many times), so the rounds may take that time too: each round's LP is a proven bound, and the report says so
-    (`took_then`). Each re-solve starts cold (LpSession). No re-solve starts with less than 3 times the previous
+    (`took_then`). Each re-solve starts cold (HiGHS's LpSession; other solvers solve each LP anew). No re-solve starts with less than 3 times the previous
     one's time left: the caller gets that time back."""
-    from .milp.highs import LpSession
-
     t0 = time.perf_counter()
-    lp = LpSession(pm.milp, threads=threads)
+    lp = Solver.of(solver).lp(pm.milp, threads=threads)
     added: list[list[tuple[int, float]]] = []
     seen: set[tuple] = set()
     first = last = None

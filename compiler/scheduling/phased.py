@@ -9,6 +9,7 @@ import numpy as np
 
 from edgetrain.compiler.graph.liveness import Liveness
 
+from .milp.registry import Solver
 from .poet import PoetModel, without_redundant_holds
 from .rounding import recompute_start
 from .search import improve, recompute_only
@@ -27,7 +28,7 @@ REDO = 1.5
 
 
 
-def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float, mip_gap: float,
+def solve_phased(solver: Solver | str, pm: PoetModel, lv: Liveness, *, time_limit: float, mip_gap: float,
                  warm_start: np.ndarray | None, threads: int | None, lns: float, cuts: float = 0.0):
     """Full solve for FIRST_SHARE of the time; if it did not finish, in order:
 
@@ -42,13 +43,14 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
 
     The first solve and the search stay on the plain model: the cut rows cost them their incumbents.
     The reported bound is the largest proven one (the LP with cuts among them) and the gap is the best
-    incumbent's against it.
+    incumbent's against it. Every solve, the sub-solves included, goes through `solver` (its fallbacks' notices
+    are reported once each).
     """
     from .cuts import strengthen
-    from .milp.registry import solve_with
 
     t0 = time.perf_counter()
-    first = solve_with(solver, pm.milp, time_limit=FIRST_SHARE * time_limit, mip_gap=mip_gap, warm_start=warm_start,
+    solver = Solver.of(solver)
+    first = solver.solve(pm.milp, time_limit=FIRST_SHARE * time_limit, mip_gap=mip_gap, warm_start=warm_start,
                        threads=threads)
     if first.status in ("optimal", "infeasible", "error") or lns <= 0:
         return first
@@ -62,11 +64,11 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
         # schedules of the full model), in the search's time. Its LP rounded first (deterministic); the
         # restriction as a MIP (feasibility jump's draw, by the seed) only where that finds nothing.
         began = time.perf_counter()
-        rounding = recompute_start(pm, lv, PROBE_SHARE * time_limit, threads=threads)
+        rounding = recompute_start(pm, lv, PROBE_SHARE * time_limit, threads=threads, solver=solver)
         found = rounding.values
         left = PROBE_SHARE * time_limit - (time.perf_counter() - began)
         if found is None and left > 1.0:
-            probe = solve_with(solver, recompute_only(pm), time_limit=left, mip_gap=mip_gap, threads=threads)
+            probe = solver.solve(recompute_only(pm), time_limit=left, mip_gap=mip_gap, threads=threads)
             found = probe.values
         search = max(search - (time.perf_counter() - began), 0.0)
         if found is not None and pm.milp.is_feasible(found) and pm.milp.objective(found) < pm.milp.objective(start):
@@ -78,7 +80,7 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
     if cuts > 0:
         start = without_redundant_holds(pm, lv, start)
         with_cuts, report = strengthen(pm, lv, seconds=cuts * time_limit, then=reserve, threads=threads,
-                                       warm_start=start)
+                                       warm_start=start, solver=solver)
         bounds.append(report.lp_after)
         if report.took_then:
             reserve, planned = 0.0, False
@@ -89,7 +91,8 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
         # the first's, so the search takes its time.
         reserve, planned, repeat = 0.0, False, True
     # The search gets its share and what the cuts left unused (of theirs, and of the last solve's if they took it).
-    local = improve(pm, lv, start, max(time_limit - (time.perf_counter() - t0) - reserve, 0.0), threads=threads)
+    local = improve(pm, lv, start, max(time_limit - (time.perf_counter() - t0) - reserve, 0.0), threads=threads,
+                    solver=solver)
     if final is not pm:
         clean = without_redundant_holds(pm, lv, local.values)
         local = replace(local, values=clean, objective=pm.milp.objective(clean))
@@ -99,8 +102,8 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
     left = time_limit - (time.perf_counter() - t0)
     last = first  # when the cut rounds or the search took the last solve's time, there is none
     if planned or left > 0.5:
-        last = solve_with(solver, final.milp, time_limit=max(left, 0.1), mip_gap=mip_gap,
-                          warm_start=local.values, threads=threads)
+        last = solver.solve(final.milp, time_limit=max(left, 0.1), mip_gap=mip_gap,
+                            warm_start=local.values, threads=threads)
         bounds.append(last.bound)
     runs = [r for r in (first, last) if r.values is not None]
     best = min(runs, key=lambda r: r.objective) if runs else last
@@ -114,7 +117,7 @@ def solve_phased(solver: str, pm: PoetModel, lv: Liveness, *, time_limit: float,
         "time_limit" if values is not None or last.status == "time_limit" else last.status)
     out = replace(last, values=values, objective=objective, bound=bound, gap=gap, status=status,
                   seconds=time.perf_counter() - t0)
-    notes = [out.notice]
+    notes = list(solver.notices)  # the fallbacks of every solve, the main ones' and the sub-solves'
     if rounding is not None:
         notes.append(rounding.note())
     if probe is not None:

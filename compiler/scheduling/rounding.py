@@ -25,7 +25,7 @@ import numpy as np
 
 from edgetrain.compiler.graph.liveness import Liveness
 
-from .milp import highs
+from .milp.registry import Solver
 from .poet import PoetModel
 from .search import recompute_only
 from .steps import Decisions
@@ -97,11 +97,13 @@ def over_budget(pm: PoetModel, lv: Liveness, d: Decisions) -> list[int]:
     return [t for t in range(lv.T) if held[t] > budget - lv.static[t]]
 
 
-def recompute_start(pm: PoetModel, lv: Liveness, seconds: float, threads: int | None = None) -> RoundedStart:
+def recompute_start(pm: PoetModel, lv: Liveness, seconds: float, threads: int | None = None,
+                    solver: Solver | str = "auto") -> RoundedStart:
     """Steps 1 and 2 above within `seconds` (the LP, then the repair with what is left)."""
     t0 = time.perf_counter()
+    solver = Solver.of(solver)
     only = recompute_only(pm)
-    lp = highs.LpSession(only, threads=threads).solve(seconds)
+    lp = solver.lp(only, threads=threads).solve(seconds)
     if lp is None:
         return RoundedStart(None, None, None, None, 0, "no LP", 0, time.perf_counter() - t0)
     bound, x = lp
@@ -129,7 +131,7 @@ def recompute_start(pm: PoetModel, lv: Liveness, seconds: float, threads: int | 
         if left <= 0.1 or chain in tried:
             break
         tried.append(chain)
-        res = _repair(pm, only, xr, chain, left, threads)
+        res = _repair(pm, only, xr, chain, left, threads, solver)
         status = res.status
         if res.values is not None and pm.milp.is_feasible(np.round(res.values)):
             x1 = np.round(res.values)
@@ -139,7 +141,8 @@ def recompute_start(pm: PoetModel, lv: Liveness, seconds: float, threads: int | 
                         "first schedule" if best is not None else status, freed, time.perf_counter() - t0)
 
 
-def _repair(pm: PoetModel, only, xr: np.ndarray, chain: set[str], seconds: float, threads: int | None):
+def _repair(pm: PoetModel, only, xr: np.ndarray, chain: set[str], seconds: float, threads: int | None,
+            solver: Solver):
     """The restriction with the K, S and R of every tensor outside `chain` fixed at `xr`: its first schedule."""
     fixed = np.zeros(pm.milp.n_vars, dtype=bool)
     for i, j in pm.K.items():
@@ -151,4 +154,4 @@ def _repair(pm: PoetModel, only, xr: np.ndarray, chain: set[str], seconds: float
     sub = replace(only, lower=list(lower), upper=list(upper))
     # The first schedule of the sub-MIP (feasibility jump's, on ResNet-50 in 2-3 s) is the start: its root bound is
     # the restriction's LP again, so proving more would take the rest of the time for nothing.
-    return highs.solve(sub, time_limit=max(seconds, 0.1), threads=threads, solutions=1)
+    return solver.solve(sub, time_limit=max(seconds, 0.1), threads=threads, solutions=1)

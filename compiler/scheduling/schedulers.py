@@ -13,12 +13,13 @@ import numpy as np
 from .steps import Decisions, Step, build_steps
 from .budget import min_budget
 from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
-from edgetrain.compiler.errors import BudgetError, ValidationError
+from edgetrain.compiler.errors import BudgetError, InternalError, OverBudgetError, ValidationError
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import Liveness
 from .phased import solve_phased
 from .milp.registry import solve_with
 from .poet import build as build_poet, without_redundant_holds
+from .clock import clamp
 from .validator import Report, validate
 from .warmstart import best_start
 
@@ -67,9 +68,11 @@ def _heuristic(g, lv, scheduler: str, target, budget_bytes: int, deadline_s: flo
     for d in options:
         try:
             s = _finish(g, lv, scheduler, d, target, budget_bytes, none)
-        except ValidationError as e:
+        except OverBudgetError as e:
             err = e
             continue
+        except ValidationError as e:
+            raise InternalError(f"the {scheduler} schedule it built breaks the memory model", e) from e
         if deadline_s is not None and s.report.time_s > deadline_s * (1 + 1e-9):
             raise BudgetError(f"the {scheduler} schedule takes {s.report.time_s:.6g} s, over the deadline of "
                               f"{deadline_s:.6g} s; use --scheduler poet or relax --deadline.")
@@ -89,6 +92,7 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
+    time_limit = clamp(time_limit)  # what the compile's --time-limit leaves: the shares below are of it
     smallest = min_budget(lv)
     if budget_bytes < smallest:
         raise BudgetError(
@@ -114,10 +118,14 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
                               seconds=START_SHARE * time_limit)
     if kept is not None:
         options["greedy-keep"] = kept.decisions
+    broken: dict[str, str] = {}  # heuristics whose schedule the validator refused for anything but the budget
     for name, d in options.items():
         try:
             s = _finish(g, lv, name, d, target, budget_bytes, none)
-        except ValidationError:
+        except OverBudgetError:
+            continue
+        except ValidationError as e:
+            broken[name] = str(e)  # a bug in that heuristic: the others and the solve go on without it
             continue
         if deadline_s is None or s.report.time_s <= deadline_s * (1 + 1e-9):
             fitting.append(s)
@@ -155,8 +163,14 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
                 info["gap"] = max(0.0, (info["objective"] - info["bound"]) / abs(info["objective"]))
             info["note"] = (f"dropped {changed} page-ins, recomputes or page-outs the solution does not need "
                             "(within the solver's gap)")
-        chosen = _finish(g, lv, "milp", model.decisions(x, lv), target, budget_bytes, info)
-        if deadline_s is not None and chosen.report.time_s > deadline_s * (1 + 1e-9):
+        try:
+            chosen = _finish(g, lv, "milp", model.decisions(x, lv), target, budget_bytes, info)
+        except ValidationError as e:  # the MILP and the validator disagree: a bug; a heuristic's schedule may do
+            if best is None:
+                raise InternalError("the solver's schedule breaks the memory model", e) from e
+            info["note"] = f"the solver's schedule was refused by the validator ({e}), an edgetrain bug; not kept"
+            chosen = None
+        if chosen is not None and deadline_s is not None and chosen.report.time_s > deadline_s * (1 + 1e-9):
             # Within the solver's tolerances but over the deadline as the validator counts it: not kept.
             info["note"] = (f"the solver's schedule takes {chosen.report.time_s:.6g} s, over the deadline "
                             f"{deadline_s:.6g} s by less than its tolerance; not kept")
@@ -164,6 +178,11 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     if best is not None and (chosen is None or best.report.energy_j < chosen.report.energy_j - 1e-15):
         best.solver = info
         chosen = best
+    if broken and chosen is not None:
+        chosen.solver["broken_heuristics"] = broken  # kept in the output: what to report
+    if chosen is None and broken and res.status != "infeasible":
+        name, why = next(iter(broken.items()))
+        raise InternalError(f"the {name} schedule it built breaks the memory model and the solver found none", why)
     if chosen is None:
         if res.status == "infeasible" and not paging:
             raise BudgetError(f"no recompute-only (Checkmate) schedule fits {budget_bytes} B; the input batch "

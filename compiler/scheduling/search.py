@@ -17,8 +17,8 @@ import numpy as np
 
 from edgetrain.compiler.graph.liveness import Liveness
 
-from .milp import highs
 from .milp.model import SparseMILP
+from .milp.registry import Solver
 from .poet import PoetModel
 
 
@@ -63,17 +63,19 @@ def stages(pm: PoetModel) -> np.ndarray:
     return out
 
 
-def local_branch(m: SparseMILP, x: np.ndarray, radius: int, seconds: float, threads: int | None = None):
+def local_branch(m: SparseMILP, x: np.ndarray, radius: int, seconds: float, threads: int | None = None,
+                 solver: Solver | str = "auto"):
     """Solve `m` with one more row: at most `radius` binaries differ from `x`. Any solution is one of `m`."""
     row = [(j, -1.0 if x[j] > 0.5 else 1.0) for j in range(m.n_vars) if m.integer[j]]
     ones = sum(1 for _, v in row if v < 0)
     near = m.with_rows([row], hi=float(radius - ones))
-    return highs.solve(near, time_limit=seconds, mip_gap=1e-6, warm_start=x, threads=threads)
+    return Solver.of(solver).solve(near, time_limit=seconds, mip_gap=1e-6, warm_start=x, threads=threads)
 
 
 def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, window: float = 0.1,
             stage_window: float = 0.15, round_limit: float = 2.0, radius: int = 80, turn: float = 5.0,
-            keep_turn: float = 0.03, threads: int | None = None, seed: int = 0) -> LnsResult:
+            keep_turn: float = 0.03, threads: int | None = None, seed: int = 0,
+            solver: Solver | str = "auto") -> LnsResult:
     """Improve the incumbent `x0` for `seconds` with two kinds of moves, in turns of about `turn` seconds:
 
     - local branching: the whole model, within `radius` binaries of the incumbent (one solve per turn);
@@ -91,6 +93,7 @@ def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, wind
     gain more where its LP is slow or at the smallest budgets: hence the turns. Figures: docs/solver.md.
     """
     t0 = time.perf_counter()
+    solver = Solver.of(solver)
     m = pm.milp
     rng = np.random.default_rng(seed)
     own, when = owners(pm, lv), stages(pm)
@@ -128,7 +131,7 @@ def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, wind
         if kind == "branch":
             rounds += 1
             branched += 1
-            if better(local_branch(m, x, radius, min(left, turn), threads)):
+            if better(local_branch(m, x, radius, min(left, turn), threads, solver)):
                 since, misses, gained = 0, 0, True
             else:
                 misses += 1
@@ -147,8 +150,8 @@ def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, wind
                 sub = replace(m, lower=list(np.where(free, lower, x)), upper=list(np.where(free, upper, x)))
                 rounds += 1
                 since += 1
-                if better(highs.solve(sub, time_limit=min(left, round_limit), mip_gap=1e-6, warm_start=x,
-                                      threads=threads)):
+                if better(solver.solve(sub, time_limit=min(left, round_limit), mip_gap=1e-6, warm_start=x,
+                                       threads=threads)):
                     since = 0
             wait = max(0, wait - 1) if best < before else wait
         rate[kind] = (before - best) / max(time.perf_counter() - start, 1e-9)

@@ -12,7 +12,10 @@ from __future__ import annotations
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import analyze
 
+from .clock import clamp
 from .milp.registry import solve_with
+
+STREAM_SHARE = 0.25  # of the time the compile has left, for each of the two streaming solves
 from .poet import build as build_poet
 
 
@@ -23,6 +26,7 @@ def choose_streamed(g: TrainingGraph, target, budget_bytes: int, candidates: dic
     `need_bytes` of them: `proposed` (the rule's) unless another choice costs less energy; None when the MILP
     finds no solution at all. Also the solver's reports."""
     lv = analyze(g)
+    time_limit = STREAM_SHARE * clamp(time_limit)  # each of its two solves: the schedule's solve comes after them
     model = build_poet(g, lv, target, budget_bytes, deadline_s, stream=candidates, stream_need=need_bytes)
     res = solve_with(solver, model.milp, time_limit=time_limit)
     if res.values is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgetrain.compiler.errors import ValidationError
+from edgetrain.compiler.errors import OverBudgetError, ValidationError
 from edgetrain.compiler.graph.costs import stream_in
 from edgetrain.compiler.graph.ir import TrainingGraph
 
@@ -54,8 +54,8 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
     recomputes = page_ins = page_outs = paged = 0
     last_stage = -1
 
-    def fail(k: int, step, msg: str) -> ValidationError:
-        return ValidationError(f"step {k} (stage {step.stage}, {step.action} {step.tensor}): {msg}")
+    def fail(k: int, step, msg: str, kind=ValidationError) -> ValidationError:
+        return kind(f"step {k} (stage {step.stage}, {step.action} {step.tensor}): {msg}")
 
     for k, st in enumerate(steps):
         if st.stage < last_stage:
@@ -85,7 +85,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
             new = n.bytes + (n.aux_bytes if st.action == "compute" else 0)
             at_node = live + new + n.workspace_bytes
             if budget_bytes is not None and at_node > budget_bytes:
-                raise fail(k, st, f"memory {at_node} B exceeds the budget of {budget_bytes} B")
+                raise fail(k, st, f"memory {at_node} B exceeds the budget of {budget_bytes} B", OverBudgetError)
             if at_node > peak:
                 peak, peak_stage = at_node, st.stage
             stage_peaks[st.stage] = max(stage_peaks[st.stage], at_node)
@@ -121,7 +121,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
                 raise fail(k, st, "page-in of a tensor that is resident")
             b = g.nodes[index[st.tensor]].bytes
             if budget_bytes is not None and live + b > budget_bytes:
-                raise fail(k, st, f"memory {live + b} B exceeds the budget of {budget_bytes} B")
+                raise fail(k, st, f"memory {live + b} B exceeds the budget of {budget_bytes} B", OverBudgetError)
             resident[st.tensor] = b
             paged_in.add(st.tensor)
             live += b

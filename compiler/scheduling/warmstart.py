@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from .steps import Decisions, build_steps, on_demand
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import Liveness
+from edgetrain.compiler.errors import ValidationError
+from .clock import expired
 from .validator import validate
 
 # Drop orders: (name, score of a tensor from its bytes, the energy of bringing it back once, its backward
@@ -87,9 +89,10 @@ def _evaluate(g, lv, target, keep, paging, retain, tally: list[int] | None = Non
         tally[0] += 1
     try:
         d = _schedule(g, lv, target, keep, paging, retain)
-    except ValueError:
+        # Refused without a budget: this order's schedule is one the runtime could not run; never a start.
+        return d, validate(g, build_steps(g, lv, d), target, None)
+    except (ValueError, ValidationError):
         return None
-    return d, validate(g, build_steps(g, lv, d), target, None)
 
 
 def _jitter(seed: int, name: str) -> float:
@@ -107,7 +110,8 @@ def _backward_uses(lv) -> dict[str, int]:
 
 
 def _greedy(g, lv, target, budget_bytes, paging, retain, order: str = "bytes-per-joule",
-            seed: int | None = None, batch: bool = False, tally: list[int] | None = None) -> Start | None:
+            seed: int | None = None, batch: bool = False, tally: list[int] | None = None,
+            until: float | None = None) -> Start | None:
     """One drop order. `batch`: at the stage over the budget, drop as many tensors as cover its excess at once
     (fewer validations; the refill pass takes back what was dropped beyond need)."""
     score = ORDERS[order]
@@ -116,6 +120,8 @@ def _greedy(g, lv, target, budget_bytes, paging, retain, order: str = "bytes-per
     dropped: list[str] = []
     uses = _backward_uses(lv)
     for n in range(len(lv.decision) + 1):
+        if (until is not None and time.perf_counter() > until) or expired():
+            return None  # out of its time (a large model at its smallest budget validated for minutes)
         found = _evaluate(g, lv, target, keep, paging, retain, tally)
         if found is None:
             return None
@@ -168,8 +174,8 @@ def refill(g, lv, target, budget_bytes: int, start: Start, paging: bool, retain:
 def best_start(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, paging: bool = True,
                retain: bool = True, seconds: float | None = None) -> tuple[Start | None, dict]:
     """The cheapest feasible greedy start over every drop order, refilled; and what it cost: {"starts",
-    "evaluations", "seconds", "order"}. `seconds`: no further order is started once they have taken that long
-    (the first order always runs), so the starts' time stays within a share of a solve's time limit."""
+    "evaluations", "seconds", "order"}. `seconds`: no order runs past that time (the first one is stopped too,
+    without a start), so the starts' time stays within a share of a solve's time limit."""
     t0 = time.perf_counter()
     found: list[Start] = []
     tried, tally = 0, [0]
@@ -177,7 +183,8 @@ def best_start(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, pag
         if tried and seconds is not None and time.perf_counter() - t0 > seconds:
             break
         tried += 1
-        s = _greedy(g, lv, target, budget_bytes, paging, retain, order, seed, batch, tally)
+        s = _greedy(g, lv, target, budget_bytes, paging, retain, order, seed, batch, tally,
+                    None if seconds is None else t0 + seconds)
         if s is not None:
             tally[0] += min(REFILL_TRIES, len(s.dropped))
             found.append(refill(g, lv, target, budget_bytes, s, paging, retain))

@@ -7,10 +7,10 @@ import math
 import re
 import sys
 
-from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.compiler.errors import EdgetrainError, InternalError, ValidationError
 from edgetrain.codegen.backends import EMITS
 from edgetrain.compiler.graph.ir import LOSSES, OptimizerConfig
-from edgetrain.runtime.python.optim import OPTIMIZERS
+from edgetrain.runtime.python.optimizers import DEFAULT as DEFAULT_OPTIMIZER, OPTIMIZERS
 from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICES
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
 
@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
     c.add_argument("--target", required=True)
     c.add_argument("--budget", default="auto",
-                   help="2MB, 512KiB, 1.5GB, B%% of store-all's activations, min (the smallest feasible budget) or "
+                   help="2MB, 512KiB, 1.5GB, B%% of plain backprop's peak (100%%: plain backprop), min (the smallest feasible budget) or "
                         "auto (the default; microcontroller targets only: the RAM less the firmware's stack, runtime "
                         "and batch buffers)")
     c.add_argument("--deadline", help="multiple of the store-all time (1.2) or seconds (0.5s)")
@@ -146,13 +146,13 @@ def _parser() -> argparse.ArgumentParser:
                         "(e.g. 0.15)")
     c.add_argument("--loss", default="cross_entropy", type=_loss,
                    help=f"{', '.join(LOSSES)} (the model's forward(x, y) returns the loss) or path/file.py:fn")
-    c.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
-    c.add_argument("--lr", type=float, default=None, help="learning rate (sgd 0.01, adam/adamw 0.001)")
-    c.add_argument("--momentum", type=float, default=0.9, help="sgd only")
-    c.add_argument("--nesterov", action="store_true", help="sgd only")
-    c.add_argument("--weight-decay", type=float, default=None, help="sgd/adam 5e-4 and 0, adamw 0.01")
-    c.add_argument("--betas", type=_betas, default=(0.9, 0.999), help="adam/adamw: beta1,beta2")
-    c.add_argument("--eps", type=float, default=1e-8, help="adam/adamw")
+    c.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=OPTIMIZERS)
+    c.add_argument("--lr", type=float, help=f"learning rate ({_takers('lr')})")
+    c.add_argument("--momentum", type=float, help=_takers("momentum"))
+    c.add_argument("--nesterov", action="store_const", const=True, help=f"Nesterov momentum ({_takers('nesterov')})")
+    c.add_argument("--weight-decay", type=float, help=_takers("weight_decay"))
+    c.add_argument("--betas", type=_betas, help=f"beta1,beta2 ({_takers('betas')})")
+    c.add_argument("--eps", type=float, help=_takers("eps"))
     c.add_argument("--train", metavar="PATTERNS",
                    help="which parameters train, the rest frozen: comma-separated fnmatch patterns over parameter "
                         "names ('classifier.*,features.16.*'), biases (names ending in bias), last:N (the last N "
@@ -205,7 +205,7 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("sweep", help="solve every (budget, deadline, scheduler) combination; CSV and JSON results")
     w.add_argument("model", help="zoo name, path/file.py:factory or package.module:attr")
     w.add_argument("--target", required=True)
-    w.add_argument("--budgets", default="100%,80%,60%,40%,min",
+    w.add_argument("--budgets", default="100%,90%,80%,70%,min",
                    help="comma-separated budgets: sizes (2MB), percentages (60%%) or min (the smallest feasible)")
     w.add_argument("--deadlines", default="none",
                    help="comma-separated deadlines: none (the default), multiples of the store-all time (1.2) or "
@@ -265,19 +265,34 @@ def _cmd_compile(a) -> dict:
         return compile_model(opts, progress=lambda msg: status.update(msg))
 
 
-_DEFAULTS = {"sgd": (0.01, 5e-4), "adam": (1e-3, 0.0), "adamw": (1e-3, 1e-2)}  # lr, weight decay (torch's own)
+OPTIMIZER_SETTINGS = ("lr", "momentum", "nesterov", "weight_decay", "betas", "eps")  # each is an option: --weight-decay
+
+
+def _takers(setting: str) -> str:
+    """Which optimizers take a setting, with their defaults (`--help`): 'sgd 0.01, adam/adamw 0.001'."""
+    by_default: dict[str, list[str]] = {}
+    for name, unit in OPTIMIZERS.items():
+        if setting in unit.defaults:
+            v = unit.defaults[setting]
+            by_default.setdefault(",".join(map(str, v)) if isinstance(v, tuple) else str(v), []).append(name)
+    return ", ".join("/".join(names) if v in ("True", "False") else f"{'/'.join(names)} {v}"
+                     for v, names in by_default.items())
 
 
 def _optimizer(a) -> OptimizerConfig:
-    lr, wd = _DEFAULTS[a.optimizer]
-    lr = lr if a.lr is None else a.lr
-    wd = wd if a.weight_decay is None else a.weight_decay
-    if a.optimizer != "sgd" and a.nesterov:
-        raise EdgetrainError("--nesterov is an SGD option; drop it or use --optimizer sgd")
-    if a.optimizer == "sgd" and a.nesterov and a.momentum <= 0:
-        raise EdgetrainError("--nesterov needs --momentum above 0")
-    return OptimizerConfig(name=a.optimizer, lr=lr, momentum=a.momentum if a.optimizer == "sgd" else 0.0,
-                           weight_decay=wd, nesterov=a.nesterov, betas=tuple(a.betas), eps=a.eps)
+    """The optimizer's settings: those given, else its unit's defaults. An option the optimizer does not take is
+    refused rather than ignored."""
+    given = {k: getattr(a, k) for k in OPTIMIZER_SETTINGS if getattr(a, k) is not None}
+    unit = OPTIMIZERS[a.optimizer]
+    for k in given:
+        if k not in unit.defaults:
+            takers = [n for n, u in OPTIMIZERS.items() if k in u.defaults]
+            raise EdgetrainError(f"--{k.replace('_', '-')} is not a setting of {a.optimizer}; drop it, or use "
+                                 f"{' or '.join(f'--optimizer {n}' for n in takers)}")
+    problem = unit.check(unit.settings(given))
+    if problem:
+        raise EdgetrainError(f"--optimizer {a.optimizer}: {problem}")
+    return OptimizerConfig.of(a.optimizer, **given)
 
 
 def _cmd_run(a) -> dict:
@@ -357,6 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     as_json = getattr(a, "json", False)
     try:
         result = handlers[a.cmd](a)
+    except InternalError as e:  # edgetrain refused its own work: say so, and what to report
+        return _fail(a.cmd, "internal", str(e), as_json, debug, EXIT_INTERNAL)
+    except ValidationError as e:
+        if a.cmd != "compile":
+            return _fail(a.cmd, *describe(e), as_json, debug, EXIT_ERROR)
+        # compile validates only schedules it built itself: a refusal there is a bug, not the user's input
+        return _fail(a.cmd, "internal", str(InternalError("a schedule it built breaks the memory model", e)),
+                     as_json, debug, EXIT_INTERNAL)
     except ANTICIPATED as e:  # a message for the user: no traceback unless --debug
         kind, message = describe(e)
         return _fail(a.cmd, kind, message, as_json, debug, EXIT_ERROR)

@@ -50,9 +50,9 @@ def scheduler_style(name: str, k: int = 0) -> dict:
 
 
 def budget_percent(meta: dict, budget_bytes: float) -> float:
-    """A budget in percent of store-all's activation peak above the fixed state (the `B%` of `--budget`), from
-    a sweep's sweep.json figures."""
-    return 100.0 * (budget_bytes - meta["fixed_bytes"]) / meta["activation_peak_bytes"]
+    """A budget in percent of store-all's (plain backprop's) peak, the `B%` of `--budget`, from a sweep's
+    sweep.json figures."""
+    return 100.0 * budget_bytes / meta["store_all_peak_bytes"]
 
 
 def infeasible_reason(message: str | None) -> str:

@@ -62,8 +62,8 @@ def _deadline_title(d: str) -> str:
 
 
 def _mb_of_percent(meta: dict):
-    fixed, act = meta["fixed_bytes"], meta["activation_peak_bytes"]
-    return (lambda p: (fixed + p / 100.0 * act) / 1e6), (lambda mb: 100.0 * (mb * 1e6 - fixed) / act)
+    peak = meta["store_all_peak_bytes"]  # what 100% is
+    return (lambda p: p / 100.0 * peak / 1e6), (lambda mb: 100.0 * mb * 1e6 / peak)
 
 
 def _overhead(meta: dict, row: dict, field: str) -> float | None:

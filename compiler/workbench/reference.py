@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from edgetrain.compiler.frontend.capture import KeyedDropout, load_loss, objective, portable_kernels
 from edgetrain.compiler.frontend.modelspec import resolve
+from edgetrain.runtime.python.optimizers import unit_of
 from edgetrain.targets import Target
 
 
@@ -28,15 +29,10 @@ def load_weights(model: nn.Module, path: str) -> None:
 
 
 def make_optimizer(params, config: dict) -> torch.optim.Optimizer:
-    """The torch.optim optimizer a plan's update matches (single-tensor arithmetic, foreach=False)."""
-    name = config.get("name", "sgd")
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=config["lr"], momentum=config.get("momentum", 0.0),
-                               weight_decay=config.get("weight_decay", 0.0), nesterov=config.get("nesterov", False),
-                               foreach=False)
-    cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-    return cls(params, lr=config["lr"], betas=tuple(config.get("betas", (0.9, 0.999))), eps=config.get("eps", 1e-8),
-               weight_decay=config.get("weight_decay", 0.0), foreach=False)
+    """The torch.optim optimizer a plan's update matches (single-tensor arithmetic, foreach=False): its unit's
+    class with the unit's settings, which are that class's keyword arguments."""
+    unit = unit_of(config)
+    return getattr(torch.optim, unit.torch_class)(params, **unit.settings(config), foreach=False)
 
 
 def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch.Tensor, torch.Tensor]],

@@ -32,7 +32,7 @@ import multiprocessing
 from edgetrain.compiler.scheduling.budget import parse_budget, parse_deadline
 from edgetrain.compiler.errors import BudgetError, EdgetrainError
 
-DEFAULT_BUDGETS = ("100%", "80%", "60%", "40%", "min")
+DEFAULT_BUDGETS = ("100%", "90%", "80%", "70%", "min")
 DEFAULT_DEADLINES = ("none",)  # a deadline is a question of its own: asked for, never implied
 DEFAULT_SCHEDULERS = ("poet", "checkmate", "paging", "dtr", "checkpoint")
 EXECUTORS = ("local", "ray")  # a process pool, or tasks on a Ray cluster

@@ -78,9 +78,9 @@ def _settings(meta: dict, rows: list[dict]) -> list[tuple[str, str]]:
             ("time limit per solve", ", ".join(f"{x:g} s" for x in limits) or "-"),
             ("training-graph nodes (stages)", meta.get("nodes")), ("decision tensors", meta.get("decision_tensors")),
             ("fixed state (params, optimizer, buffers, largest gradient)", mb("fixed_bytes")),
-            ("store-all activation peak (100%)", mb("activation_peak_bytes")),
+            ("store-all activation peak", mb("activation_peak_bytes")),
             ("smallest feasible budget", mb("min_feasible_bytes")),
-            ("store-all peak", mb("store_all_peak_bytes")),
+            ("store-all peak (100%)", mb("store_all_peak_bytes")),
             ("store-all energy per step", f"{meta['store_all_energy_j']:.6g} J"),
             ("store-all time per step", f"{meta['store_all_time_s']:.6g} s")]
 

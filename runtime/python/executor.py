@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .integrity import read_weights
-from . import aten_call, cuda_memory, heap, inplace, prepared
+from . import aten_call, cuda_memory, heap, inplace, plan_api, prepared
 from .ledger import Ledger
 from .optim import Optimizer
 from .storage import FileStore, PendingRead
@@ -50,6 +50,11 @@ def _aliases(outs, ins) -> bool:
             if isinstance(t, Tensor) and t.numel() and t.untyped_storage().data_ptr() in ptrs:
                 return True
     return False
+
+
+def _name(ref) -> str:
+    """A tensor's name, from its name or its handle (plan_api.Ref)."""
+    return ref if ref.__class__ is str else ref.name
 
 
 def _words(what) -> str:
@@ -109,6 +114,7 @@ class Runtime:
         self.leftovers: list[str] = []  # what the last end_step had to free
         self._live: dict[str, Tensor | tuple] = {}
         self._prepared: dict[tuple[str, bool], prepared.Node] = {}  # (node, first computation) -> its call, read once
+        self._refs: dict[str, plan_api.Ref] = {}  # tensor name -> its handle in plans
         self._batch: tuple[Tensor, Tensor] | None = None
         self._in_step = False
         self._op = 0
@@ -150,8 +156,9 @@ class Runtime:
     def resident(self) -> list[str]:
         return list(self._live)
 
-    def tensor(self, name: str):
-        return self._require(name)
+    def tensor(self, name):
+        """A resident tensor, by its name or its handle."""
+        return self._require(_name(name))
 
     # -- bookkeeping ----------------------------------------------------------------------------------
     def _begin_op(self, what) -> None:
@@ -200,33 +207,78 @@ class Runtime:
         self._paged_out.clear()
         self._step_loss = None
 
-    def _load(self, name: str, which: int) -> Tensor:
+    def _load(self, name: str, which: int) -> plan_api.Ref:
         self._begin_op(f"load '{name}'")
         t = self._batch[which].detach().to(self.device, copy=True)
         self._hold(name, t, nbytes(t))
-        return t
+        return self._ref(name)
 
-    def load_input(self) -> Tensor:
+    def load_input(self) -> plan_api.Ref:
+        """The batch's inputs, resident; returns their handle."""
         return self._load(INPUT, 0)
 
-    def load_labels(self) -> Tensor:
+    def load_labels(self) -> plan_api.Ref:
         return self._load(LABELS, 1)
 
     # -- kernels --------------------------------------------------------------------------------------
-    def compute(self, name, op, inputs, params=(), buffers=(), attrs=None, aux_of=None):
-        return self._run(True, name, op, inputs, params, buffers, attrs, aux_of)
+    def call(self, name: str, op, /, *args, **keywords):
+        """Compute node `name`: torch's `op` on `args` (plan_api.py), as the schedule's node says (`keywords`).
+        Returns its tensor's handle, and with `aux=` also the handle of the statistics it keeps."""
+        return self._call(True, name, op, args, keywords)
 
-    def recompute(self, name, op, inputs, params=(), buffers=(), attrs=None, aux_of=None):
-        return self._run(False, name, op, inputs, params, buffers, attrs, aux_of)
+    def recompute(self, name: str, op, /, *args, **keywords):
+        """Compute node `name` again, as `call` did (its aux stays as the first computation kept it). With the
+        op given by its name, the node is given as `compute` takes it."""
+        if op.__class__ is str:
+            return self._node(False, name, op, *args, **keywords)
+        return self._call(False, name, op, args, keywords)
 
-    def _run(self, first, name, op, inputs, params, buffers, attrs, aux_of):
+    def _call(self, first, name, op, args, keywords):
         twin = self._twin  # what the call just before made, for this node if it holds another output of that call
+        self._begin_op(("{} '{}' ({})", "compute" if first else "recompute", name, op))
+        if name in self._live:
+            raise PlanError(f"{self._what}: tensor '{name}' is already resident")
+        node = self._prepared.get((name, first))
+        # the call it was prepared from: the same op object, equal arguments and keywords
+        if node is None or node.fn is not op or args != node.call_args or keywords != node.call_keywords:
+            try:
+                op_str, inputs, attrs, aux_of = plan_api.node_of(op, args, keywords)
+            except (TypeError, ValueError) as e:
+                raise PlanError(f"{self._what}: {e}") from None
+            node = self._prepare(first, name, op_str, inputs, attrs, aux_of)
+            node.fn, node.call_args, node.call_keywords = op, args, keywords
+            node.returns = (self._ref(name), self._ref(f"{name}.aux", plan_api.AuxRef)) \
+                if first and node.aux_items else self._ref(name)
+        if twin is not None and twin[0] == node.twin and node.buffer_call is None:
+            self._twin = twin  # for `_own_op`; anything else goes before this op's operands are read
+        del twin
+        self._run_aten(first, name, node)
+        return node.returns
+
+    def _ref(self, name: str, kind=plan_api.Ref):
+        """The one handle of a tensor name (a plan's calls compare handles as themselves)."""
+        ref = self._refs.get(name)
+        if ref is None:
+            ref = self._refs[name] = kind(name)
+        return ref
+
+    def compute(self, name, op, inputs, params=(), buffers=(), attrs=None, aux_of=None):
+        """Compute node `name` given as the schedule writes it: the op's name, its operands (names, or
+        {"t": name, "view": chain}), its attrs (aten_call.py's markers; `params` and `buffers` only list what
+        they name). Returns what the node holds."""
+        return self._node(True, name, op, inputs, params, buffers, attrs, aux_of)
+
+    def _node(self, first, name, op, inputs, params=(), buffers=(), attrs=None, aux_of=None):
+        twin = self._twin
         self._begin_op(("{} '{}' ({})", "compute" if first else "recompute", name, op))
         if name in self._live:
             raise PlanError(f"{self._what}: tensor '{name}' is already resident")
         node = self._prepared.get((name, first))
         if node is None or not node.matches(op, inputs, attrs or {}, aux_of):
             node = self._prepare(first, name, op, inputs, attrs or {}, aux_of)
+        return self._run(first, name, node, twin)
+
+    def _run(self, first, name, node, twin):
         if twin is not None and twin[0] == node.twin and node.buffer_call is None:
             self._twin = twin  # for `_own_op`; anything else goes before this op's operands are read
         del twin
@@ -379,8 +431,9 @@ class Runtime:
                 u.buffer.copy_(value)
 
     # -- paging and freeing ---------------------------------------------------------------------------
-    def page_out(self, name: str) -> None:
-        """Write a resident tensor to storage; it stays resident until freed."""
+    def page_out(self, name) -> None:
+        """Write a resident tensor (by name or handle) to storage; it stays resident until freed."""
+        name = _name(name)
         self._begin_op(f"page_out '{name}'")
         t = self._require(name)
         if isinstance(t, tuple):
@@ -388,9 +441,10 @@ class Runtime:
         self._waited(lambda: self.store.page_out(name, t))
         self._paged_out.add(name)
 
-    def page_in(self, name: str) -> None:
-        """Start reading a paged tensor back. Its RAM is allocated and counted now; the bytes arrive on the
-        store's reader thread and are waited for (and verified) where the tensor is first used."""
+    def page_in(self, name) -> None:
+        """Start reading a paged tensor (by name or handle) back. Its RAM is allocated and counted now; the bytes
+        arrive on the store's reader thread and are waited for (and verified) where the tensor is first used."""
+        name = _name(name)
         self._begin_op(f"page_in '{name}'")
         if name in self._live:
             raise PlanError(f"{self._what}: tensor '{name}' is already resident")
@@ -407,7 +461,10 @@ class Runtime:
         finally:
             self.paging_wait_s += time.perf_counter() - t0
 
-    def free(self, name: str) -> None:
+    def free(self, name) -> None:
+        """Drop a resident tensor (by name or handle)."""
+        if name.__class__ is not str:  # a handle (`_name`, inlined: a plan frees a tensor a step)
+            name = name.name
         self._begin_op(("free '{}'", name))
         if self._live.get(name).__class__ is not _Overwritten:
             self._require(name)

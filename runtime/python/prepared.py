@@ -1,10 +1,12 @@
 """Prepared nodes: what a plan node's call needs that is the same at every step, read once and reused.
 
-A generated plan passes each node's op, operands and literal attributes at every call. Reading them anew
+A plan passes each node's op and arguments at every call (a generated plan as Python, `plan_api.py`, read back
+into the node's operands and attrs; `Runtime.compute` takes those directly). Reading them anew
 (the argument template walked, markers looked up, parameters found by name, flags derived from `keep`, `aux`,
 `updates`, `then`) was most of the runtime's Python per op. `prepare` reads them once into a `Node`; the runtime
 keeps one per (node, compute or recompute) and reuses it only while the call's op, operands, attrs and aux
-equal those it was made from (`Node.matches`: one comparison with a private copy), so a call whose arguments
+equal those it was made from (`Node.matches`: one comparison with a private copy; for a plan's call
+`fn`, `call_args` and `call_keywords`, whose handles and kept views compare as themselves), so a call whose arguments
 changed is prepared anew, never run with the old ones. What depends on the tensors of the step (operands,
 output sizes, storage sharing) is still read at every call.
 """
@@ -68,6 +70,13 @@ class Node:
     # what it keeps, shared by the op's other nodes, so the one computed right after it takes its outputs.
     twin: str | None
     inplace_calls: dict  # operand index -> the op's in-place twin writing into it, prepared on first use
+    # A node prepared from a plan's call (plan_api.py): that call's op, arguments and keywords, compared with
+    # each later call's (the plan's own objects: tensor handles, parameters and markers compare as themselves),
+    # and what the call returns (its tensor's handle, and its aux's).
+    fn: object = None
+    call_args: tuple | None = None
+    call_keywords: dict | None = None
+    returns: object = None
 
     def matches(self, op: str, inputs: list, attrs: dict, aux_of: str | None) -> bool:
         return op == self.op and aux_of == self.aux_of and inputs == self.inputs and attrs == self.attrs

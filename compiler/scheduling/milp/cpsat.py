@@ -192,7 +192,8 @@ def scale(m: SparseMILP, *, relax: bool = False) -> ScaledModel:
 
 
 def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, warm_start: np.ndarray | None = None,
-          threads: int | None = None) -> SolveResult:
+          threads: int | None = None, solutions: int | None = None) -> SolveResult:
+    """`solutions`: 1 stops at the first schedule; CP-SAT has no limit on a larger count, so that is ignored."""
     from ortools.sat.python import cp_model
 
     def result(status, values=None, objective=None, bound=None, gap=None, seconds=0.0):
@@ -209,6 +210,8 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         proto.solution_hint.vars.extend(range(m.n_vars))
         proto.solution_hint.values.extend(hint.tolist())
     solver = _solver(time_limit, threads)
+    if solutions == 1:
+        solver.parameters.stop_after_first_solution = True
     # Leave room for the objective's rounding error in the gap that is reported against `mip_gap`.
     solver.parameters.relative_gap_limit = float(mip_gap) if sm.obj_exact else float(mip_gap) / 2
     code = solver.solve(sm.model)

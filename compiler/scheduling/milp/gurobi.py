@@ -114,7 +114,8 @@ def fits_limited(m: SparseMILP) -> bool:
 
 
 def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, warm_start: np.ndarray | None = None,
-          threads: int | None = None) -> SolveResult:
+          threads: int | None = None, solutions: int | None = None) -> SolveResult:
+    """`solutions`: stop after that many schedules (Gurobi's SolutionLimit)."""
     import gurobipy as gp
     from gurobipy import GRB
 
@@ -130,6 +131,8 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         g.Params.MIPGap = float(mip_gap)
         if threads:
             g.Params.Threads = int(threads)
+        if solutions:
+            g.Params.SolutionLimit = int(solutions)
         x = g.addMVar(m.n_vars, lb=np.where(np.isfinite(lower), lower, -GRB.INFINITY),
                       ub=np.where(np.isfinite(upper), upper, GRB.INFINITY), obj=cost * scale,
                       vtype=vtype)

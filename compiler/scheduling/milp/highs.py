@@ -9,6 +9,7 @@ import time
 import highspy
 import numpy as np
 
+from ..clock import clamp
 from .model import SolveResult, SparseMILP, merge_terms, objective_scale
 
 
@@ -69,6 +70,7 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
           threads: int | None = None, solutions: int | None = None) -> SolveResult:
     """`solutions`: stop after that many improving schedules (a rule that, unlike a time limit, does not depend on
     the machine's speed)."""
+    time_limit = clamp(time_limit)  # sub-solves call here directly: within the compile's --time-limit too
     h = _highs(threads, time_limit)
     if solutions:
         h.setOptionValue("mip_max_improving_sols", int(solutions))
@@ -99,6 +101,8 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         name = "error"
     objective = m.objective(values) if values is not None else None
     bound = info.mip_dual_bound / scale if np.isfinite(info.mip_dual_bound) else None
+    if name == "optimal" and objective is not None and not any(m.integer):
+        bound = objective  # an LP (a relaxation solved through the interface): its optimum is its bound
     claimed = info.objective_function_value / scale
     if (warm_start is not None and objective is not None
             and abs(objective - claimed) > 1e-9 * max(abs(objective), abs(claimed), 1e-300)):

@@ -1,8 +1,9 @@
 """`scipy.optimize.milp` adapter (HiGHS inside, BSD licensed).
 
 Same signature as `highs.solve`; the objective is scaled by a power of two first (`objective_scale`).
-Two options that scipy does not expose and are therefore ignored:
-`warm_start` (scipy's `milp` takes no initial solution) and `threads` (scipy sets no thread count).
+Three options that scipy does not expose and are therefore ignored:
+`warm_start` (scipy's `milp` takes no initial solution), `threads` (scipy sets no thread count) and `solutions`
+(no solution limit: it stops at the time limit or the gap).
 scipy imports lazily, so the module loads without it; `solve` raises ImportError if it is missing.
 """
 from __future__ import annotations
@@ -25,11 +26,12 @@ def matrix(m: SparseMILP):
 
 
 def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, warm_start: np.ndarray | None = None,
-          threads: int | None = None) -> SolveResult:
-    """Solve with scipy.optimize.milp. `warm_start` and `threads` are accepted and ignored (see module doc)."""
+          threads: int | None = None, solutions: int | None = None) -> SolveResult:
+    """Solve with scipy.optimize.milp. `warm_start`, `threads` and `solutions` are accepted and ignored (see module
+    doc)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
-    del warm_start, threads  # not supported by scipy.optimize.milp
+    del warm_start, threads, solutions  # not supported by scipy.optimize.milp
     constraints = None
     if m.n_rows:
         constraints = LinearConstraint(matrix(m), np.asarray(m.rows_lo, dtype=np.float64),

@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("watch") / "plan"
-    compile_model(CompileOptions(model="tests/user_models.py:token_classifier", target="rpi4", budget="100%",
+    compile_model(CompileOptions(model="tests/user_models.py:transformer_classifier", target="rpi4", budget="100%",
                                  out=str(out), batch_size=4, time_limit=5))
     g = np.random.default_rng(0)
-    np.savez(out.parent / "d.npz", x=g.integers(0, 100, (40, 12)), y=g.integers(0, 5, 40))
-    np.savez(out.parent / "e.npz", x=g.integers(0, 100, (12, 12)), y=g.integers(0, 5, 12))
+    np.savez(out.parent / "d.npz", x=g.integers(0, 80, (40, 10)), y=g.integers(0, 5, 40))
+    np.savez(out.parent / "e.npz", x=g.integers(0, 80, (12, 10)), y=g.integers(0, 5, 12))
     return out
 
 

@@ -207,9 +207,9 @@ def image_classifier():
     def block(cin, cout):
         return [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
 
-    return nn.Sequential(*block(3, 8), *block(8, 8), *block(8, 8), nn.MaxPool2d(2), *block(8, 16), *block(16, 16),
-                         *block(16, 16), nn.MaxPool2d(2), *block(16, 32), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(32, 10))
+    return nn.Sequential(*block(3, 8), *(m for _ in range(6) for m in block(8, 8)), nn.MaxPool2d(2),
+                         *block(8, 16), *block(16, 16), nn.MaxPool2d(2), *block(16, 32), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(32, 10))
 
 
 class TokenClassifier(nn.Module):
@@ -238,7 +238,7 @@ class TransformerClassifier(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(80, 16)
         layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
-        self.enc = nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+        self.enc = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
         self.out = nn.Linear(16, 5)
 
     def forward(self, ids):
@@ -253,7 +253,7 @@ class PixelClassifier(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
-                                  *(m for _ in range(4) for m in (nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())),
+                                  *(m for _ in range(20) for m in (nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())),
                                   nn.Conv2d(8, 4, 1))
 
     def forward(self, x):

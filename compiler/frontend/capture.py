@@ -46,10 +46,16 @@ class JointCapture:
     exported: bool = False  # traced as torch.export traces (`as_export`): a library's helper needed it
 
 
+def class_dim(rank: int, token_ids: bool) -> int:
+    """Where cross-entropy reads the classes of an output of `rank` dimensions: the last of a token model's
+    (B, T, V) logits, else dim 1 of (B, C, ...) (torch's own; a sequence classifier's (B, C) over token ids too)."""
+    return -1 if token_ids and rank == 3 else 1
+
+
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, token_ids: bool = False) -> torch.Tensor:
     """torch's cross-entropy (classes on dim 1 for (B, C, ...) outputs); for a token model's (B, T, V) logits,
     the classes are the last dimension and every one of the B*T positions counts (labels (B, T))."""
-    if token_ids and logits.dim() == 3:
+    if class_dim(logits.dim(), token_ids) == -1:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
     return F.cross_entropy(logits, labels)
 

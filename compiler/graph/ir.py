@@ -181,7 +181,7 @@ class TrainingGraph:
     params: dict[str, TensorSpec]
     buffers: dict[str, TensorSpec]
     input_shape: tuple[int, ...]  # with the batch dimension
-    num_classes: int
+    num_classes: int | None  # class ids run 0..num_classes-1 (from the model's output); None: labels are values
     loss: str  # "cross_entropy" | "mse"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     input_dtype: str = "float32"  # "int64": token ids in [0, input_high), which no gradient reaches

@@ -88,6 +88,16 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= x < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a share of the data in [0, 1), e.g. 0.1")
+    return x
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error under --json still prints one JSON object (then exits 2 as argparse does)."""
 
@@ -162,6 +172,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--data", default="random", metavar="SOURCE",
                    help=f"{', '.join(DATA_SOURCES)}, a .npz or .safetensors file with arrays x and y, or a "
                         "folder with one sub-folder of images per class")
+    r.add_argument("--eval-data", metavar="SOURCE",
+                   help="held-out data measured as each epoch ends (a dataset, a file or a folder, as --data)")
+    r.add_argument("--holdout", type=_fraction, metavar="FRACTION",
+                   help="without --eval-data: the share of --data kept out of training to measure it on (default "
+                        "0.1; 0: none)")
     r.add_argument("--save", metavar="OUT.safetensors",
                    help="write the trained weights (the model's own state_dict keys) and, beside them, "
                         "OUT.state.safetensors (weights, optimizer state, step: what --resume reads)")
@@ -233,9 +248,9 @@ def _cmd_compile(a) -> dict:
             raise EdgetrainError("--train selects what backprop trains; --mode local trains every layer block by "
                                  "block: drop --train or use --mode poet")
         if a.json or not sys.stderr.isatty():
-            return compile_local_cmd(a)
+            return compile_local_cmd(a, _optimizer(a))
         with console(stderr=True).status("compiling (local learning)") as status:
-            return compile_local_cmd(a, progress=lambda msg: status.update(msg))
+            return compile_local_cmd(a, _optimizer(a), progress=lambda msg: status.update(msg))
 
     if a.cuts > 0 and a.lns == 0:
         raise EdgetrainError("--cuts works inside the phased solve: give --lns too (e.g. --lns 0.45 --cuts 0.15)")
@@ -299,8 +314,12 @@ def _cmd_run(a) -> dict:
     if a.qemu or a.cycle or a.inject_corrupt_page is not None:
         raise EdgetrainError(f"{a.dir} holds a plan for the Python runtime; --qemu, --cycle and "
                              "--inject-corrupt-page need C firmware: compile with `--emit c`")
+    from .run import epoch_line
+
     opts = dict(steps=a.steps, epochs=a.epochs, data=a.data, check=a.check, device=a.device, seed=a.seed,
-                save=a.save, resume=a.resume, save_every=a.save_every, save_trained=a.save_trained)
+                save=a.save, resume=a.resume, save_every=a.save_every, save_trained=a.save_trained,
+                eval_data=a.eval_data, holdout=a.holdout,
+                on_epoch=None if a.json else lambda rec: print(epoch_line(rec), flush=True))
     if a.json or not sys.stderr.isatty():
         return run_plan(a.dir, **opts)
     from rich.progress import Progress

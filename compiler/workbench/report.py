@@ -121,7 +121,12 @@ def print_human(cmd: str, r: dict) -> None:
         if r.get("report"):
             con.print(f"wrote {r['report']} (self-contained: open it in a browser)")
     elif cmd == "run":
-        con.print(f"{r['steps']} steps on {r['device']}, losses {losses(r['losses'])}")
+        if r.get("epochs"):  # each epoch had its line as it ended
+            con.print(f"{r['steps']} steps on {r['device']}, loss {losses(r['losses'][:1])} -> "
+                      f"{losses(r['losses'][-1:])}" + (f"; per epoch in {escape(r['metrics'])}" if r.get("metrics")
+                                                       else ""))
+        else:
+            con.print(f"{r['steps']} steps on {r['device']}, losses {losses(r['losses'])}")
         con.print(f"measured peak {mb(r['measured_peak_bytes'])} (predicted {mb(r['predicted_peak_bytes'])}, "
                   f"budget {mb(r['budget_bytes'])}), paged {r['paged_bytes']} B")
         if r.get("resumed_from"):

@@ -64,7 +64,7 @@ def build_model(w: Workload):
 def batches(w: Workload, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`steps` random batches: inputs as the compiler's example (token ids or standard-normal), labels shaped by
     the compiler's own rule (class ids from the model's output, or its `labels_shape`)."""
-    from edgetrain.compiler.model_graph import example_labels
+    from edgetrain.compiler.frontend.labels import example_labels
 
     model, resolved = build_model(w)
     gen = torch.Generator().manual_seed(w.seed + 1000)
@@ -75,7 +75,7 @@ def batches(w: Workload, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
             x = torch.randint(0, resolved.input_high, shape, generator=gen)
         else:
             x = torch.randn(*shape, generator=gen)
-        out.append((x, example_labels(w.loss, w.seed + 1000 + k, resolved, model, x)))
+        out.append((x, example_labels(w.loss, w.seed + 1000 + k, resolved, model, x).example))
     return out
 
 

@@ -196,3 +196,31 @@ def test_ctrl_c_while_tracing_leaves_the_previous_output(tmp_path, capsys):
     assert json.loads(stdout) == {"ok": False, "error": {"kind": "Interrupted", "message": message}}
     assert _tree(out) == before
     assert not [x.name for x in tmp_path.iterdir() if "edgetrain-tmp" in x.name]  # its staging folder discarded
+
+
+def test_ctrl_c_before_any_schedule_fits_exits_130(tmp_path, capsys, monkeypatch, python_sigint):
+    """Checkmate (no paging) at 74% of small_cnn's store-all peak: no recompute-only heuristic fits, only the MILP's
+    schedules do. Ctrl-C as the solve starts: nothing to keep, so exit 130 and the previous output stays whole."""
+    from edgetrain.compiler.workbench import cli
+
+    out = tmp_path / "o"
+    assert main(["compile", "small_cnn", "--target", "rpi4", "--budget", "100%", "--scheduler", "store-all",
+                 "--out", str(out), "--json"]) == 0
+    before = _tree(out)
+    capsys.readouterr()
+
+    def line_then_ctrl_c(message: str) -> None:
+        print(message, file=sys.stderr)
+        if message.startswith("MILP:"):
+            os.kill(os.getpid(), signal.SIGINT)  # the key pressed as the solve starts
+
+    monkeypatch.setattr(cli, "_progress_line", line_then_ctrl_c)
+    rc = main(["compile", "small_cnn", "--target", "rpi4", "--budget", "74%", "--scheduler", "checkmate",
+               "--out", str(out), "--json"])
+    got = capsys.readouterr()
+    assert rc == 130, got.err
+    error = json.loads(got.out)["error"]
+    assert error["kind"] == "Interrupted" and "Traceback" not in got.err
+    assert "before it found a schedule within" in error["message"]
+    assert error["message"].endswith(f"nothing was written, {out} is as it was")
+    assert _tree(out) == before

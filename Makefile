@@ -9,7 +9,7 @@ FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
 APT_PACKAGES := gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
 
-.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-runtime bench-runtime-profile bench-page-handoff bench-host-costs figures clean distclean
+.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-runtime bench-runtime-profile bench-page-handoff bench-host-costs bench-peers figures clean distclean
 
 venv: $(INSTALL_STAMP)
 
@@ -68,6 +68,11 @@ bench-page-handoff: venv
 
 bench-host-costs: venv
 	$(PY) benchmarks/host_costs.py
+
+# Real peak and step time of eager, optimizer in backward, checkpointing, torch.compile and edgetrain plans
+# (docs/performance.md: "Against torch's own memory savers"); meaningful on a quiet machine only.
+bench-peers: venv
+	$(PY) benchmarks/peers.py --json build/bench/peers.json --figures build/bench/peers
 
 # README's and docs/ figures, redrawn from the benchmark data committed in docs/data/ (no solving, no training).
 figures: venv

@@ -5,7 +5,8 @@
 - docs/data/sweep_<model>_<target>/: a sweep's sweep.json, graph.json, rows.jsonl and the solve files its
   schedule and memory figures are drawn from -> docs/figures/<model>_<target>/*.png, *.svg;
 - docs/data/local_learning_<model>.json (benchmarks/local_learning.py --json) ->
-  docs/figures/local_learning_<model>.png, .svg.
+  docs/figures/local_learning_<model>.png, .svg;
+- docs/data/peers.json (benchmarks/peers.py --json) -> docs/figures/peers_<model>.png, .svg.
 To refresh the data itself: rerun the sweep or the benchmark (see docs/figures.md), copy the small files in.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.peers_figure import plot_peers  # noqa: E402
 from edgetrain.compiler.workbench.local_figures import plot_local_learning  # noqa: E402
 from edgetrain.compiler.workbench.plot import plot_sweep  # noqa: E402
 
@@ -38,6 +40,10 @@ def main(argv=None) -> list[str]:
         with open(path) as f:
             result = json.load(f)
         files += plot_local_learning(result, a.out, os.path.splitext(os.path.basename(path))[0])["files"]
+    peers = os.path.join(a.data, "peers.json")
+    if os.path.exists(peers):
+        with open(peers) as f:
+            files += plot_peers(json.load(f), a.out)
     for f in files:
         print(os.path.relpath(f, ROOT))
     return files

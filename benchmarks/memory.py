@@ -5,7 +5,7 @@
                                           [--time-limit 20] [--json build/bench/memory.json]
 
 Per (model, budget, version): a fresh process makes glibc malloc return every freed block of a page or more at
-once (compiler/workbench/memory_probe.py: then the resident set follows what torch holds), compiles the model
+once (benchmarks/memory_probe.py: then the resident set follows what torch holds), compiles the model
 for the target at the budget (POET, Python plan), runs 3 steps on random batches and measures each step's
 resident-set high-water growth (VmHWM after, VmRSS before, the mark reset at the step's start). `real` is the
 ledger's bytes before the step (parameters, optimizer state, buffers) plus that growth: the figure the budget
@@ -36,7 +36,7 @@ from benchmarks.output import write_json  # noqa: E402
 
 def _probe_module():
     """This tree's probe, by path: a `--before` tree has none."""
-    path = os.path.join(ROOT, "compiler", "workbench", "memory_probe.py")
+    path = os.path.join(ROOT, "benchmarks", "memory_probe.py")
     spec = importlib.util.spec_from_file_location("edgetrain_memory_probe", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up

@@ -8,7 +8,7 @@ pointwise, depthwise, transposed, the first layer's, wide layers on small maps, 
 the input gradient alone - and a few ops that have no rule: matrix products, batch norm, pooling, elementwise,
 softmax, layer norm), the op runs once to warm up (oneDNN builds its kernels on first use), then --repeats
 times, each in a measured span
-(compiler/workbench/memory_probe.py): on the CPU the resident set's high-water growth with glibc malloc made
+(benchmarks/memory_probe.py): on the CPU the resident set's high-water growth with glibc malloc made
 to return freed blocks at once, on CUDA the caching allocator's peak. `measured` is the most of those growths
 less the outputs the op returns (held until the span's end; on the CPU the pages their blocks map, each
 block its own mapping with its header); `rule` is `compiler/graph/workspace.py: kernel_scratch_bytes` for
@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.output import write_json  # noqa: E402
-from edgetrain.compiler.workbench.memory_probe import Probe, isolate_malloc  # noqa: E402
+from benchmarks.memory_probe import Probe, isolate_malloc  # noqa: E402
 
 ISOLATED = isolate_malloc()  # before torch allocates anything
 

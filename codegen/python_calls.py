@@ -97,8 +97,8 @@ class CallWriter:
         for step in view or ():
             if step[0] == "item" and not links:
                 base = f"{base}[{step[1]}]"
-            elif step[0] == "item":
-                raise ValueError(f"node {self.node['name']}: an item of a view ({view!r}) has no Python form")
+            elif step[0] == "item":  # an output of a view that yields several (unbind, split)
+                links.append(f".item({step[1]})")
             else:
                 args = [op_expr(step[0]), *(self.view_arg(a) for a in (step[1] if len(step) > 1 else ()))]
                 links.append(f".view({', '.join(args)})")

@@ -131,7 +131,10 @@ def render_plan_text(schedule: dict, schedule_file: str = "schedule.json") -> st
     s = schedule
     plan = {"schedule_content": content_hash(s), "weights": "weights.safetensors", "optimizer": graph["optimizer"],
             "trainable": graph.get("trainable"), "seed": s["seed"], "model": s["model"]["spec"],
-            "input_shape": graph["input_shape"], "loss": graph["loss"], "budget_bytes": s["budget"]["bytes"],
+            "input_shape": graph["input_shape"], "loss": graph["loss"],
+            "num_classes": s["model"]["num_classes"],  # labels are class ids 0..num_classes-1 (None: values)
+            "labels_shape": next(n["shape"] for n in nodes if n["kind"] == "labels"),
+            "budget_bytes": s["budget"]["bytes"],
             "predicted_peak_bytes": s["predicted"]["peak_bytes"],
             "threads": Target(**s["target"]).cpu_threads}  # the profile's, or the field's own default
     plan_lines = []

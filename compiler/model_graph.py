@@ -4,11 +4,14 @@ The first pass of a compile (compiler/passes.py) and what tests and sweeps call 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from edgetrain.runtime.python.threads import PLAN_THREADS
 
-from .errors import UnsupportedModelError
+from .errors import BudgetError, UnsupportedModelError
+from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
 from .graph.costs import costed
 from .graph.streaming import choose_streamed, stream_weights
@@ -32,6 +35,7 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
         select_and_apply(model, opts.train)
     if device_check:
         backend.check_model(model, target, opts.optimizer, opts.model)
+    check_batch_size(opts.batch_size, shape, resolved.input_dtype, target)
     gen = torch.Generator().manual_seed(opts.seed)
     if resolved.input_dtype == "int64":  # token ids
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
@@ -51,6 +55,16 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
     return Traced(resolved, model, costed(graph, target, measured), measured)
 
 
+def check_batch_size(batch_size: int, shape, input_dtype: str, target) -> None:
+    """A batch whose inputs alone outgrow the target's RAM cannot train there: refused before an example of it
+    is made (which would ask the compiling machine for as much)."""
+    per_example = (8 if input_dtype == "int64" else 4) * math.prod(shape)
+    if batch_size * per_example > target.ram_bytes:
+        raise BudgetError(f"--batch-size {batch_size}: one batch of inputs of shape {list(shape)} takes "
+                          f"{batch_size * per_example} B, more than {target.name}'s {target.ram_bytes} B of RAM; "
+                          f"use at most --batch-size {max(1, target.ram_bytes // per_example)}")
+
+
 def stream_beyond_flash(graph, target, backend):
     """A graph whose frozen weights overflow the device's flash: the largest streamed from storage."""
     room = backend.weight_room(graph, target)
@@ -58,57 +72,6 @@ def stream_beyond_flash(graph, target, backend):
         return graph
     return stream_weights(graph, choose_streamed(room.frozen, room.flash_bytes, room.ram_bytes, target.storage_bytes,
                                                  target.name))
-
-
-def example_labels(loss: str, seed: int, resolved, model, example: torch.Tensor) -> torch.Tensor:
-    """Labels shaped as `loss` ("cross_entropy", "mse" or "model") expects them: class ids (B, ...) for
-    cross-entropy, the output's shape for mse, the model's `labels_shape` for a model that computes its loss."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    out = None if loss == "model" else _output_like(model, example)
-    if loss == "model":
-        labels_shape = getattr(resolved.module, "labels_shape", None)
-        high = resolved.num_classes or resolved.input_high or 2
-        shape = (example.shape[0], *labels_shape) if labels_shape is not None else tuple(example.shape)
-        return torch.randint(0, high, shape, generator=gen)
-    if isinstance(out, (tuple, list)) or not isinstance(out, torch.Tensor):
-        out = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else None)
-    if not isinstance(out, torch.Tensor):
-        raise UnsupportedModelError("the model's output is not a tensor; give --loss model and have "
-                                    "forward(x, y) return the loss")
-    if loss == "mse":
-        return torch.randn(out.shape, generator=gen)
-    token = resolved.input_dtype == "int64" and out.dim() == 3
-    classes = out.shape[-1] if token else out.shape[1] if out.dim() > 1 else None
-    if classes is None:
-        raise UnsupportedModelError(f"cross-entropy needs (B, C, ...) outputs; the model returns shape {tuple(out.shape)}")
-    shape = out.shape[:-1] if token else (out.shape[0], *out.shape[2:])
-    return torch.randint(0, classes, tuple(shape), generator=gen)
-
-
-def _output_like(model, example: torch.Tensor):
-    """The model's output on `example`, from a forward on fake tensors (shapes only: BERT-base's real forward
-    took seconds); a model that fails there runs for real, for its own error or its output."""
-    from .frontend.capture import on_fakes
-
-    try:
-        with on_fakes(model) as fake, fake, torch.no_grad():
-            return model(fake.from_tensor(example))
-    except Exception:
-        pass
-    saved = {k: b.clone() for k, b in model.named_buffers()}  # a forward in training mode moves BN statistics
-    try:
-        with torch.no_grad():
-            return model(example)
-    except Exception as e:
-        from .frontend.capture import user_frame
-
-        raise UnsupportedModelError(f"the model cannot take an input of shape {tuple(example.shape)}{user_frame(e)}: "
-                                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
-                                    "Check --input-shape (C,H,W without the batch)") from None
-    finally:
-        with torch.no_grad():
-            for k, b in model.named_buffers():
-                b.copy_(saved[k])
 
 
 def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,
@@ -122,13 +85,12 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, 
     builtin = opts.loss in ("cross_entropy", "mse", "model")
     user_fn = None if builtin else load_loss(opts.loss)
     kind = opts.loss if builtin else "cross_entropy"  # a user's loss takes class labels
-    y = example_labels(kind, opts.seed, resolved, model, example)
-    cap = capture(model, example, y, loss=kind, token_ids=resolved.input_dtype == "int64", user_fn=user_fn,
+    labels = example_labels(kind, opts.seed, resolved, model, example)  # the class count from the model's output
+    cap = capture(model, example, labels.example, loss=kind, token_ids=resolved.input_dtype == "int64", user_fn=user_fn,
                   gpu=gpu)
     for name, value in cap.constants.items():  # tensors torch lifted out of the code: buffers of the plan
         model.register_buffer(name, value.detach().clone())
-    classes = resolved.num_classes or 0
-    return joint_graph(cap, opts.model, tuple(example.shape), classes, opts.loss, opts.optimizer,
+    return joint_graph(cap, opts.model, tuple(example.shape), labels.num_classes, opts.loss, opts.optimizer,
                        input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys,
                        widen_fusion=widen_fusion,
                        scratch_threads=threads)

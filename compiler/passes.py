@@ -21,6 +21,7 @@ from .graph.paging_profile import with_measured_paging
 from .graph.streaming import restreamed
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
+from .scheduling.bound import bound_text
 from .scheduling.budget import anchors, budget_for_device, parse_deadline
 from .scheduling.interrupt import stoppable
 from .scheduling.overlap import overlap_paging
@@ -33,6 +34,7 @@ FRAGMENTATION_RETRIES = 3  # solves for less when a backend's arena packing leav
 
 def trace(req: Request) -> Traced:
     """The model as the backend's costed training graph."""
+    req.say(f"tracing {req.opts.model}")
     return trace_model(req.opts, req.profile, req.backend)
 
 
@@ -56,8 +58,7 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
             f"{req.opts.model} needs at least {anchor.min_feasible_bytes} B to train (its smallest feasible budget: "
             f"{anchor.fixed_bytes} B of weights, optimizer state and buffers, then what the largest backward step "
             f"reads), but {target.name}'s {target.ram_bytes} B of RAM leave {budget_bytes} B after "
-            f"{room.reserved_for} ({room.reserved_bytes} B). Freeze more with --train, use a "
-            "smaller --batch-size or a smaller model")
+            f"{room.reserved_for} ({room.reserved_bytes} B). {bound_text(graph, lv)}")
     return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target, budget_bytes))
 
 
@@ -141,6 +142,7 @@ def solve_and_render(req: Request, s: Selected) -> Rendered:
 
 def write_schedule(req: Request, r: Rendered) -> Compiled:
     """The schedule last: it records the sha256 of every file above and the weights' table."""
+    req.say("recording the outputs")
     r.body["outputs"] = req.stage.outputs(weights_table(os.path.join(req.work, "weights.safetensors")))
     schedule_format.save(r.body, req.work)
     return Compiled(r)

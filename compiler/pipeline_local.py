@@ -22,6 +22,7 @@ from .schedule_file import format as schedule_format
 from .scheduling.budget import parse_budget
 from .errors import BudgetError, UnsupportedModelError
 from .frontend.modelspec import resolve
+from .graph.ir import OptimizerConfig
 from .local.heads import HEAD_FRAC, head_spec, split_layers
 from .local.memory_lines import DEFAULT_BATCHES, DEFAULT_HELD_OUT, profile_layers
 from .local.partition import DEFAULT_CAP, DEFAULT_RHO, partition
@@ -30,6 +31,7 @@ from .local.spec import copy_weights, head_layer_spec, layer_spec
 __all__ = ["LocalOptions", "compile_local", "WEIGHTS"]
 
 WEIGHTS = "weights.safetensors"
+SGD_DEFAULTS = OptimizerConfig(name="sgd")
 
 
 @dataclass
@@ -41,20 +43,33 @@ class LocalOptions:
     cap: int = DEFAULT_CAP
     rho: float = DEFAULT_RHO
     input_shape: tuple[int, int, int] | None = None  # default: the zoo model's
-    num_classes: int = 10
     profile_batches: tuple[int, ...] = DEFAULT_BATCHES
     held_out_batch: int = DEFAULT_HELD_OUT
     profile_method: str = "counter"  # counter (CPU, deterministic), profiler (torch.profiler), cuda (allocator)
-    lr: float = 0.01
+    lr: float = SGD_DEFAULTS.lr  # SGD's defaults, as backprop plans take them
     # The lr is per this many samples, scaled linearly with each block's batch (Goyal et al. 2017), so blocks
     # with large batches keep the per-sample step size; None: the same lr at every batch.
     lr_reference_batch: int | None = 32
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
+    momentum: float = SGD_DEFAULTS.momentum
+    weight_decay: float = SGD_DEFAULTS.weight_decay
     cache_dtype: str = "float32"
     val_fraction: float = 0.1
     exit_tolerance_points: float = 0.5
     seed: int = 0
+
+
+def model_classes(resolved, in_shape: tuple[int, ...], seed: int) -> int:
+    """The classes every head scores: those of the model's own output (dim 1 of its (B, C) logits), or its
+    `num_classes` attribute."""
+    from .frontend.labels import example_labels
+
+    example = torch.randn(2, *in_shape, generator=torch.Generator().manual_seed(seed))
+    labels = example_labels("cross_entropy", seed, resolved, resolved.module, example)
+    if labels.example.dim() != 1:
+        raise UnsupportedModelError(f"--mode local trains classifiers of whole images (B, C) outputs; "
+                                    f"{resolved.spec} scores labels of shape {list(labels.example.shape[1:])} per "
+                                    "example: use --mode poet")
+    return labels.num_classes
 
 
 def _params(module: torch.nn.Module) -> int:
@@ -87,15 +102,16 @@ def _compile_local_into(opts: LocalOptions, budget, target, work: str, stage, pr
     from edgetrain.runtime.python.integrity import weights_table
 
     torch.manual_seed(opts.seed)
-    resolved = resolve(opts.model, num_classes=opts.num_classes)
+    resolved = resolve(opts.model)  # the factory as the user wrote it: no arguments from edgetrain
     model = resolved.module
     if not (opts.input_shape or resolved.input_shape):
         raise UnsupportedModelError(f"the input shape of {opts.model!r} is unknown; pass --input-shape C,H,W")
     in_shape = tuple(opts.input_shape or resolved.input_shape)
+    classes = model_classes(resolved, in_shape, opts.seed)
     layers = split_layers(model, in_shape)
     if progress:
         progress(f"profiling {len(layers)} layers at batches {list(opts.profile_batches)}")
-    profiles = profile_layers(model, in_shape, opts.num_classes, batches=opts.profile_batches,
+    profiles = profile_layers(model, in_shape, classes, batches=opts.profile_batches,
                               held_out=opts.held_out_batch, method=opts.profile_method)
     context = None
     if opts.profile_method == "cuda":
@@ -110,7 +126,7 @@ def _compile_local_into(opts: LocalOptions, budget, target, work: str, stage, pr
         spec = layer_spec(tl.module)
         built = build(spec)
         copy_weights(tl.module, built, tl.in_shape)
-        hs = head_spec(tl.out_shape, opts.num_classes)
+        hs = head_spec(tl.out_shape, classes)
         head = build(head_layer_spec(hs))
         for kind, mod in (("layer", built), ("head", head)):
             weights.update({f"{kind}.{i}.{k}": v.detach().contiguous().clone() for k, v in mod.state_dict().items()})
@@ -127,7 +143,7 @@ def _compile_local_into(opts: LocalOptions, budget, target, work: str, stage, pr
                           "spec": head_layer_spec(hs)})
     min_feasible = max(math.ceil(p.fit.predict(1)) for p in profiles)
     body = schedule_format.local_body(
-        spec=resolved.spec, kwargs=resolved.kwargs, input_shape=list(in_shape), num_classes=opts.num_classes,
+        spec=resolved.spec, kwargs=resolved.kwargs, input_shape=list(in_shape), num_classes=classes,
         target=target, budget_text=budget.text, budget_bytes=budget.nbytes, min_feasible_bytes=min_feasible,
         local={
             "layers": layer_rows, "heads": head_rows, "partition": part.to_dict(),

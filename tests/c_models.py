@@ -201,3 +201,24 @@ class TinyNarrowNorm(nn.Module):
 
 
 tiny_narrow_norm = _zoo_like(TinyNarrowNorm, (4, 4))
+
+
+class TinyBNOnFewPositions(nn.Module):
+    """A batch norm after global pooling (at batch 2: two positions per channel, so torch keeps its statistics
+    as nodes of their own) beside one on a feature map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Conv2d(4, 8, 1)
+        self.bn_head = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.gap(torch.relu(self.bn(self.conv(x))))
+        return self.fc(torch.flatten(torch.relu(self.bn_head(self.head(x))), 1))
+
+
+tiny_bn_on_few_positions = _zoo_like(TinyBNOnFewPositions, (1, 6, 6))

@@ -85,8 +85,10 @@ def test_every_op_of_the_c_table_has_an_emitter_and_nothing_else_does():
     from edgetrain.codegen.c.emitters import EMITTERS
 
     assert set(EMITTERS) == set(C_OPS)
+    umbrella = (ROOT / "runtime" / "c" / "et_runtime.h").read_text()  # what plan.c includes
     for k in {k.kernel for k in C_OPS.values() if k.kernel}:
         assert (ROOT / "runtime" / "c" / "kernels" / f"{k}.h").exists(), k
+        assert f'#include "kernels/{k}.h"' in umbrella, k
     for src in {s for k in C_OPS.values() for s in k.source_files}:
         assert (ROOT / "runtime" / "c" / "kernels" / f"{src}.c").exists(), src
         assert f"kernels/{src}.c" in firmware.RUNTIME_SOURCES
@@ -347,11 +349,19 @@ def test_attention_free_transformer_block_trains_like_pytorch(tmp_path, budget):
     assert r["predict_max_abs_err"] <= 1e-5
 
 
-def test_layer_norm_over_few_features_is_refused(tmp_path):
-    """Over fewer than 8 elements torch's graph keeps the statistics as tensors of their own: refused, named."""
-    with pytest.raises(UnsupportedModelError, match="layer norm over fewer than 8 elements") as e:
-        _compile(tmp_path / "n", "tests.c_models:tiny_narrow_norm", "100%", batch_size=2)
-    assert "c_models.py:" in str(e.value)
+@needs_host
+@pytest.mark.parametrize("model", ["tiny_narrow_norm", "tiny_bn_on_few_positions"])
+def test_statistics_kept_as_nodes_of_their_own_ride_as_aux(tmp_path, model):
+    """Over few positions (a layer norm over 4 features, a batch norm after global pooling at batch 2) torch's
+    graph keeps the statistics as nodes of their own; the C lowering gives them back to their forward as the
+    block its backward reads: no node of a statistic is left, and the host build trains exactly."""
+    _compile(tmp_path / "n", f"tests.c_models:{model}", "100%", batch_size=2)
+    sched = json.loads((tmp_path / "n" / "schedule.json").read_text())
+    names = {n["name"] for n in sched["graph"]["nodes"]}
+    assert not any(re.search(r"\.out[12]$", x) and "norm" in x for x in names)
+    r = run_firmware(str(tmp_path / "n"), qemu=False, steps=2, check=True)
+    assert r["ok"] and not r["mismatched"], r.get("error")
+    assert r["losses"] == pytest.approx(r["reference_losses"], rel=1e-5)
 
 
 @needs_host

@@ -27,12 +27,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from edgetrain.targets.boards import DEFAULT_BOARD, load_board
+
 ROOT = Path(__file__).resolve().parents[1]
 C_DIR = ROOT / "runtime" / "c"
 SOURCES = sorted(C_DIR.glob("*.c")) + sorted((C_DIR / "kernels").glob("*.c"))
 HOST_SOURCES = [p for p in SOURCES if p.name != "storage_semihost.c"]  # storage_file.c + one back end
 WARN = ["-Wall", "-Wextra", "-Werror", "-std=c99", "-pedantic", "-Wvla"]
-M4F = ["-mthumb", "-mcpu=cortex-m4", "-mfloat-abi=hard", "-mfpu=fpv4-sp-d16", "-O2", "-ffp-contract=off"]
+BOARD = load_board(DEFAULT_BOARD)  # the board the MCU build and QEMU run are for: its CPU, port and machine
+M4F = [*BOARD.cpu_flags.split(), "-O2", "-ffp-contract=off"]
 RTOL, ATOL = 1e-5, 1e-6
 
 ET_OK, ET_ERR_ARG, ET_ERR_IO, ET_ERR_NOT_FOUND, ET_ERR_CRC, ET_ERR_FORMAT, ET_ERR_NOT_INIT = 0, -1, -2, -3, -4, -5, -6
@@ -113,6 +116,8 @@ _SIGNATURES = {
     "et_add_forward": (None, [c_int, _F, _F, _F]),
     "et_add_scalar": (None, [c_int, _F, c_float, _F]),
     "et_sub_forward": (None, [c_int, _F, _F, _F]),
+    "et_div_forward": (None, [c_int, _F, _F, _F]),
+    "et_div_scalar": (None, [c_int, _F, c_float, _F]),
     "et_fill": (None, [c_int, c_float, _F]),
     "et_sum_planes": (None, [c_int, c_int, _F, _F]),
     "et_concat_forward_part": (None, [c_int, c_int, c_int, c_int, c_int, _F, _F]),
@@ -695,7 +700,7 @@ def test_global_avgpool_matches_torch(lib, n, c, h, w):
 
 # -- structure: add, concat, flatten ------------------------------------------------------------------
 
-def test_elementwise_add_sub_fill_are_bitwise_and_sum_planes_matches(lib):
+def test_elementwise_add_sub_div_fill_are_bitwise_and_sum_planes_matches(lib):
     aten = torch.ops.aten
     rng = np.random.default_rng(10)
     a, b = (f32(rng.standard_normal(999)) for _ in range(2))
@@ -707,6 +712,11 @@ def test_elementwise_add_sub_fill_are_bitwise_and_sum_planes_matches(lib):
     record("add_scalar", y, aten.add.Scalar(ta, 0.1), exact=True)
     lib.et_sub_forward(999, fp(a), fp(b), fp(y))
     record("sub_forward", y, aten.sub.Tensor(ta, tb), exact=True)
+    for v in (2.0, 3.0, 0.7):  # a true division, as torch's: not a multiply by the reciprocal
+        lib.et_div_scalar(999, fp(a), v, fp(y))
+        record(f"div_scalar_{v}", y, aten.div.Tensor(ta, v), exact=True)
+    lib.et_div_forward(999, fp(a), fp(b), fp(y))
+    record("div_forward", y, aten.div.Tensor(ta, tb), exact=True)
     lib.et_fill(999, 1.0, fp(y))
     record("fill", y, aten.fill.Scalar(torch.empty(999), 1), exact=True)
     x = f32(rng.standard_normal((3, 5, 7, 6)))
@@ -864,7 +874,7 @@ def test_host_and_qemu_cortex_m4f_give_bit_identical_results(tmp_path):
     if arm is None or qemu is None:
         pytest.skip("arm-none-eabi-gcc / qemu-system-arm missing (apt-get install gcc-arm-none-eabi "
                     "libnewlib-arm-none-eabi qemu-system-arm)")
-    selftest, port = C_DIR / "selftest" / "selftest.c", C_DIR / "port" / "mps2_an386"
+    selftest, port = C_DIR / "selftest" / "selftest.c", C_DIR / "port" / BOARD.port
     host_dir, mcu_dir = tmp_path / "host", tmp_path / "mcu"
     host_dir.mkdir()
     mcu_dir.mkdir()
@@ -884,7 +894,7 @@ def test_host_and_qemu_cortex_m4f_give_bit_identical_results(tmp_path):
     mcu_sources = [str(p) for p in SOURCES if p.name != "storage_stdio.c"]
     link = [str(port / "startup.c"), "--specs=nano.specs", "--specs=rdimon.specs", "-nostartfiles",
             "-T", str(port / "link.ld"), "-lm"]
-    run_qemu = [qemu, "-M", "mps2-an386", "-nographic", "-monitor", "none",
+    run_qemu = [qemu, "-M", BOARD.qemu_machine, "-nographic", "-monitor", "none",
                 "-semihosting-config", "enable=on,target=native", "-kernel"]
     for variant, page_dir, elf in ((0, mcu_dir, tmp_path / "fw.elf"), (1, tmp_path / "corrupt", tmp_path / "fw_read.elf")):
         res = _run([arm, *WARN, *M4F, f"-I{C_DIR}", f'-DPAGE_DIR="{page_dir}"', f"-DSELFTEST_READ_PAGE1={variant}",

@@ -103,5 +103,7 @@ def test_cli_choices_are_the_registries():
     run = next(a for a in p._actions if a.dest == "cmd").choices["run"]
     data_help = next(a for a in run._actions if "--data" in a.option_strings).help
     assert all(name in data_help for name in DATA_SOURCES)  # the rest: files and folders of the user's own
-    assert _choices(p, "train", "--data") == list(DATASETS)
+    train = next(a for a in p._actions if a.dest == "cmd").choices["train"]
+    train = next(a for a in train._actions if "--data" in a.option_strings)
+    assert all(name in train.help for name in DATASETS)  # and the user's own files and folders, as run takes
     assert _choices(p, "sweep", "--executor") == list(EXECUTORS)

@@ -93,7 +93,7 @@ def test_resume_equals_an_uninterrupted_run_to_the_bit(plan, npz, tmp_path, caps
 
 
 def test_epochs_over_a_users_npz(plan, npz, capsys):
-    rc, r = _cli(capsys, "run", plan, "--data", npz, "--epochs", "2")
+    rc, r = _cli(capsys, "run", plan, "--data", npz, "--epochs", "2", "--holdout", "0")  # every example trains
     assert rc == 0 and r["ok"] and r["steps"] == 10 and all(np.isfinite(r["losses"]))
 
 
@@ -168,29 +168,54 @@ def test_device_program_with_the_runtime_alone(compiled, tmp_path):
     assert not list(compiled.glob("pages-*"))  # each trainer removed its page store
 
 
+# `edgetrain run --resume --save-every 4` in its own process, announcing each step; after step KILL_AT (a
+# checkpoint at 4 behind it, the next at 8) it holds, reading stdin, until the test's SIGKILL lands.
+KILL_AT = 6
+KILLABLE_RUN = r"""
+import sys
+from edgetrain.compiler.workbench.run import run_plan
+
+def announce(k, n):
+    print(k, file=sys.stderr, flush=True)
+    if k == int(sys.argv[4]):
+        sys.stdin.readline()
+
+run_plan(sys.argv[1], data=sys.argv[2], steps=60, save=sys.argv[3], resume=True, save_every=4, progress=announce)
+"""
+
+
 def test_a_killed_run_rerun_with_resume_ends_as_an_uninterrupted_one(plan, npz, tmp_path, capsys):
     import signal
     import subprocess
-    import time
+    import sys
 
-    from tests.test_reliability import CLI, ROOT
+    from tests.test_reliability import ROOT
 
     whole, part = tmp_path / "whole.safetensors", tmp_path / "part.safetensors"
     cmd = ["run", str(plan), "--data", str(npz), "--steps", "60", "--save-every", "4"]
     assert _cli(capsys, *cmd, "--save", whole)[0] == 0
     # One thread, as in this process: bit-identity holds on the same device and thread count.
-    p = subprocess.Popen([*CLI, *cmd, "--save", str(part), "--resume", "--json"], cwd=ROOT,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    t0 = time.time()
-    while not part.exists() and p.poll() is None and time.time() - t0 < 120:
-        time.sleep(0.002)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    assert p.returncode == -signal.SIGKILL, "the run ended before it was killed"
+    p = subprocess.Popen([sys.executable, "-c", KILLABLE_RUN, str(plan), str(npz), str(part), str(KILL_AT)],
+                         cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), text=True, stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        said = []
+        for line in p.stderr:
+            said.append(line)
+            if line.strip() == str(KILL_AT):
+                break
+        else:
+            pytest.fail(f"the run ended before step {KILL_AT}: {''.join(said)[-2000:]}")
+        p.send_signal(signal.SIGKILL)
+        assert p.wait() == -signal.SIGKILL
+    finally:
+        p.kill()
+        p.wait()
+        p.stdin.close()
+        p.stderr.close()
     rc, r = _cli(capsys, *cmd, "--save", part, "--resume")
     assert rc == 0, r
-    assert 0 < r["first_step"] < 60 and r["first_step"] + r["steps"] == 60
+    assert r["first_step"] == 4 and r["steps"] == 56  # from the last checkpoint before the kill
     a, b = load_file(whole), load_file(part)
     assert all(torch.equal(a[k], b[k]) for k in a)
     oa, ob = load_file(state_path(whole)), load_file(state_path(part))

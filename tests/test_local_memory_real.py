@@ -10,16 +10,20 @@ skip's gradient waits beside the branch's); the count in time order holds what i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from edgetrain.compiler.workbench.memory_probe import cpu_probe_available
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.memory_probe import cpu_probe_available  # noqa: E402
 
 CHILD = r"""
 import copy, json, sys, torch
-from edgetrain.compiler.workbench.memory_probe import Probe, isolate_malloc
+from benchmarks.memory_probe import Probe, isolate_malloc
 isolated = isolate_malloc()
 torch.set_num_threads(1)
 from edgetrain.compiler.frontend import zoo
@@ -50,7 +54,7 @@ print(json.dumps({"isolated": isolated, "growth": span.growth, "scratch": sb.scr
 @pytest.mark.parametrize("model, layer", [("vgg11", 0), ("vgg11", -1), ("resnet18", 1)])
 def test_local_step_real_memory_within_its_count(model, layer):
     r = subprocess.run([sys.executable, "-c", CHILD, model, str(layer)], capture_output=True, text=True,
-                       timeout=300)
+                       cwd=ROOT, timeout=300)  # cwd: the child imports benchmarks/ from the checkout
     assert r.returncode == 0, r.stderr[-2000:]
     row = json.loads(r.stdout.strip().splitlines()[-1])
     assert row["isolated"]

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -173,23 +172,44 @@ def _run_train(out: str, work: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _kill_when(proc: subprocess.Popen, progress: str, ready) -> dict:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended before it could be killed: {proc.communicate()}")
-        try:
-            with open(progress) as f:
-                state = json.load(f)
-        except (FileNotFoundError, json.JSONDecodeError):
-            state = None
-        if state is not None and ready(state):
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            return state
-        time.sleep(0.05)
-    proc.kill()
-    pytest.fail("the run never reached the kill point")
+# `edgetrain train` (the same settings as _run_train) in its own process, announcing each batch; at the first
+# batch of the stage the test names it holds, reading stdin, until the test's SIGKILL lands.
+KILLABLE_TRAIN = r"""
+import sys
+from edgetrain.compiler.workbench.local_train import train_dir
+
+def announce(what, k, n):
+    print(what, file=sys.stderr, flush=True)
+    if what.startswith(sys.argv[3]):
+        sys.stdin.readline()
+
+train_dir(sys.argv[1], data="digits", epochs=3, work=sys.argv[2], train_size=400, export=False, progress=announce)
+"""
+
+
+def _kill_at(out: str, work: str, stage: str) -> dict:
+    """Kill a training run at its first batch of `stage` ("block 0 epoch 2"); returns its progress.json then."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, "-c", KILLABLE_TRAIN, out, work, stage], env=env, cwd=ROOT, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        said = []
+        for line in p.stderr:
+            said.append(line)
+            if line.startswith(stage):
+                break
+        else:
+            pytest.fail(f"the run ended before {stage!r}: {''.join(said)[-2000:]}")
+        with open(os.path.join(work, "progress.json")) as f:
+            state = json.load(f)
+        p.send_signal(signal.SIGKILL)
+        assert p.wait() == -signal.SIGKILL
+    finally:
+        p.kill()
+        p.wait()
+        p.stdin.close()
+        p.stderr.close()
+    return state
 
 
 def test_kill_and_resume_ends_with_the_same_weights(small_plan, tmp_path):
@@ -198,12 +218,11 @@ def test_kill_and_resume_ends_with_the_same_weights(small_plan, tmp_path):
     stdout, stderr = ref.communicate(timeout=300)
     assert ref.returncode == 0, stderr
     work = str(tmp_path / "killed")
-    progress = os.path.join(work, "progress.json")
     # Kill once inside block 0 (after its first epoch), once inside block 1 before it finishes an epoch.
-    seen = _kill_when(_run_train(out, work), progress, lambda s: s["block"] == 0 and s["epoch"] >= 1)
-    assert seen["block"] == 0
-    seen = _kill_when(_run_train(out, work), progress, lambda s: s["block"] >= 1)
-    assert seen["resumed"] >= 1
+    seen = _kill_at(out, work, "block 0 epoch 2/")
+    assert seen["block"] == 0 and seen["epoch"] == 1
+    seen = _kill_at(out, work, "block 1 epoch 1/")
+    assert seen["block"] == 1 and seen["epoch"] == 0 and seen["resumed"] >= 1
     last = _run_train(out, work)
     stdout, stderr = last.communicate(timeout=300)
     assert last.returncode == 0, stderr
@@ -335,11 +354,8 @@ def test_local_learning_benchmark_runs_and_draws(tmp_path):
 def test_a_flipped_byte_in_a_checkpoint_is_refused_on_resume(small_plan, tmp_path):
     out, _ = small_plan
     work = str(tmp_path / "killed")
-    progress = os.path.join(work, "progress.json")
-    seen = _kill_when(_run_train(out, work), progress, lambda s: s["block"] == 0 and s["epoch"] >= 1)
-    state = os.path.join(work, seen["state"])
-    if not os.path.exists(state):  # the run moved on to the next checkpoint between reading and killing
-        state = os.path.join(work, json.load(open(progress))["state"])
+    seen = _kill_at(out, work, "block 0 epoch 2/")
+    state = os.path.join(work, seen["state"])  # held at the next epoch's first batch: still the checkpoint named
     raw = bytearray(open(state, "rb").read())
     raw[-3] ^= 0x01  # one bit of the last tensor's data, as a torn write after a kill would leave
     open(state, "wb").write(bytes(raw))

@@ -15,9 +15,10 @@ import sys
 
 import pytest
 
-from edgetrain.compiler.workbench.memory_probe import cpu_probe_available
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.memory_probe import cpu_probe_available  # noqa: E402
 
 
 def _row(model: str, budget: str) -> dict:

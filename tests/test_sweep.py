@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import glob
 import itertools
 import json
 import os
@@ -257,6 +258,130 @@ def test_versus_budget_has_one_legend_outside_the_axes():
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def _scheduler_lines(ax, scheds) -> list:
+    return [ln for ln in ax.lines if ln.get_label() in scheds]
+
+
+def assert_every_point_shows(fig, scheds: list[str]) -> None:
+    """What a figure's reader relies on, read off its artists: every marker inside its axes' frame, every
+    legend entry standing for a drawn artist with finite data, coinciding series apart on the page."""
+    import numpy as np
+    from matplotlib.collections import LineCollection
+
+    fig.canvas.draw()
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        box = ax.get_window_extent()
+        for art in ax.lines:
+            if art.get_marker() in (None, "None", "", " "):
+                continue
+            xy = art.get_transform().transform(art.get_xydata())
+            assert np.isfinite(xy).all(), art.get_label()
+            inside = ((xy[:, 0] >= box.x0 - 0.5) & (xy[:, 0] <= box.x1 + 0.5) &
+                      (xy[:, 1] >= box.y0 - 0.5) & (xy[:, 1] <= box.y1 + 0.5))
+            assert inside.all(), (art.get_label(), art.get_xydata()[~inside], ax.get_xlim(), ax.get_ylim())
+        for col in ax.collections:
+            if isinstance(col, LineCollection):
+                for seg in col.get_segments():
+                    xy = col.get_transform().transform(seg)
+                    assert (xy[:, 1] >= box.y0 - 0.5).all() and (xy[:, 1] <= box.y1 + 0.5).all(), col.get_label()
+    (legend,) = fig.legends
+    for text in legend.get_texts():
+        label = text.get_text()
+        arts = [a for ax in fig.axes for a in [*ax.lines, *ax.collections] if label in (a.get_label(), a.get_gid())]
+        assert arts, f"the legend lists {label!r}, nothing drawn stands for it"
+        data = [np.asarray(a.get_xydata() if hasattr(a, "get_xydata") else np.concatenate(a.get_segments()))
+                for a in arts]
+        assert any(d.size and np.isfinite(d).all() for d in data), label
+    for ax in fig.axes:
+        lines = _scheduler_lines(ax, scheds)
+        looks = [(ln.get_marker(), ln.get_markersize()) for ln in lines]
+        assert len(set(looks)) == len(looks), looks  # no two series look alike
+        for a, b in itertools.combinations(lines, 2):
+            if a.get_markersize() != b.get_markersize():  # the smaller marker on top
+                small, big = sorted((a, b), key=lambda ln: ln.get_markersize())
+                assert small.get_zorder() > big.get_zorder(), (small.get_label(), big.get_label())
+            pa, pb = a.get_xydata(), b.get_xydata()
+            da, db = a.get_transform().transform(pa), b.get_transform().transform(pb)
+            for i, j in itertools.product(range(len(pa)), range(len(pb))):
+                if np.allclose(pa[i], pb[j]):  # one data point: drawn apart on the page
+                    assert abs(da[i][0] - db[j][0]) >= 2.0, (a.get_label(), b.get_label(), pa[i])
+
+
+def _figures(meta: dict, rows: list[dict]):
+    from edgetrain.compiler.workbench.plot import energy_vs_time, versus_budget
+
+    yield versus_budget(meta, rows, "energy_j", "energy")
+    yield versus_budget(meta, rows, "time_s", "time")
+    yield energy_vs_time(meta, rows)
+
+
+def _check_sweep_figures(d: str) -> list[dict]:
+    import matplotlib.pyplot as plt
+    from edgetrain.compiler.workbench.plot import NO_SCHEDULE_LABEL
+
+    with open(os.path.join(d, "sweep.json")) as f:
+        meta = json.load(f)
+    rows = read_rows(d)
+    scheds = sorted({r["scheduler"] for r in rows})
+    bad = [r for r in rows if r["status"] != "ok"]
+    out = []
+    for fig, data in _figures(meta, rows):
+        assert_every_point_shows(fig, scheds)
+        if "field" in data:  # versus budget: one cross per combination without a schedule, and its legend entry
+            crosses = [ln for ax in fig.axes for ln in ax.lines if ln.get_label() == NO_SCHEDULE_LABEL]
+            assert all(ln.get_marker() == "x" for ln in crosses)
+            assert sum(len(ln.get_xydata()) for ln in crosses) == len(bad)
+            assert (NO_SCHEDULE_LABEL in [t.get_text() for t in fig.legends[0].get_texts()]) == bool(bad)
+            drawn = sum(len(ln.get_xydata()) for ax in fig.axes for ln in _scheduler_lines(ax, scheds))
+            assert drawn == len(rows) - len(bad)  # every solved combination is a marker
+        else:
+            said = sum(len(v) for p in data["panels"].values() for v in p["no_schedule"].values())
+            assert said == len(bad)  # energy vs time: each one named in its panel
+        out.append(data)
+        plt.close(fig)
+    return out
+
+
+def test_every_point_of_a_real_sweep_is_inside_its_frame(swept):
+    """small_cnn's sweep: overheads from 0 to a few hundred percent, on a linear axis, and DTR's crosses."""
+    out, _ = swept
+    _check_sweep_figures(out)
+
+
+DOCS_SWEEPS = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                                             "data", "sweep_*")))
+
+
+@pytest.mark.parametrize("d", DOCS_SWEEPS, ids=os.path.basename)
+def test_every_point_of_the_committed_sweeps_is_inside_its_frame(d):
+    """The committed ResNet-18 sweeps: 0.001% beside 30%, on a symlog axis; schedulers coinciding at 100%."""
+    energy, time_, _ = _check_sweep_figures(d)
+    assert energy["yscale"] == time_["yscale"] == "symlog"
+
+
+def test_a_point_hundreds_of_percent_above_the_rest_stays_in_the_frame():
+    """+0.05% beside +300%, paging alike at both budgets, one scheduler without any schedule: autoscaling
+    would miss the series (drawn through an offset transform), so the limits come from the values."""
+    meta = {"model": "m", "target": "t", "batch_size": 2, "schedulers": ["poet", "paging", "dtr"],
+            "deadlines": ["none"], "fixed_bytes": 1e6, "activation_peak_bytes": 2e6, "min_feasible_bytes": 1.8e6,
+            "store_all_energy_j": 1.0, "store_all_time_s": 1.0}
+    rows = [{"scheduler": s, "deadline": "none", "status": st, "budget": b, "budget_bytes": bb, "energy_j": e,
+             "time_s": e, "error": None if st == "ok" else "does not fit the budget", "key": f"{s}{b}"}
+            for s, st, b, bb, e in [("poet", "ok", "100%", 3e6, 1.0), ("poet", "ok", "min", 1.8e6, 1.0005),
+                                    ("paging", "ok", "100%", 3e6, 4.0), ("paging", "ok", "min", 1.8e6, 4.0),
+                                    ("dtr", "infeasible", "100%", 3e6, None), ("dtr", "infeasible", "min", 1.8e6, None)]]
+    import matplotlib.pyplot as plt
+
+    for fig, data in _figures(meta, rows):
+        assert_every_point_shows(fig, ["poet", "paging", "dtr"])
+        if "field" in data:
+            assert data["yscale"] == "symlog"
+            assert data["panels"]["none"]["infeasible"]["dtr"] == [(40.0, "min", "budget"), (100.0, "100%", "budget")]
+        plt.close(fig)
 
 
 def test_pareto_front_keeps_what_nothing_beats():

@@ -11,7 +11,7 @@ from edgetrain.targets import (FAMILIES, Target, TargetProfileError, UnknownTarg
                                load_target)
 
 BUILTINS = [
-    "host", "jetson-agx-orin", "jetson-nano", "jetson-tx2", "jetson-xavier-nx",
+    "host", "jetson-agx-orin", "jetson-nano", "jetson-orin-nano", "jetson-orin-nx", "jetson-tx2", "jetson-xavier-nx",
     "mkr1000", "mps2-an386", "nrf52840", "rpi4",
 ]
 MB = 1e6  # the POET reference code's MB/s are decimal megabytes
@@ -35,7 +35,8 @@ def test_builtin_loads_and_is_consistent(name):
     assert t.to_dict()["sources"] == dict(t.sources)
 
 
-@pytest.mark.parametrize("name", ["jetson-nano", "jetson-xavier-nx", "jetson-agx-orin"])
+@pytest.mark.parametrize("name", ["jetson-nano", "jetson-xavier-nx", "jetson-agx-orin", "jetson-orin-nano",
+                                  "jetson-orin-nx"])
 def test_jetson_figures_say_they_are_public_specs(name):
     t = load_target(name)
     assert "public spec" in t.sources["flops_per_s"].lower()

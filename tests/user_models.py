@@ -199,6 +199,93 @@ class WideConvs(nn.Module, _Facts):
         return self.head(self.features(x).mean((2, 3)))
 
 
+# -- written as users write them: no num_classes anywhere; the class count is read from the output ----------
+
+def image_classifier():
+    """A small CNN over 3x32x32 images with 10 classes (its last Linear's), deep enough that half of plain
+    backprop's activation memory is a feasible budget."""
+    def block(cin, cout):
+        return [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+
+    return nn.Sequential(*block(3, 8), *(m for _ in range(6) for m in block(8, 8)), nn.MaxPool2d(2),
+                         *block(8, 16), *block(16, 16), nn.MaxPool2d(2), *block(16, 32), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(32, 10))
+
+
+class TokenClassifier(nn.Module):
+    """A GRU over token ids (a vocabulary of 100) that sorts each sequence into one of 5 classes: (B, 5) logits,
+    so labels are 0..4, not vocabulary ids."""
+
+    input_shape, input_dtype, input_high = (12,), "int64", 100
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 16)
+        self.gru = nn.GRU(16, 16, batch_first=True)
+        self.out = nn.Linear(16, 5)
+
+    def forward(self, ids):
+        h, _ = self.gru(self.emb(ids))
+        return self.out(h[:, -1])
+
+
+class TransformerClassifier(nn.Module):
+    """nn.TransformerEncoder over token ids (a vocabulary of 80), mean-pooled into 5 classes."""
+
+    input_shape, input_dtype, input_high = (10,), "int64", 80
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(80, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
+        self.out = nn.Linear(16, 5)
+
+    def forward(self, ids):
+        return self.out(self.enc(self.emb(ids)).mean(1))
+
+
+class PixelClassifier(nn.Module):
+    """A segmentation net: each pixel of a 3x16x16 image into one of 4 classes, (B, 4, 16, 16) logits."""
+
+    input_shape = (3, 16, 16)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                                  *(m for _ in range(20) for m in (nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())),
+                                  nn.Conv2d(8, 4, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def token_classifier():
+    return TokenClassifier()
+
+
+def transformer_classifier():
+    return TransformerClassifier()
+
+
+def pixel_classifier():
+    return PixelClassifier()
+
+
+def too_many_classes():
+    """An encoder (4 output classes) whose num_classes attribute claims 9: refused."""
+    m = Encoder()
+    m.num_classes = 9
+    return m
+
+
+def fewer_classes():
+    """An encoder (4 output classes) trained on 3 of them: its num_classes attribute says so."""
+    m = Encoder()
+    m.num_classes = 3
+    return m
+
+
 def activations():
     return Activations()
 

@@ -14,7 +14,7 @@ import torch
 from edgetrain.compiler.frontend import dropout_mask
 from .names import c_comment, c_float
 from .ops import (DROPOUT, DROPOUT_BACKWARD, LAYER_NORM, OpCase, is_counter, layer_norm_rows, mean_backward_planes,
-                  mm_kind, mul_kind, sum_kind)
+                  mm_kind, mul_kind, sum_kind, div_kind)
 
 EMITTERS: dict[str, Callable] = {}
 
@@ -230,6 +230,26 @@ def _add(c: OpCase, ctx: Context, out) -> list[str]:
         return [f"{ctx.ptr(a)}[0] += 1; /* {c_comment(a['buffer'])}: one more batch seen */"] if ctx.first else []
     return [f"et_add_forward({_numel(out)}, {ctx.contiguous(a, 'an addend')}, {ctx.contiguous(b, 'an addend')}, "
             f"{ctx.ptr(out)});"]
+
+
+@emits("aten.div.Tensor")
+def _div(c: OpCase, ctx: Context, out) -> list[str]:
+    a, b = c.args["self"], c.args["other"]
+    if div_kind(c) == "scalar":
+        return [f"et_div_scalar({_numel(out)}, {ctx.contiguous(a, 'the dividend')}, {c_float(b)}, {ctx.ptr(out)});"]
+    return [f"et_div_forward({_numel(out)}, {ctx.contiguous(a, 'the dividend')}, {ctx.contiguous(b, 'the divisor')}, "
+            f"{ctx.ptr(out)});"]
+
+
+@emits("aten.slice_backward.default")
+def _slice_bwd(c: OpCase, ctx: Context, out) -> list[str]:
+    a = c.args
+    shape, gy = out.shape, a["grad_output"]
+    hw = prod(shape[2:]) if len(shape) > 2 else 1
+    start = max(0, a["start"] + (shape[1] if a["start"] < 0 else 0))
+    return [f"et_fill({_numel(out)}, 0.0f, {ctx.ptr(out)});",
+            f"et_concat_forward_part({shape[0]}, {hw}, {shape[1]}, {start}, {gy.shape[1]}, "
+            f"{ctx.contiguous(gy, 'the gradient')}, {ctx.ptr(out)});"]
 
 
 @emits("aten.empty_like.default")

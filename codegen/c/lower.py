@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from edgetrain.runtime.python.aten_call import resolve
 from edgetrain.runtime.python.optimizers import c_refusal
 
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.graph.ir import Node, TrainingGraph  # the graph it lowers
 
+from .emitters import ELEMENTWISE
 from .operands import bind, node_cases, node_ops, state_shapes
 from .ops import AUX_ITEMS, BATCH_NORM, C_OPS, DROPOUT, DROPOUT_BACKWARD, STATS_OPS, supported_text
 
@@ -18,7 +21,7 @@ from .ops import AUX_ITEMS, BATCH_NORM, C_OPS, DROPOUT, DROPOUT_BACKWARD, STATS_
 def lower_for_c(g: TrainingGraph) -> TrainingGraph:
     """The training graph as the C runtime holds it, or one error naming every op it cannot run."""
     _check_optimizer(g)
-    g = replace(g, nodes=_redraw_dropout_masks(g.nodes))
+    g = replace(g, nodes=_stats_as_aux(_redraw_dropout_masks(g.nodes)))
     by_name = {n.name: n for n in g.nodes}
     state = state_shapes(g)
     problems: dict[tuple[str, str], list[str]] = {}  # (op, why) -> where
@@ -30,9 +33,13 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
             problems.setdefault((n.op, "keeps statistics for its backward, which the C runtime has no kernel for"),
                                 []).append(where)
             continue
+        if n.op in STATS_OPS and n.attrs.get("keep", 0) != 0:
+            problems.setdefault((n.op, "keeps a statistic as a tensor of its own, read by more than its backward, "
+                                 "which the C runtime has no kernel for"), []).append(where)
+            continue
         if n.op == DROPOUT and n.attrs.get("seed_key") == n.name:
-            problems.setdefault((n.op, "is a dropout drawn outside nn.Dropout and F.dropout, whose mask the "
-                                 "exactness reference cannot redraw; use an nn.Dropout module"), []).append(where)
+            problems.setdefault((n.op, "is a dropout no draw of the model's eager forward pairs with, whose mask "
+                                 "the exactness reference cannot redraw; use an nn.Dropout module"), []).append(where)
             continue
         missing = [o["op"] for o in node_ops(n) if o["op"] not in C_OPS]
         for op in missing:
@@ -46,7 +53,7 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
                                 []).append(where)
             continue
         for case in cases:
-            why = C_OPS[case.op].refuse(case)
+            why = C_OPS[case.op].refuse(case) or _strided_operand(case)
             if why:
                 problems.setdefault((case.op, why), []).append(where)
     if problems:
@@ -84,6 +91,85 @@ def _redraw_dropout_masks(nodes: list[Node]) -> list[Node]:
     return out
 
 
+# Ops whose kernels run over contiguous floats: they cannot read a strided view.
+_FLAT_OPS = set(ELEMENTWISE) | {"aten.add.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.clone.default"}
+
+
+def _strided_operand(case) -> str | None:
+    if case.op not in _FLAT_OPS:
+        return None
+    strided = [k for k, v in case.args.items() if isinstance(v, torch.Tensor) and not v.is_contiguous()]
+    if not strided:
+        return None
+    return (f"reads `{strided[0]}` through a strided view (a channel slice of a batch of more than one), which its "
+            "kernel over contiguous floats cannot; at --batch-size 1 the slice is contiguous")
+
+
+def _stats_as_aux(nodes: list[Node]) -> list[Node]:
+    """Batch norm's and layer norm's statistics as the C runtime holds them: one block beside the forward's
+    output that its backward reads (the node's aux). torch's graph makes them nodes of their own
+    (`<forward>.out1`, `.out2`) where they are over an eighth of the output (a batch norm over few positions
+    per channel, a layer norm over few features); those nodes go when their one reader is the backward, and
+    it reads the block instead."""
+    by_name = {n.name: n for n in nodes}
+    parts: dict[str, str] = {}  # statistic's node -> its forward's
+    for n in nodes:
+        base = n.name.rsplit(".out", 1)[0]
+        if n.op in STATS_OPS and n.attrs.get("keep") in (1, 2) and base != n.name and base in by_name \
+                and by_name[base].op == n.op and not by_name[base].aux_bytes:
+            parts[n.name] = base
+    readers: dict[str, list[Node]] = {}
+    for n in nodes:
+        for r in n.inputs:
+            if r.name in parts:
+                readers.setdefault(r.name, []).append(n)
+    merged: dict[str, tuple[str, dict[str, int]]] = {}  # backward -> (forward, statistic's node -> its $aux)
+    for base in set(parts.values()):
+        mine = sorted((p for p in parts if parts[p] == base), key=lambda p: by_name[p].attrs["keep"])
+        who = {r.name for p in mine for r in readers.get(p, [])}
+        if len(who) != 1:
+            continue
+        reader = by_name[next(iter(who))]
+        if reader.kind != "backward" or reader.aux_of or any(r.view for r in reader.inputs if r.name in parts):
+            continue
+        merged[reader.name] = (base, {p: j for j, p in enumerate(mine)})
+    if not merged:
+        return nodes
+    gone = {p for _, index in merged.values() for p in index}
+    out = []
+    for n in nodes:
+        if n.name in gone:
+            continue
+        forward = next(((b, index) for b, index in merged.values() if b == n.name), None)
+        if forward:
+            kept = [by_name[p].attrs["keep"] for p in forward[1]]
+            n = replace(n, attrs={**n.attrs, "aux": kept}, aux_bytes=sum(by_name[p].bytes for p in forward[1]))
+        if n.name in merged:
+            base, index = merged[n.name]
+            remap, inputs = {}, []
+            for i, r in enumerate(n.inputs):
+                if r.name in index:
+                    remap[i] = {"$aux": index[r.name]}
+                else:
+                    remap[i] = {"$t": len(inputs)}
+                    inputs.append(r)
+            attrs = {k: _substitute(v, remap) if k in ("args", "kwargs", "then") else v for k, v in n.attrs.items()}
+            n = replace(n, inputs=tuple(inputs), attrs=attrs, aux_of=base)
+        out.append(n)
+    return out
+
+
+def _substitute(a, remap: dict[int, dict | None]):
+    """An argument template with each `{"$t": i}` marker replaced by remap[i]."""
+    if isinstance(a, dict) and "$t" in a:
+        return remap.get(a["$t"])
+    if isinstance(a, list):
+        return [_substitute(v, remap) for v in a]
+    if isinstance(a, dict):
+        return {k: _substitute(v, remap) for k, v in a.items()}
+    return a
+
+
 def _check_optimizer(g: TrainingGraph) -> None:
     problem = c_refusal(g.optimizer.to_json())  # the optimizer's unit names its C kernel, if it has one
     if problem:
@@ -103,18 +189,9 @@ def _as_c(n: Node) -> Node:
         read |= _read_operands(o)
     keep = sorted(read)
     remap = {k: {"$t": j} for j, k in enumerate(keep)}
-
-    def sub(a):
-        if isinstance(a, dict) and "$t" in a:
-            return remap.get(a["$t"])
-        if isinstance(a, list):
-            return [sub(v) for v in a]
-        if isinstance(a, dict):
-            return {k: sub(v) for k, v in a.items()}
-        return a
-
     # No scratch in C kernels: the plan's ops carry none.
-    attrs = {k: sub(v) if k in ("args", "kwargs", "then") else v for k, v in n.attrs.items() if k != "scratch"}
+    attrs = {k: _substitute(v, remap) if k in ("args", "kwargs", "then") else v for k, v in n.attrs.items()
+             if k != "scratch"}
     if "then" in attrs:
         attrs["then"] = [{k: v for k, v in o.items() if k != "scratch"} for o in attrs["then"]]
     aux_bytes = 4 * AUX_ITEMS * n.shape[1] if n.op == BATCH_NORM else n.aux_bytes

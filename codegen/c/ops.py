@@ -218,6 +218,28 @@ def _div_refuse(c: OpCase) -> str | None:
     return None if mean_backward_planes(c) else "has no kernel (only as the backward of a mean over H and W)"
 
 
+def div_kind(c: OpCase) -> str | None:
+    """"same" (a / b of same-shape tensors), "scalar" (x / v, a number), or None."""
+    a, b = c.args["self"], c.args["other"]
+    if isinstance(b, (int, float)) and not isinstance(b, bool):
+        return "scalar"
+    return "same" if isinstance(b, torch.Tensor) and a.shape == b.shape else None
+
+
+def _div_tensor_refuse(c: OpCase) -> str | None:
+    return None if div_kind(c) else "has a kernel for same-shape tensors and a number divisor only"
+
+
+def slice_channels(c: OpCase) -> bool:
+    """A slice's backward along channels (dim 1, step 1) of a 2-D or NCHW gradient."""
+    a = c.args
+    return len(a["input_sizes"]) in (2, 4) and a["dim"] % len(a["input_sizes"]) == 1 and a["step"] == 1
+
+
+def _slice_bwd_refuse(c: OpCase) -> str | None:
+    return None if slice_channels(c) else "along any dim but channels (dim 1, step 1) has no kernel"
+
+
 def is_counter(c: OpCase) -> bool:
     """Batch norm's num_batches_tracked += 1: an integer buffer's new value, one more than its old."""
     a = c.args["self"]
@@ -339,6 +361,11 @@ C_OPS: dict[str, CKernel] = {
     "aten.mean.dim": CKernel("global_avgpool", "mean over H and W (global average pooling)",
                              refuse=_both(_mean_refuse, _no_update)),
     "aten.div.Scalar": CKernel("global_avgpool", refuse=_both(_div_refuse, _no_update)),
+    "aten.div.Tensor": CKernel("div", "division by a number or a same-shape tensor",
+                               refuse=_both(_div_tensor_refuse, _no_update)),
+    # A channel slice's backward (GhostNet's `out[:, :c]`): zeros, and the gradient into its channels.
+    "aten.slice_backward.default": CKernel("concat", "channel slices (their backward)", sources=("concat", "fill"),
+                                           refuse=_both(_slice_bwd_refuse, _no_update)),
     "aten.add.Tensor": CKernel("add", "add of same-shape tensors (residuals)",
                                refuse=_both(_same_shape_refuse, _no_update)),
     "aten.cat.default": CKernel("concat", "cat along channels (dim 1)", refuse=_both(_cat_refuse, _no_update)),

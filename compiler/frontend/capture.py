@@ -22,6 +22,8 @@ import torch.nn.functional as F
 import torch.utils._python_dispatch
 
 from edgetrain.compiler.errors import UnsupportedModelError
+from .eager_kernels import eager_backward_kernels, eager_upsampling
+from .random_keys import KeyedRandom, graph_keys
 
 # What `--loss` may be, besides a user function given as path/file.py:fn.
 LOSSES = ("cross_entropy", "mse", "model")
@@ -41,12 +43,19 @@ class JointCapture:
     seed_keys: dict[str, str] = field(default_factory=dict)  # random op node -> the key its mask is drawn by
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # buffer name -> a constant tensor of the code
     sources: dict[str, str] = field(default_factory=dict)  # forward fx node -> the user's line that made it
+    exported: bool = False  # traced as torch.export traces (`as_export`): a library's helper needed it
+
+
+def class_dim(rank: int, token_ids: bool) -> int:
+    """Where cross-entropy reads the classes of an output of `rank` dimensions: the last of a token model's
+    (B, T, V) logits, else dim 1 of (B, C, ...) (torch's own; a sequence classifier's (B, C) over token ids too)."""
+    return -1 if token_ids and rank == 3 else 1
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, token_ids: bool = False) -> torch.Tensor:
     """torch's cross-entropy (classes on dim 1 for (B, C, ...) outputs); for a token model's (B, T, V) logits,
     the classes are the last dimension and every one of the B*T positions counts (labels (B, T))."""
-    if token_ids and logits.dim() == 3:
+    if class_dim(logits.dim(), token_ids) == -1:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
     return F.cross_entropy(logits, labels)
 
@@ -91,112 +100,6 @@ def load_loss(spec: str):
     return fn
 
 
-def _dropout_args(func, args, kwargs) -> tuple:
-    """(input, p, training) of an F.dropout(input, p=0.5, training=True, inplace=False) or
-    torch.dropout(input, p, train) call."""
-    names = ("input", "p", "training") if func is F.dropout else ("input", "p", "train")
-    bound = dict(zip(names, args))
-    bound.update({k: v for k, v in kwargs.items() if k in names})
-    return bound.get("input"), bound.get("p", 0.5), bound.get(names[2], True)
-
-
-class KeyedDropout(torch.overrides.TorchFunctionMode):
-    """Every dropout of a training step, an nn.Dropout module's or a functional F.dropout call, as torch's
-    native_dropout keyed by the module that draws it: an nn.Dropout by its name, an F.dropout by the module
-    whose forward calls it (`enc:F.dropout`; `F.dropout` in the model's own forward).
-
-    During capture it only records the keys in call order (`calls`); in the exactness reference it draws
-    each mask from the generator the runtime seeds for the same (seed, step, key) (`clock`), or (`hashed`, for C
-    firmware) the C runtime's hashed mask for that key."""
-
-    def __init__(self, model: nn.Module, calls: list | None = None, clock=None, hashed: bool = False) -> None:
-        super().__init__()
-        self.model, self.calls, self.clock, self.hashed = model, calls, clock, hashed
-        self.stack: list[tuple[str, nn.Module]] = []  # the modules running, outermost first
-        self.handles: list = []
-
-    def __enter__(self):
-        for name, m in self.model.named_modules():
-            if name:
-                self.handles.append(m.register_forward_pre_hook(
-                    lambda mod, args, name=name: self.stack.append((name, mod))))
-                self.handles.append(m.register_forward_hook(lambda *_: _pop(self.stack), always_call=True))
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-        return super().__exit__(*exc)
-
-    def _key(self) -> str:
-        name, mod = self.stack[-1] if self.stack else ("", None)
-        return name if isinstance(mod, nn.Dropout) else f"{name}:F.dropout" if name else "F.dropout"
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not F.dropout and func is not torch.dropout:
-            return func(*args, **kwargs)
-        x, p, training = _dropout_args(func, args, kwargs)
-        if not isinstance(x, torch.Tensor) or not isinstance(p, (int, float)) or not 0 < p < 1 or not training:
-            return func(*args, **kwargs)  # the identity, or torch's own message for a bad p
-        key = self._key()
-        if self.calls is not None:
-            self.calls.append(key)
-            return torch.ops.aten.native_dropout(x, p, True)[0]
-        from edgetrain.runtime.python.aten_call import seeded
-
-        seed, step, counts = self.clock  # counts: draws of each key in this step (reset per step)
-        counts[key] = counts.get(key, 0) + 1
-        key = key if counts[key] == 1 else f"{key}#{counts[key]}"
-        if self.hashed:
-            from . import dropout_mask
-
-            keep = dropout_mask.keep_mask(seed, step, key, p, x.numel())
-            m = torch.from_numpy(keep).to(device=x.device, dtype=x.dtype).reshape(x.shape)
-            return x * m * dropout_mask.scale(p)  # the kernel's x * keep * scale, rounding for rounding
-        with seeded(seed, step, key, x.device):
-            return torch.ops.aten.native_dropout(x, p, True)[0]
-
-
-def dropout_keys(gm: fx.GraphModule, calls: list[str]) -> dict[str, str]:
-    """The k-th native_dropout node of the graph is the k-th dropout call of the (last) trace."""
-    nodes = [n.name for n in gm.graph.nodes if n.op == "call_function" and "native_dropout" in str(n.target)
-             and "backward" not in str(n.target)]
-    if not nodes or len(calls) < len(nodes):
-        return {}
-    last = calls[-len(nodes):]
-    seen: dict[str, int] = {}
-    keys = {}
-    for node, key in zip(nodes, last):
-        seen[key] = seen.get(key, 0) + 1
-        keys[node] = key if seen[key] == 1 else f"{key}#{seen[key]}"
-    return keys
-
-
-def _sum_tied_gradients(gm: fx.GraphModule, grads: dict[str, str]) -> dict[str, str]:
-    """torch differentiates each name of a tied parameter apart; its gradient is the sum (one add node)."""
-    by_param: dict[str, list[str]] = {}
-    for node, p in grads.items():
-        by_param.setdefault(p, []).append(node)
-    nodes = {n.name: n for n in gm.graph.nodes}
-    out = gm.graph.output_node()
-    for p, parts in by_param.items():
-        if len(parts) < 2:
-            continue
-        with gm.graph.inserting_before(out):
-            total = nodes[parts[0]]
-            for other in parts[1:]:
-                val = total.meta.get("val")
-                total = gm.graph.call_function(torch.ops.aten.add.Tensor, (total, nodes[other]))
-                total.meta["val"] = val
-        for node in parts:
-            del grads[node]
-        grads[total.name] = p
-        out.args = (tuple(out.args[0]) + (total,),)
-    return grads
-
-
 @contextlib.contextmanager
 def on_fakes(module: nn.Module):
     """`module` with fake parameters and buffers (shapes and dtypes, no data) while the context lasts: a trace
@@ -206,23 +109,49 @@ def on_fakes(module: nn.Module):
     from torch.nn.utils.stateless import _reparametrize_module
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    real = {**dict(module.named_parameters(remove_duplicate=False)),
+    real = {**dict(nn.Module.named_parameters(module, remove_duplicate=False)),  # every name (_Step lists one)
             **dict(module.named_buffers(remove_duplicate=False))}
     fakes = {k: mode.from_tensor(v) for k, v in real.items()}  # one fake per tensor: tied names stay tied
     with _reparametrize_module(module, fakes):
         yield mode
 
 
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """Each further name of a tied parameter (an LM head sharing the token embedding) -> its first name, the one
+    named_parameters() lists."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first and first[id(p)] != name:
+            aliases[name] = first[id(p)]
+        first.setdefault(id(p), name)
+    return aliases
+
+
 class _Step(nn.Module):
-    """model + objective as one module whose forward returns the loss (what AOTAutograd differentiates)."""
+    """model + objective as one module whose forward returns the loss (what AOTAutograd differentiates).
+
+    A tied parameter is one input of the trace, under its first name: named_parameters lists each tensor once even
+    when asked for every name (aot_export_module asks, and would make each name an input of its own: one that
+    forward never reads, such as T5's `shared`, gets no gradient and the trace fails), and forward reads every
+    further name as the tensor under the first. Autograd then sums the gradient of the uses, in eager's order."""
 
     def __init__(self, model: nn.Module, fn) -> None:
         super().__init__()
         self.m = model
         self.fn = fn
+        self.aliases = {f"m.{a}": f"m.{f}" for a, f in tied_aliases(model).items()}
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return super().named_parameters(prefix, recurse, remove_duplicate=True)
 
     def forward(self, x, y):
-        return (self.fn(self.m, x, y),)
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        bound = {a: getattr(self.get_submodule(f.rpartition(".")[0]), f.rpartition(".")[2])
+                 for a, f in self.aliases.items()}
+        with _reparametrize_module(self, bound) if bound else contextlib.nullcontext():
+            return (self.fn(self.m, x, y),)
 
 
 _PREFIX = "m."
@@ -325,17 +254,17 @@ def _base_name(target) -> str:
     return name.strip("_").removeprefix("native_")
 
 
-def _sources(step: nn.Module, gm: fx.GraphModule, x, y, fake) -> dict[str, str]:
+def _sources(step: nn.Module, gm: fx.GraphModule, x, y, fake) -> tuple[dict[str, str], list[str]]:
     """The user's source line of each op of the traced graph's forward: one forward on fake tensors records
     which line ran which aten op, and the graph's ops take them in order (an op the forward does not show,
-    such as a `detach` autograd adds, takes none)."""
-    where = _Where()
+    such as a `detach` autograd adds, takes none). Also the keys of the forward's random draws, in order."""
+    where, draws = _Where(), []
     handles = _module_hooks(step.m, where)
     try:
-        with torch.random.fork_rng(), torch.no_grad(), fake, where, KeyedDropout(step.m, []):
+        with torch.random.fork_rng(), torch.no_grad(), fake, where, KeyedRandom(step.m, draws):
             step(x, y)
     except Exception:  # the lines only label messages: a model that runs only traced still compiles
-        return {}
+        return {}, []
     finally:
         for h in handles:
             h.remove()
@@ -350,7 +279,7 @@ def _sources(step: nn.Module, gm: fx.GraphModule, x, y, fake) -> dict[str, str]:
                     out[n.name] = calls[j][1]
                 at = j + 1
                 break
-    return out
+    return out, draws
 
 
 def _unmasked(gm: fx.GraphModule) -> None:
@@ -381,13 +310,54 @@ def _real(value, name: str) -> torch.Tensor:
     return value.constant
 
 
+def _data_dependent(e: BaseException) -> bool:
+    name = type(e).__name__
+    return "GuardOnDataDependent" in name or "data-dependent" in str(e) or "DataDependent" in name
+
+
+def _library_frame(e: BaseException):
+    """The innermost frame of an installed library (transformers, timm) in an exception's traceback, when the
+    failure happened there rather than in the model's own code or torch's; None otherwise."""
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    torch_dir = os.path.dirname(torch.__file__)
+    for f in reversed(traceback.extract_tb(e.__traceback__)):
+        if f.filename.startswith((torch_dir, ours)) or f.filename.startswith("<"):
+            continue
+        return f if "site-packages" in f.filename or f.filename.startswith((sys.prefix, sys.exec_prefix)) else None
+    return None
+
+
+def _library_path(filename: str) -> str:
+    """A library file as its package names it: `transformers/masking_utils.py`."""
+    return filename.split("site-packages" + os.sep, 1)[-1]
+
+
 def _guard_message(e: Exception) -> str:
-    """Where torch gave up on data-dependent control flow: the user's line."""
+    """Where torch gave up on data-dependent control flow: the library's line where a library branched, and the
+    user's line."""
     text = str(e)
     where = user_frame(e)
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    lib = _library_frame(e)
+    if lib is not None:
+        return (f"the model's control flow depends on tensor values in {_library_path(lib.filename)}:{lib.lineno}: "
+                f"`{(lib.line or '').strip()}`, called{where or ' from the model'} ({first[:200]}), even traced as "
+                "torch.export traces. A training graph must be the same for every batch: give that code what it "
+                "branches on (an explicit attention_mask for a Hugging Face mask helper), or pick the model's "
+                "option that avoids it (attn_implementation=\"eager\")")
     return (f"the model's control flow depends on tensor values{where} ({first[:200]}). A training graph must be "
             "the same for every batch: replace the data-dependent `if`/loop with torch.where or a fixed shape")
+
+
+def as_export(on: bool):
+    """Library code run as torch.export runs it: torch.compiler.is_compiling() and is_exporting() true, which
+    libraries read to take a path a trace can follow (Hugging Face's mask helpers then build the mask instead of
+    asking whether it is all ones). The eager reference of a plan traced so runs the same way."""
+    if not on:
+        return contextlib.nullcontext()
+    from torch._export.utils import _compiling_state_context
+
+    return _compiling_state_context()
 
 
 def portable_kernels(gpu: bool):
@@ -402,56 +372,62 @@ def portable_kernels(gpu: bool):
     return sdpa_kernel(SDPBackend.MATH)
 
 
+def _trace(step: _Step, x: torch.Tensor, y: torch.Tensor, gpu: bool, exported: bool) -> tuple:
+    """aot_export_module's joint graph and signature, with the forward's source lines and random draws."""
+    from torch._functorch.aot_autograd import aot_export_module
+
+    # Fakes: the trace needs shapes, not values (a real batch made it run the model, 4x slower on BERT-base).
+    # preserve_node_meta: each backward node keeps the seq_nr of the forward op it differentiates
+    with on_fakes(step) as fake, contextlib.redirect_stderr(io.StringIO()), torch.fx.traceback.preserve_node_meta(), \
+            portable_kernels(gpu), as_export(exported), eager_upsampling():
+        gm, sig = aot_export_module(step, (fake.from_tensor(x), fake.from_tensor(y)), trace_joint=True,
+                                    output_loss_index=0)
+        sources, draws = _sources(step, gm, fake.from_tensor(x), fake.from_tensor(y), fake)
+    return gm, sig, sources, draws
+
+
 def capture(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy",
             token_ids: bool = False, user_fn=None, gpu: bool = False) -> JointCapture:
     """The joint graph of one training step of `model` on a batch like (x, y); `gpu`: of kernels a CUDA device runs
     (`portable_kernels`)."""
-    from torch._functorch.aot_autograd import aot_export_module
-
     if not any(p.requires_grad for p in model.parameters()):
         raise UnsupportedModelError("every parameter of the model is frozen (requires_grad=False): "
                                     "there is nothing to train")
-    # Tied parameters (an LM head sharing the embedding) are one parameter: named_parameters lists it once.
-    tied: dict[str, str] = {}
-    seen: dict[int, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen and seen[id(p)] != name:
-            tied[name] = seen[id(p)]
-        seen.setdefault(id(p), name)
-    calls: list[str] = []
     step = _Step(model, objective(loss, token_ids, user_fn))
     try:
-        # Fakes: the trace needs shapes, not values (a real batch made it run the model, 4x slower on BERT-base).
-        # preserve_node_meta: each backward node keeps the seq_nr of the forward op it differentiates
-        with on_fakes(step) as fake, KeyedDropout(model, calls), contextlib.redirect_stderr(io.StringIO()), \
-                torch.fx.traceback.preserve_node_meta(), portable_kernels(gpu):
-            gm, sig = aot_export_module(step, (fake.from_tensor(x), fake.from_tensor(y)), trace_joint=True,
-                                        output_loss_index=0)
-            seed_keys = dropout_keys(gm, calls)  # before the forward below records its own
-            sources = _sources(step, gm, fake.from_tensor(x), fake.from_tensor(y), fake)
+        try:
+            exported = False
+            gm, sig, sources, draws = _trace(step, x, y, gpu, exported)
+        except Exception as e:
+            if not (_data_dependent(e) and _library_frame(e) is not None):
+                raise
+            try:  # a library's helper branched on a tensor's value: traced as torch.export traces, it may not
+                exported = True
+                gm, sig, sources, draws = _trace(step, x, y, gpu, exported)
+            except Exception:
+                raise e from None  # the first failure names the library's line
     except UnsupportedModelError:
         raise
     except Exception as e:  # torch's own message for what it could not trace
-        name = type(e).__name__
-        if "GuardOnDataDependent" in name or "data-dependent" in str(e) or "DataDependent" in name:
+        if _data_dependent(e):
             raise UnsupportedModelError(_guard_message(e)) from None
-        raise UnsupportedModelError(f"torch could not trace the training step{user_frame(e)}: {name}: "
+        raise UnsupportedModelError(f"torch could not trace the training step{user_frame(e)}: {type(e).__name__}: "
                                     f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
     _unmasked(gm)
+    eager_backward_kernels(gm)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    # A tied parameter is named as named_parameters() names it (its first name) everywhere.
-    params = {ph: tied.get(_strip(p), _strip(p)) for ph, p in sig.inputs_to_parameters.items()}
+    params = {ph: _strip(p) for ph, p in sig.inputs_to_parameters.items()}  # a tied one by its first name
     buffers = {ph: _strip(b) for ph, b in sig.inputs_to_buffers.items()}
     user = [ph for ph in placeholders if ph not in params and ph not in buffers]
     if len(user) != 2:
         raise UnsupportedModelError(f"expected the batch as two inputs (x, y), torch traced {len(user)}")
     bwd = sig.backward_signature
-    grads = {node: tied.get(_strip(p), _strip(p)) for node, p in bwd.gradients_to_parameters.items()}
-    grads = _sum_tied_gradients(gm, grads)
+    grads = {node: _strip(p) for node, p in bwd.gradients_to_parameters.items()}
     constants = {f"{CONSTANT_PREFIX}{n.target}": _real(getattr(gm, n.target), n.target)
                  for n in gm.graph.nodes if n.op == "get_attr"}
     buffers.update({n.name: f"{CONSTANT_PREFIX}{n.target}" for n in gm.graph.nodes if n.op == "get_attr"})
     return JointCapture(gm=gm, constants=constants, params=params, buffers=buffers, inputs=(user[0], user[1]),
                         loss=sig.user_outputs[0], grads=grads,
                         buffer_updates={node: _strip(b) for node, b in sig.buffers_to_mutate.items()},
-                        seed_keys=seed_keys, sources=sources)
+                        seed_keys=graph_keys(gm, draws), sources=sources,
+                        exported=exported)

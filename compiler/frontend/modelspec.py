@@ -18,7 +18,7 @@ class ResolvedModel:
     spec: str
     module: nn.Module
     input_shape: tuple[int, ...] | None  # (C, H, W) without the batch
-    num_classes: int | None
+    num_classes: int | None  # the model's own `num_classes` attribute, which overrides its output's class count
     kwargs: dict = field(default_factory=dict)
     input_dtype: str = "float32"  # "int64": token ids in [0, input_high)
     input_high: int | None = None
@@ -72,7 +72,8 @@ def resolve(spec: str, **kwargs) -> ResolvedModel:
                                  "give a file as path/file.py:factory or a module as package.module:attr")
         e = zoo.ZOO[spec]
         model = zoo.build(spec, **kwargs)
-        facts = {"input_shape": tuple(e.input_shape), "num_classes": e.num_classes, **_input_facts(model)}
+        # num_classes only from the model itself: the class count is its output's (frontend/labels.py)
+        facts = {"input_shape": tuple(e.input_shape), "num_classes": None, **_input_facts(model)}
         return ResolvedModel(spec, model, kwargs=kwargs, **facts)
     where, attr = spec.rsplit(":", 1)
     if where.endswith(".py"):

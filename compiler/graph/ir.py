@@ -181,13 +181,14 @@ class TrainingGraph:
     params: dict[str, TensorSpec]
     buffers: dict[str, TensorSpec]
     input_shape: tuple[int, ...]  # with the batch dimension
-    num_classes: int
+    num_classes: int | None  # class ids run 0..num_classes-1 (from the model's output); None: labels are values
     loss: str  # "cross_entropy" | "mse"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     input_dtype: str = "float32"  # "int64": token ids in [0, input_high), which no gradient reaches
     input_high: int | None = None
     trainable: tuple[str, ...] | None = None  # parameters the optimizer updates; None: every parameter
     frozen_in_flash: bool = False  # frozen parameters live in read-only memory (C firmware), not in the budget
+    exported: bool = False  # traced as torch.export traces (a library's helper needed it): the reference runs so too
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -288,6 +289,7 @@ class TrainingGraph:
             "optimizer": self.optimizer.to_json(),
             **({"trainable": list(self.trainable)} if self.trainable is not None else {}),
             **({"frozen_in_flash": True} if self.frozen_in_flash else {}),
+            **({"exported": True} if self.exported else {}),
             # Token-id inputs only, so image models' schedules (and their content hashes) stay as they were.
             **({"input_dtype": self.input_dtype, "input_high": self.input_high} if self.input_dtype != "float32" else {}),
             "params": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.params.items()},
@@ -313,6 +315,7 @@ class TrainingGraph:
             optimizer=OptimizerConfig.from_json(d["optimizer"]),
             trainable=tuple(d["trainable"]) if "trainable" in d else None,
             frozen_in_flash=bool(d.get("frozen_in_flash", False)),
+            exported=bool(d.get("exported", False)),
             input_dtype=d.get("input_dtype", "float32"),
             input_high=d.get("input_high"),
         )

@@ -29,13 +29,13 @@ from edgetrain.runtime.python.threads import PLAN_THREADS
 
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.frontend.capture import JointCapture
+from edgetrain.compiler.frontend.random_keys import draws_random
 
 from .aten_node import ALIASES, dtype_name, is_view, literal, numel, op_flops, op_name, op_scratch, spec_of
 from .fusion import fuse_updates, remap_operands as _remap
 from .ir import Node, OptimizerConfig, TensorRef, TrainingGraph
 
 _AUX_SHARE = 8  # a side output at most 1/8 of the op's main output may ride along as aux
-_RANDOM = ("native_dropout", "bernoulli", "rand_like", "randn_like", "randint_like")
 
 
 @dataclass
@@ -252,7 +252,7 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
              if n.updates else n for n in nodes]
     return TrainingGraph(model=model, nodes=nodes, params=model_params, buffers=model_buffers,
                          input_shape=tuple(input_shape), num_classes=num_classes, loss=loss, optimizer=optimizer,
-                         input_dtype=input_dtype, input_high=input_high, trainable=trainable)
+                         input_dtype=input_dtype, input_high=input_high, trainable=trainable, exported=cap.exported)
 
 
 _BN_BACKWARD = "aten.native_batch_norm_backward.default"
@@ -428,7 +428,7 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
             if mine:
                 attrs["updates"] = [{k: ([list(v) for v in u[k]] if k == "view" else u[k]) for k in u
                                      if not (k == "view" and not u[k])} for u in mine]
-            if any(r in opname for r in _RANDOM) and "backward" not in opname:  # a backward draws nothing
+            if draws_random(op.fx.target, op.fx.args, op.fx.kwargs):  # unkeyed: its own name
                 attrs["seed_key"] = seed_keys.get(name, name)
             if name == loss_ref.node:
                 attrs["loss_item"] = loss_ref.k

@@ -21,6 +21,7 @@ from edgetrain.compiler.errors import BudgetError, DeviceFitError
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import Liveness
 
+from .bound import bound_text
 from .heuristics import store_all
 from .steps import build_steps
 from .validator import Report, validate
@@ -96,8 +97,9 @@ def smallest_percent(a: Anchors) -> float:
     return p
 
 
-def check_feasible(budget: "Budget", budget_bytes: int, a: Anchors) -> None:
-    """Refuse a budget below the smallest feasible one, in bytes and as a percentage of plain backprop's peak."""
+def check_feasible(budget: "Budget", budget_bytes: int, a: Anchors, graph: TrainingGraph | None = None) -> None:
+    """Refuse a budget below the smallest feasible one, in bytes and as a percentage of plain backprop's peak
+    (with `graph`: and which op's working set bounds it)."""
     if budget_bytes >= a.min_feasible_bytes:
         return
     given = f"budget {budget.text} = {budget_bytes} B"
@@ -108,7 +110,8 @@ def check_feasible(budget: "Budget", budget_bytes: int, a: Anchors) -> None:
         f"({a.min_feasible_bytes / 1e6:.3f} MB), {a.percent_of_store_all(a.min_feasible_bytes):.1f}% of plain "
         f"backprop's peak of {a.store_all_peak_bytes} B ({a.store_all_peak_bytes / 1e6:.3f} MB; 100% = plain "
         f"backprop). Give --budget {smallest_percent(a):g}% or more (at least {a.min_feasible_bytes}B, or "
-        f"--budget min), or lower --batch-size, or freeze layers with --train.")
+        f"--budget min), or lower --batch-size, or freeze layers with --train."
+        + (f" {bound_text(graph)}" if graph is not None else ""))
 
 
 def parse_budget(text: str) -> Budget:
@@ -194,7 +197,7 @@ def budget_for_device(budget: Budget, a: Anchors, graph: TrainingGraph, target,
     room, name = device_memory_bytes(target), target.name
     if room is None:
         budget_bytes = budget.resolve(a, device_bytes)
-        check_feasible(budget, budget_bytes, a)
+        check_feasible(budget, budget_bytes, a, graph)
         return budget_bytes
     state = graph.state_bytes
     if state > room:
@@ -207,12 +210,13 @@ def budget_for_device(budget: Budget, a: Anchors, graph: TrainingGraph, target,
         raise DeviceFitError(
             f"the model needs at least {_mb(a.min_feasible_bytes)} to train (its smallest feasible budget: the "
             f"fixed state, {_mb(a.fixed_bytes)}, then what the largest backward step reads), more than {name}'s "
-            f"memory, {_mb(room)}. Lower --batch-size, freeze layers with --train, or use a smaller model.")
+            f"memory, {_mb(room)}. Lower --batch-size, freeze layers with --train, or use a smaller model. "
+            f"{bound_text(graph)}")
     budget_bytes = budget.resolve(a, device_bytes)
     if budget_bytes > room:
         most = math.floor(10.0 * a.percent_of_store_all(room)) / 10.0
         raise DeviceFitError(
             f"budget {budget.text} = {_mb(budget_bytes)} is more than {name}'s memory, {_mb(room)}. Give at most "
             f"{_at_most(room)} ({most:g}% of plain backprop's peak of {_mb(a.store_all_peak_bytes)}), or min.")
-    check_feasible(budget, budget_bytes, a)
+    check_feasible(budget, budget_bytes, a, graph)
     return budget_bytes

@@ -13,6 +13,7 @@ import numpy as np
 
 from .steps import Decisions, Step, build_steps
 from .budget import min_budget
+from .bound import bound_text
 from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
 from edgetrain.compiler.errors import BudgetError, InternalError, Interrupted, OverBudgetError, ValidationError
 from edgetrain.compiler.graph.ir import TrainingGraph
@@ -100,7 +101,8 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
         raise BudgetError(
             f"budget {budget_bytes} B is below the smallest feasible budget for this model and batch: "
             f"{smallest} B ({smallest / 1e6:.3f} MB), of which {lv.state_bytes} B is parameters, optimizer "
-            f"state and buffers. Raise --budget to at least {smallest}B or lower --batch-size."
+            f"state and buffers. Raise --budget to at least {smallest}B or lower --batch-size. "
+            f"{bound_text(g, lv)}"
         )
     base_time = sum(n.time_s for n in g.nodes)
     if deadline_s is not None and deadline_s < base_time * (1 - 1e-12):

@@ -91,6 +91,16 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= x < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a share of the data in [0, 1), e.g. 0.1")
+    return x
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error under --json still prints one JSON object (then exits 2 as argparse does)."""
 
@@ -165,9 +175,18 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--data", default="random", metavar="SOURCE",
                    help=f"{', '.join(DATA_SOURCES)}, a .npz or .safetensors file with arrays x and y, or a "
                         "folder with one sub-folder of images per class")
+    r.add_argument("--eval-data", metavar="SOURCE",
+                   help="held-out data measured as each epoch ends (a dataset, a file or a folder, as --data)")
+    r.add_argument("--holdout", type=_fraction, metavar="FRACTION",
+                   help="without --eval-data: the share of --data kept out of training to measure it on (default "
+                        "0.1; 0: none)")
     r.add_argument("--save", metavar="OUT.safetensors",
                    help="write the trained weights (the model's own state_dict keys) and, beside them, "
                         "OUT.state.safetensors (weights, optimizer state, step: what --resume reads)")
+    r.add_argument("--save-trained", action="store_true",
+                   help="with --save: write only the parameters that train (a LoRA model's adapters) to "
+                        "OUT.safetensors, under the model's own keys (load_state_dict(strict=False) takes them "
+                        "back); the state file still holds everything --resume needs")
     r.add_argument("--resume", action="store_true",
                    help="with --save: continue from the state in that file, if it exists: the steps it holds "
                         "count towards --steps/--epochs, so rerunning a killed command finishes it exactly as an "
@@ -232,9 +251,9 @@ def _cmd_compile(a) -> dict:
             raise EdgetrainError("--train selects what backprop trains; --mode local trains every layer block by "
                                  "block: drop --train or use --mode poet")
         if a.json or not sys.stderr.isatty():
-            return compile_local_cmd(a)
+            return compile_local_cmd(a, _optimizer(a))
         with console(stderr=True).status("compiling (local learning)") as status:
-            return compile_local_cmd(a, progress=lambda msg: status.update(msg))
+            return compile_local_cmd(a, _optimizer(a), progress=lambda msg: status.update(msg))
 
     if a.cuts > 0 and a.lns == 0:
         raise EdgetrainError("--cuts works inside the phased solve: give --lns too (e.g. --lns 0.45 --cuts 0.15)")
@@ -294,7 +313,7 @@ def _cmd_run(a) -> dict:
     from .run_c import run_firmware
 
     if is_c_plan(a.dir):
-        if a.epochs or a.save or a.resume or a.save_every:
+        if a.epochs or a.save or a.resume or a.save_every or a.save_trained:
             raise EdgetrainError("--epochs, --save and --resume train with the Python runtime; C firmware "
                                  "takes --steps")
         return run_firmware(a.dir, qemu=a.qemu, steps=a.steps or 1, data=a.data, check=a.check, seed=a.seed,
@@ -302,8 +321,12 @@ def _cmd_run(a) -> dict:
     if a.qemu or a.cycle or a.inject_corrupt_page is not None:
         raise EdgetrainError(f"{a.dir} holds a plan for the Python runtime; --qemu, --cycle and "
                              "--inject-corrupt-page need C firmware: compile with `--emit c`")
+    from .run import epoch_line
+
     opts = dict(steps=a.steps, epochs=a.epochs, data=a.data, check=a.check, device=a.device, seed=a.seed,
-                save=a.save, resume=a.resume, save_every=a.save_every)
+                save=a.save, resume=a.resume, save_every=a.save_every, save_trained=a.save_trained,
+                eval_data=a.eval_data, holdout=a.holdout,
+                on_epoch=None if a.json else lambda rec: print(epoch_line(rec), flush=True))
     if a.json or not sys.stderr.isatty():
         return run_plan(a.dir, **opts)
     from rich.progress import Progress

@@ -32,7 +32,7 @@ def save(fig, out_dir: str, name: str) -> list[str]:
 
 
 # One look per scheduler in every figure: color, marker and line style all differ, so coinciding series stay
-# visible (hollow markers of different shapes and sizes, drawn largest first, show through each other).
+# visible (hollow markers of different shapes and sizes, the largest lowest, show through each other).
 SCHEDULER_STYLES = {
     "poet": dict(color="tab:blue", marker="o", ls="-", ms=11),
     "checkmate": dict(color="tab:orange", marker="s", ls="--", ms=8),
@@ -41,7 +41,8 @@ SCHEDULER_STYLES = {
     "checkpoint": dict(color="tab:purple", marker="v", ls=(0, (5, 1, 1, 1)), ms=6.5),
     "store-all": dict(color="tab:gray", marker="*", ls=(0, (1, 2)), ms=8),
 }
-_SPARE = [dict(color=f"C{k}", marker=m, ls="-", ms=6) for k, m in enumerate("PX*hp<>")]
+# No "x" look-alike (a cross marks a combination without a schedule) and no star (store-all's).
+_SPARE = [dict(color=f"C{k}", marker=m, ls="-", ms=6) for k, m in enumerate("Php<>d8")]
 
 
 def scheduler_style(name: str, k: int = 0) -> dict:

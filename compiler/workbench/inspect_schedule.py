@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.compiler.graph.liveness import analyze
 from edgetrain.compiler.schedule_file import format as schedule_format
+from edgetrain.compiler.scheduling.bound import remedies, smallest_budget_bound
 
 
 def summarize(out_dir: str) -> dict:
@@ -21,6 +24,8 @@ def summarize(out_dir: str) -> dict:
             stages.append({"stage": t, "node": nodes[t]["name"], "kind": nodes[t]["kind"], "recompute": recs,
                            "page_in": ins, "page_out": outs})
     p, sa = body["predicted"], body["store_all"]
+    graph = TrainingGraph.from_json(body["graph"])
+    bound = smallest_budget_bound(graph, analyze(graph))
     return {
         "model": body["model"]["spec"], "target": body["target"]["name"], "scheduler": body["scheduler"],
         "schedule": body.get("schedule_kind"), "stages": len(nodes), "active_stages": stages,
@@ -30,4 +35,5 @@ def summarize(out_dir: str) -> dict:
         "time_s": p["time_s"], "store_all_time_s": sa["time_s"],
         "recomputes": p["recomputes"], "page_ins": p["page_ins"], "page_outs": p["page_outs"],
         "paged_bytes": p["paged_bytes"], "solver": body["solver"],
+        "smallest_budget_bound": {**bound.to_json(), "text": bound.text(), "remedies": remedies(bound)},
     }

@@ -35,7 +35,13 @@ def add_compile_options(c: argparse.ArgumentParser) -> None:
 def add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="train a local-learning plan on a dataset; export the early-exit model")
     t.add_argument("dir")
-    t.add_argument("--data", default="fashion-mnist", choices=DATASETS)
+    t.add_argument("--data", default="fashion-mnist", metavar="SOURCE",
+                   help=f"{', '.join(DATASETS)} (with its own test split), a .npz or .safetensors file with arrays "
+                        "x and y, or a folder with one sub-folder of images per class")
+    t.add_argument("--eval-data", metavar="SOURCE", help="with your own --data: the test set (default: a "
+                   "--holdout share of --data)")
+    t.add_argument("--holdout", type=float, metavar="FRACTION",
+                   help="with your own --data and no --eval-data: the share kept out as the test set (default 0.1)")
     t.add_argument("--epochs", type=int, default=1, help="epochs per block (with --patience: the most per block)")
     t.add_argument("--patience", type=int, help="each block trains until its validation accuracy has not improved "
                    "for this many epochs (at most --epochs)")
@@ -49,12 +55,19 @@ def add_train_parser(sub) -> None:
     t.add_argument("--json", action="store_true")
 
 
-def compile_local_cmd(a, progress=None) -> dict:
+def compile_local_cmd(a, optimizer, progress=None) -> dict:
+    """`optimizer`: the OptimizerConfig `compile` made of --lr, --momentum and --weight-decay (their defaults
+    filled in where they were not given); local learning trains every block with SGD."""
+    from edgetrain.compiler.errors import EdgetrainError
     from edgetrain.compiler.pipeline_local import LocalOptions, compile_local
 
+    if optimizer.name != "sgd" or optimizer.nesterov:
+        raise EdgetrainError("--mode local trains every block with SGD (--lr, --momentum, --weight-decay): drop "
+                             "--optimizer and --nesterov, or use --mode poet")
     shape = tuple(a.input_shape) if a.input_shape else None
     opts = LocalOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, cap=a.cap, rho=a.rho,
-                        input_shape=shape, lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay,
+                        input_shape=shape, lr=optimizer.lr, momentum=optimizer.momentum,
+                        weight_decay=optimizer.weight_decay,
                         cache_dtype=a.cache_dtype, seed=a.seed, profile_method=a.profile)
     return compile_local(opts, progress=progress)
 
@@ -62,8 +75,12 @@ def compile_local_cmd(a, progress=None) -> dict:
 def train_cmd(a, console) -> dict:
     from .local_train import train_dir
 
+    from .local_train import epoch_line
+
     kw = dict(data=a.data, epochs=a.epochs, work=a.work, train_size=a.train_size, test_size=a.test_size,
-              device=a.device, export=not a.no_export, patience=a.patience, eval_each_epoch=a.timeline)
+              device=a.device, export=not a.no_export, patience=a.patience, eval_each_epoch=a.timeline,
+              eval_data=a.eval_data, holdout=a.holdout,
+              on_epoch=None if a.json else lambda rec: print(epoch_line(rec), flush=True))
     if a.json or not sys.stderr.isatty():
         return train_dir(a.dir, **kw)
     from rich.progress import Progress

@@ -18,15 +18,43 @@ from edgetrain.runtime.python import load_plan
 from edgetrain.runtime.python.local_trainer import Splits
 
 from edgetrain.compiler.schedule_file import format as schedule_format
-from .data import adapt_images, load_dataset, train_val_split
+from .data import DATASETS, adapt_images, load_dataset, train_val_split
+from .run_data import HOLDOUT, check_labels, held_out, open_source, plan_facts
 from edgetrain.compiler.errors import EdgetrainError
 from .local_export import (check_onnx, count_params, exit_model, export_onnx, export_safetensors, select_exit)
 
-__all__ = ["load_splits", "train_dir", "exit_candidates"]
+__all__ = ["load_splits", "train_dir", "exit_candidates", "epoch_line"]
+
+
+class _Tee(list):
+    """The epochs' records, each also handed on as it arrives."""
+
+    def __init__(self, on_epoch) -> None:
+        super().__init__()
+        self.on_epoch = on_epoch
+
+    def append(self, rec: dict) -> None:
+        super().append(rec)
+        self.on_epoch(rec)
 
 
 def load_splits(data: str, input_shape, *, val_fraction: float, seed: int = 0, train_size: int | None = None,
-                test_size: int | None = None) -> Splits:
+                test_size: int | None = None, body: dict | None = None, eval_data: str | None = None,
+                holdout: float | None = None) -> Splits:
+    """Training, validation (the early exit's choice) and test splits. `data`: a named dataset (its own test
+    split), or with the schedule `body` a .npz/.safetensors file or an image folder, read and checked as `run`
+    reads them, whose test split is `eval_data` or a seeded `holdout` share (default 0.1)."""
+    if body is not None:
+        facts = plan_facts(body)
+        if data in DATASETS:
+            for split in ("train", "test"):  # its class ids against the heads' classes, before any training
+                check_labels(load_dataset(data, split)[1].numpy(), facts, data)
+        else:
+            return _own_splits(data, body, val_fraction=val_fraction, seed=seed, eval_data=eval_data,
+                               holdout=holdout)
+    if eval_data or holdout:
+        raise EdgetrainError(f"--data {data} has a test split of its own; --eval-data and --holdout are for your "
+                             "own data")
     # Native images first, subset, then resized: a 10k-image subset never costs the 60k resized split.
     try:
         x, y = load_dataset(data, "train")
@@ -42,6 +70,31 @@ def load_splits(data: str, input_shape, *, val_fraction: float, seed: int = 0, t
     x, xt = (adapt_images(v, channels=c, size=(h, w)) for v in (x, xt))
     xtr, ytr, xv, yv = train_val_split(x, y, val_fraction, seed)
     return Splits(xtr, ytr, xv, yv, xt, yt)
+
+
+def _own_splits(data: str, body: dict, *, val_fraction: float, seed: int, eval_data: str | None,
+                holdout: float | None) -> Splits:
+    ds = open_source(data, body)
+    if ds is None:
+        raise EdgetrainError("`train` needs data to learn from: a dataset, a .npz/.safetensors file or a folder")
+    if eval_data:
+        test = open_source(eval_data, body)
+    else:
+        ds, test = held_out(ds, HOLDOUT if holdout is None else holdout, seed)
+    x, y = ds.all()
+    xt, yt = test.all()
+    xtr, ytr, xv, yv = train_val_split(x, y, val_fraction, seed)
+    return Splits(xtr, ytr, xv, yv, xt, yt)
+
+
+def epoch_line(rec: dict) -> str:
+    """One line a user reads as an epoch of a block ends."""
+    acc = rec["val_accuracy"]
+    best = max(acc, key=lambda k: acc[k]) if acc else None
+    loss = "-" if rec["loss"] is None else f"{rec['loss']:.4f}"
+    return (f"block {rec['block'] + 1}/{rec['blocks']} epoch {rec['epoch']}/{rec['epochs']}: loss {loss} "
+            f"(layer {rec['layer']}'s head)" + (f", held-out accuracy {acc[best]:.1f}% (layer {best}'s head)"
+                                                  if best is not None else "") + f", {rec['wall_s']:.1f} s")
 
 
 def exit_candidates(local: dict, blocks: list[dict]) -> tuple[list[float], list[float], list[int]]:
@@ -61,7 +114,8 @@ def exit_candidates(local: dict, blocks: list[dict]) -> tuple[list[float], list[
 def train_dir(plan_dir: str, data: str = "fashion-mnist", epochs: int = 1, *, work: str | None = None,
               train_size: int | None = None, test_size: int | None = None, device: str = "cpu",
               cache: bool = True, eval_each_epoch: bool = False, export: bool = True, progress=None,
-              splits: Splits | None = None, patience: int | None = None) -> dict:
+              splits: Splits | None = None, patience: int | None = None, eval_data: str | None = None,
+              holdout: float | None = None, on_epoch=None) -> dict:
     """``splits``: data already loaded by :func:`load_splits` (a benchmark shares it between methods).
     ``patience``: each block trains until its validation accuracy has not improved for that many epochs
     (``epochs`` is then the cap per block)."""
@@ -79,11 +133,15 @@ def train_dir(plan_dir: str, data: str = "fashion-mnist", epochs: int = 1, *, wo
     if splits is None:
         splits = load_splits(data, tuple(body["model"]["input_shape"]),
                              val_fraction=local["training"]["val_fraction"], seed=body["seed"],
-                             train_size=train_size, test_size=test_size)
+                             train_size=train_size, test_size=test_size, body=body, eval_data=eval_data,
+                             holdout=holdout)
     work = work or os.path.join(plan_dir, "work")
+    epochs_seen: list[dict] = []
+    if on_epoch is not None:
+        epochs_seen = _Tee(on_epoch)
     t0 = time.perf_counter()
     res = plan.train(splits, work, epochs, cache=cache, device=device, progress=progress,
-                     eval_each_epoch=eval_each_epoch, patience=patience)
+                     eval_each_epoch=eval_each_epoch, patience=patience, on_epoch=epochs_seen.append)
     process_s = time.perf_counter() - t0
     val, test, params = exit_candidates(local, res["blocks"])
     k = select_exit(val, params, local["training"]["exit_tolerance_points"])
@@ -102,7 +160,7 @@ def train_dir(plan_dir: str, data: str = "fashion-mnist", epochs: int = 1, *, wo
                        "test_accuracy": test[i], "exit_params": params[i]} for i in range(len(val))],
         "blocks": [{kk: v for kk, v in b.items() if kk not in ("val_accuracy", "test_accuracy")}
                    for b in res["blocks"]],
-        "timeline": res["timeline"],
+        "timeline": res["timeline"], "epoch_log": list(epochs_seen),
     }
     if export:
         model = exit_model(res["layers"], res["heads"], k).cpu().eval()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 
 from edgetrain.compiler.errors import EdgetrainError
 
@@ -25,6 +26,13 @@ from .plot_schedule import plot_matrices, plot_memory, schedule_matrices
 from .memory_breakdown import breakdown
 
 STORE_ALL_KEYS = {"energy_j": "store_all_energy_j", "time_s": "store_all_time_s"}
+# Legend texts, each also the label of the artists it stands for (so a figure can be checked against its legend).
+GAP_LABEL = "down to the MILP's proven bound (gap)"
+STORE_ALL_LABEL = "store-all (plain backprop)"
+MIN_BUDGET_LABEL = "smallest feasible budget"
+NO_SCHEDULE_LABEL = "no schedule (strip under the panel)"
+FRONT_LABEL = "Pareto front (nothing both faster and cheaper)"
+DEADLINE_LABEL = "deadline"
 
 __all__ = ["plot_sweep", "versus_budget", "energy_vs_time", "deadline_panels", "budget_percent", "pareto_front",
            "memory_curve", "schedule_matrices", "budget_order"]
@@ -53,6 +61,10 @@ def deadline_panels(meta: dict, rows: list[dict]) -> list[str]:
     order = [d for d in meta.get("deadlines", []) if d in seen]
     order += sorted(seen - set(order))
     return order or ["none"]
+
+
+def _deadline_short(d: str) -> str:
+    return d if d == "none" or d.endswith("s") else f"{d}x"
 
 
 def _deadline_title(d: str) -> str:
@@ -87,21 +99,34 @@ def budget_order(meta: dict, rows: list[dict]) -> list[str]:
 
 
 def _scale(ax, values: list[float], axis: str = "y") -> str:
-    """Linear, or symlog when positive overheads span more than a decade (0.05% and 33% both readable)."""
+    """Linear, or symlog when positive overheads span more than a decade (0.05% and 300% both readable); the
+    limits are set here to hold every value and 0 (autoscaling would miss the dodged series: their transform
+    is offset from the data's, and matplotlib counts only data-space artists)."""
+    import numpy as np
     from matplotlib.ticker import FuncFormatter
 
-    pos = [v for v in values if v is not None and v > 0]
+    vals = [float(v) for v in values if v is not None and math.isfinite(v)] + [0.0]
+    pos = [v for v in vals if v > 0]
     ax_ = ax.yaxis if axis == "y" else ax.xaxis
-    setlim = ax.set_ylim if axis == "y" else ax.set_xlim
+    scale = "linear"
     if pos and max(pos) / min(pos) > 10:
         thresh = 10 ** math.floor(math.log10(min(pos)))
         (ax.set_yscale if axis == "y" else ax.set_xscale)("symlog", linthresh=thresh, linscale=0.5)
-        low = min(0.0, min(v for v in values if v is not None))
-        setlim(low - 0.6 * thresh, max(pos) * 1.8)
-        ax_.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
-        return "symlog"
+        scale = "symlog"
     ax_.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
-    return "linear"
+    # A margin of 8% of the span, measured in the scale's own units, so a marker on the edge stays whole.
+    tr = ax_.get_transform()
+    lo, hi = tr.transform(np.array([min(vals), max(vals)]))
+    pad = 0.08 * (hi - lo) if hi > lo else 1.0
+    lo, hi = tr.inverted().transform(np.array([lo - pad, hi + pad]))
+    (ax.set_ylim if axis == "y" else ax.set_xlim)(lo, hi)
+    return scale
+
+
+def _layers(scheds: list[str]) -> dict[str, int]:
+    """A z-order per scheduler: the largest markers lowest, so a smaller one on a coinciding point shows on top."""
+    sizes = sorted(range(len(scheds)), key=lambda k: (-scheduler_style(scheds[k], k)["ms"], k))
+    return {scheds[k]: 3 + rank for rank, k in enumerate(sizes)}
 
 
 def _dodge(ax, k: int, n: int):
@@ -143,6 +168,7 @@ def versus_budget(meta: dict, rows: list[dict], field: str, what: str):
     values = [_overhead(meta, r, field) for r in rows if r["status"] == "ok"]
     mf = meta.get("min_feasible_bytes")
     xs_all = [budget_percent(meta, r["budget_bytes"]) for r in rows]
+    layer = _layers(scheds)
     for ax, strip, dl in zip(mains, strips, deadlines):
         panel = {"points": {}, "infeasible": {}}
         for k, s in enumerate(scheds):
@@ -160,14 +186,14 @@ def versus_budget(meta: dict, rows: list[dict], field: str, what: str):
                 panel.setdefault("bounds", {})[s] = [(x, lo) for x, _, lo in gaps]
                 if gaps:
                     ax.vlines([g[0] for g in gaps], [g[2] for g in gaps], [g[1] for g in gaps], color=st["color"],
-                              lw=2.2, alpha=0.45, zorder=2, transform=_dodge(ax, k, len(scheds)))
-            if pts:  # the largest markers first, so smaller ones stay visible on top of coinciding points
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], zorder=3 + k, lw=1.4,
+                              lw=2.2, alpha=0.45, zorder=2, transform=_dodge(ax, k, len(scheds)), label=GAP_LABEL)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], zorder=layer[s], lw=1.4, label=s,
                         transform=_dodge(ax, k, len(scheds)), **_plain(st))
             if bad:
                 strip.plot([b[0] for b in bad], [k] * len(bad), ls="none", marker="x", ms=7, mew=1.8,
-                           color=st["color"], zorder=3)
-        ax.axhline(0, color="black", lw=0.9, ls=(0, (1, 1)), zorder=1)
+                           color=st["color"], zorder=3, label=NO_SCHEDULE_LABEL, gid=s)
+        ax.axhline(0, color="black", lw=0.9, ls=(0, (1, 1)), zorder=1, label=STORE_ALL_LABEL)
         if field == "time_s" and dl != "none":  # the panel's deadline as a line: what the time must stay under
             limit = _deadline_overhead(meta, dl)
             ax.axhline(limit, color="gray", ls=":", lw=1.2, zorder=1)
@@ -176,7 +202,7 @@ def versus_budget(meta: dict, rows: list[dict], field: str, what: str):
             values.append(limit)
         if mf:
             for a in (ax, strip):
-                a.axvline(budget_percent(meta, mf), color="red", ls="--", lw=1, zorder=1)
+                a.axvline(budget_percent(meta, mf), color="red", ls="--", lw=1, zorder=1, label=MIN_BUDGET_LABEL)
         ax.set_title(_deadline_title(dl), fontsize=10, pad=28)
         ax.grid(alpha=0.3)
         sec = ax.secondary_xaxis("top", functions=(to_mb, to_pct))
@@ -196,9 +222,10 @@ def versus_budget(meta: dict, rows: list[dict], field: str, what: str):
                 by_reason.setdefault(b[2], []).append(b[1])
             if by_reason:
                 lines.append(f"{s}: " + "; ".join(f"{', '.join(v)} ({why})" for why, v in by_reason.items()))
-        strip.text(0.0, -0.55 - 0.012 * len(scheds), "no schedule:\n" + "\n".join(lines) if lines else
-                   "every combination has a schedule", transform=strip.transAxes, va="top", fontsize=7,
-                   color="#333333")
+        # Under the strip's axis label, whatever the strip's height (x in the strip's width, y from the label).
+        strip.annotate("no schedule:\n" + "\n".join(lines) if lines else "every combination has a schedule",
+                       xy=(0.0, 0.0), xycoords=("axes fraction", strip.xaxis.label), xytext=(0, -6),
+                       textcoords="offset points", va="top", fontsize=7, color="#333333")
         if not any(panel["points"].values()):
             ax.text(0.5, 0.5, "no solved combination", transform=ax.transAxes, ha="center")
         data["panels"][dl] = panel
@@ -212,15 +239,23 @@ def versus_budget(meta: dict, rows: list[dict], field: str, what: str):
     data["yscale"] = _scale(mains[0], values)
     mains[0].set_ylabel(f"{what} over store-all (%)")
     strips[0].set_ylabel("no\nschedule", fontsize=7, rotation=0, ha="right", va="center")
-    handles = [Line2D([], [], lw=1.4, **_plain(scheduler_style(s, k))) for k, s in enumerate(scheds)]
-    labels = list(scheds)
-    if field == "energy_j":
+    # One entry per scheduler with a point or a cross somewhere; the other entries only for what was drawn.
+    handles, labels = [], []
+    for k, s in enumerate(scheds):
+        if any(p["points"][s] or p["infeasible"][s] for p in data["panels"].values()):
+            handles.append(Line2D([], [], lw=1.4, **_plain(scheduler_style(s, k))))
+            labels.append(s)
+    if any(b for p in data["panels"].values() for b in p.get("bounds", {}).values()):
         handles.append(Line2D([], [], color="gray", lw=2.2, alpha=0.45))
-        labels.append("down to the MILP's proven bound (gap)")
-    handles += [Line2D([], [], color="black", lw=0.9, ls=(0, (1, 1))),
-                Line2D([], [], color="red", ls="--", lw=1),
-                Line2D([], [], color="gray", ls="none", marker="x", ms=7, mew=1.8)]
-    labels += ["store-all (plain backprop)", "smallest feasible budget", "no schedule (strip under the panel)"]
+        labels.append(GAP_LABEL)
+    handles.append(Line2D([], [], color="black", lw=0.9, ls=(0, (1, 1))))
+    labels.append(STORE_ALL_LABEL)
+    if mf:
+        handles.append(Line2D([], [], color="red", ls="--", lw=1))
+        labels.append(MIN_BUDGET_LABEL)
+    if any(b for p in data["panels"].values() for b in p["infeasible"].values()):
+        handles.append(Line2D([], [], color="gray", ls="none", marker="x", ms=7, mew=1.8))
+        labels.append(NO_SCHEDULE_LABEL)
     fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.975, 0.92), fontsize=8, frameon=False)
     fig.suptitle(f"{what.capitalize()} vs budget: {meta['model']} on {meta['target']}, batch {meta['batch_size']}",
                  fontsize=11, y=1.02)
@@ -260,6 +295,8 @@ def energy_vs_time(meta: dict, rows: list[dict]):
     data: dict = {"panels": {}}
     ok = [r for r in rows if r["status"] == "ok"]
     deadlines = [d for d in deadline_panels(meta, rows) if d != "none"]
+    layer = _layers(scheds)
+    drawn: set[str] = set()
     for idx, b in enumerate(budgets):
         ax = axes[idx // ncol][idx % ncol]
         mine = [r for r in ok if r["budget"] == b]
@@ -269,38 +306,56 @@ def energy_vs_time(meta: dict, rows: list[dict]):
             sp = [(_overhead(meta, r, "time_s"), _overhead(meta, r, "energy_j"), r["deadline"]) for r in mine
                   if r["scheduler"] == s]
             if sp:
-                ax.plot([p[0] for p in sp], [p[1] for p in sp], zorder=3 + k, transform=_dodge(ax, k, len(scheds)),
-                        **_plain(st, line=False))
+                ax.plot([p[0] for p in sp], [p[1] for p in sp], zorder=layer[s], label=s,
+                        transform=_dodge(ax, k, len(scheds)), **_plain(st, line=False))
+                drawn.add(s)
             pts += [(p[0], p[1]) for p in sp]
         front = pareto_front(pts)
         if front:
             fx, fy = [p[0] for p in front], [p[1] for p in front]
-            ax.step(fx, fy, where="post", color="black", lw=2.5, alpha=0.18, zorder=1)
-            ax.plot(fx, fy, ls="none", marker="o", ms=3, color="black", zorder=10)
+            ax.step(fx, fy, where="post", color="black", lw=2.5, alpha=0.18, zorder=1, label=FRONT_LABEL)
+            ax.plot(fx, fy, ls="none", marker="o", ms=3, color="black", zorder=20, label=FRONT_LABEL)
+            drawn.add(FRONT_LABEL)
         for d in deadlines:
             x = _deadline_overhead(meta, d)
             if x is not None:
-                ax.axvline(x, color="gray", ls=":", lw=1)
+                ax.axvline(x, color="gray", ls=":", lw=1, label=DEADLINE_LABEL)
                 ax.text(x, 1.0, f" {d}" + ("" if d.endswith("s") else "x"), transform=ax.get_xaxis_transform(),
                         fontsize=7, color="gray", va="top")
+                drawn.add(DEADLINE_LABEL)
+        # What has no point here, under the panel's title: a combination without a schedule has no time to plot.
+        missing = {s: [r["deadline"] for r in rows if r["budget"] == b and r["scheduler"] == s and r["status"] != "ok"]
+                   for s in scheds}
+        missing = {s: v for s, v in missing.items() if v}
         bb = mine[0]["budget_bytes"] if mine else next(r["budget_bytes"] for r in rows if r["budget"] == b)
-        ax.set_title(f"budget {b} ({bb / 1e6:.3f} MB)", fontsize=9)
+        title = f"budget {b} ({bb / 1e6:.3f} MB)"
+        if missing:
+            said = "; ".join(f"{s} ({', '.join(_deadline_short(d) for d in v)})" for s, v in missing.items())
+            title += "\n" + "\n".join(textwrap.wrap("no schedule: " + said, 58))
+        ax.set_title(title, fontsize=9 if not missing else 7.5)
         ax.grid(alpha=0.3)
         if not mine:
             ax.text(0.5, 0.5, "no schedule at this budget", transform=ax.transAxes, ha="center", fontsize=8)
-        data["panels"][b] = {"points": pts, "front": front}
+        data["panels"][b] = {"points": pts, "front": front, "no_schedule": missing}
     for k in range(len(budgets), nrow * ncol):
         axes[k // ncol][k % ncol].set_visible(False)
     allp = [p for v in data["panels"].values() for p in v["points"]]
-    data["xscale"] = _scale(axes[0][0], [p[0] for p in allp], "x")
+    lines = [_deadline_overhead(meta, d) for d in deadlines]
+    data["xscale"] = _scale(axes[0][0], [p[0] for p in allp] + lines, "x")
     data["yscale"] = _scale(axes[0][0], [p[1] for p in allp], "y")
     for ax in axes[-1]:
         ax.set_xlabel("time over store-all (%)", fontsize=9)
     for row in axes:
         row[0].set_ylabel("energy over store-all (%)", fontsize=9)
-    handles = [Line2D([], [], **_plain(scheduler_style(s, k), line=False)) for k, s in enumerate(scheds)]
-    handles += [Line2D([], [], color="black", lw=2.5, alpha=0.18), Line2D([], [], color="gray", ls=":")]
-    labels = list(scheds) + ["Pareto front (nothing both faster and cheaper)", "deadline"]
+    handles = [Line2D([], [], **_plain(scheduler_style(s, k), line=False)) for k, s in enumerate(scheds) if s in drawn]
+    labels = [s for s in scheds if s in drawn]
+    front_key = (Line2D([], [], color="black", lw=2.5, alpha=0.18), Line2D([], [], ls="none", marker="o", ms=3,
+                                                                        color="black"))
+    for label, handle in ((FRONT_LABEL, front_key),
+                          (DEADLINE_LABEL, Line2D([], [], color="gray", ls=":"))):
+        if label in drawn:
+            handles.append(handle)
+            labels.append(label)
     fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize=8, frameon=False)
     fig.suptitle(f"Energy vs time per budget: {meta['model']} on {meta['target']}, batch {meta['batch_size']} "
                  f"(every deadline's solves)", fontsize=11)

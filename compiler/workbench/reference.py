@@ -1,8 +1,9 @@
 """The exactness reference: the user's model trained by plain PyTorch autograd from the same weights and data.
 
-Every dropout, an nn.Dropout module's or an F.dropout call's, draws the runtime's mask (same seed, step and key:
-torch's generator for a Python plan, the C runtime's hash for firmware), and the parameters the schedule lists as
-trainable are the ones with requires_grad (so a `--train` selection holds), the only changes to the model;
+Every random draw (an nn.Dropout's, an F.dropout call's, the dropout inside attention, a drop-path's bernoulli_)
+draws what the runtime draws (same seed, step and key, frontend/random_keys.py: torch's generator for a Python
+plan, the C runtime's hashed mask for firmware), and the parameters the schedule lists as trainable are the ones
+with requires_grad (so a `--train` selection holds), the only changes to the model;
 everything else is the model as the user wrote it, with its loss and the torch.optim optimizer the plan's updates
 match.
 """
@@ -13,7 +14,9 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from edgetrain.compiler.frontend.capture import KeyedDropout, load_loss, objective, portable_kernels
+from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.compiler.frontend.capture import as_export, load_loss, objective, portable_kernels
+from edgetrain.compiler.frontend.random_keys import KeyedRandom
 from edgetrain.compiler.frontend.modelspec import resolve
 from edgetrain.runtime.python.optimizers import unit_of
 from edgetrain.targets import Target
@@ -28,6 +31,29 @@ def load_weights(model: nn.Module, path: str) -> None:
             b.copy_(tensors[f"buffer/{k}"])
 
 
+def _draws(schedule: dict) -> dict[str, str]:
+    """The plan's random nodes: key -> node (a node of several outputs once)."""
+    return {n["attrs"]["seed_key"]: n["name"].split(".")[0] for n in schedule["graph"]["nodes"]
+            if "seed_key" in n.get("attrs", {})}
+
+
+def _refusal(schedule: dict, node: str, why: str) -> str:
+    at = next((n.get("source") for n in schedule["graph"]["nodes"] if n["name"] == node), None)
+    op = next(n["op"] for n in schedule["graph"]["nodes"] if n["name"] == node)
+    return (f"--check: the plan's random op `{op}` (node {node}{f', {at}' if at else ''}) {why}, so no eager run "
+            "can draw what it draws. Train without that randomness to compare (model.eval() before compiling, or "
+            "its probability 0: e.g. attn_pdrop=0 / attention_probs_dropout_prob=0 in a Hugging Face config), or "
+            "run without --check")
+
+
+def check_draws(schedule: dict) -> None:
+    """Refuse, before any training, a check whose reference cannot draw a random node's numbers: the capture's
+    eager forward did not pair its draws with the graph's, and the node kept its own name as its key."""
+    for key, node in _draws(schedule).items():
+        if key == node:
+            raise EdgetrainError(_refusal(schedule, node, "was not matched to a draw of the model's eager forward"))
+
+
 def make_optimizer(params, config: dict) -> torch.optim.Optimizer:
     """The torch.optim optimizer a plan's update matches (single-tensor arithmetic, foreach=False): its unit's
     class with the unit's settings, which are that class's keyword arguments."""
@@ -37,12 +63,14 @@ def make_optimizer(params, config: dict) -> torch.optim.Optimizer:
 
 def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
                     device: torch.device, first_step: int = 0) -> tuple[nn.Module, list[float]]:
+    check_draws(schedule)
     spec = schedule["model"]
     torch.manual_seed(schedule["seed"])
     model = resolve(spec["spec"], **spec["kwargs"]).module
     load_weights(model, weights_path)
     model.to(device).train()
     clock = [schedule["seed"], first_step, {}]
+    keyed, drawn = _draws(schedule), []
     graph = schedule["graph"]
     if "trainable" in graph:  # the schedule's choice (the model's flags or --train) decides what trains
         trainable = set(graph["trainable"])
@@ -57,9 +85,15 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     for k, (x, y) in enumerate(batches):
         clock[1], clock[2] = first_step + k, {}
         opt.zero_grad(set_to_none=True)
-        # C firmware hashes its masks; a GPU plan's attention is the kernel its graph was traced with
-        with KeyedDropout(model, clock=clock, hashed=schedule.get("backend") == "c"), portable_kernels(gpu):
+        # C firmware hashes its masks; a GPU plan's attention is the kernel its graph was traced with; library code
+        # takes the path it took in the trace
+        with KeyedRandom(model, drawn, clock=clock, hashed=schedule.get("backend") == "c"), portable_kernels(gpu), \
+                as_export(graph.get("exported", False)):
             value = fn(model, x.to(device), y.to(device))
+        missing = [node for key, node in keyed.items() if key not in drawn]
+        if missing:  # the eager forward drew other numbers than the plan: its steps would not compare
+            raise EdgetrainError(_refusal(schedule, missing[0], "has no like draw in the model's eager forward"))
+        drawn.clear()
         value.backward()
         opt.step()
         losses.append(float(value.detach()))

@@ -124,7 +124,12 @@ def print_human(cmd: str, r: dict) -> None:
         if r.get("report"):
             con.print(f"wrote {r['report']} (self-contained: open it in a browser)")
     elif cmd == "run":
-        con.print(f"{r['steps']} steps on {r['device']}, losses {losses(r['losses'])}")
+        if r.get("epochs"):  # each epoch had its line as it ended
+            con.print(f"{r['steps']} steps on {r['device']}, loss {losses(r['losses'][:1])} -> "
+                      f"{losses(r['losses'][-1:])}" + (f"; per epoch in {escape(r['metrics'])}" if r.get("metrics")
+                                                       else ""))
+        else:
+            con.print(f"{r['steps']} steps on {r['device']}, losses {losses(r['losses'])}")
         con.print(f"measured peak {mb(r['measured_peak_bytes'])} (predicted {mb(r['predicted_peak_bytes'])}, "
                   f"budget {mb(r['budget_bytes'])}), paged {r['paged_bytes']} B")
         if r.get("resumed_from"):
@@ -156,6 +161,10 @@ def print_human(cmd: str, r: dict) -> None:
         s.add_row("time (s)", f"{r['time_s']:.6g}", f"{r['store_all_time_s']:.6g}")
         s.add_row("recomputes / page-ins / page-outs", f"{r['recomputes']} / {r['page_ins']} / {r['page_outs']}", "0 / 0 / 0")
         con.print(s)
+        if r.get("smallest_budget_bound"):
+            b = r["smallest_budget_bound"]
+            con.print(escape(f"smallest feasible budget {b['budget_bytes']} B: {b['text']}. To lower it: "
+                             f"{b['remedies']}."))
         sol = r["solver"]
         seconds = "-" if sol.get("seconds") is None else f"{sol['seconds']:.2f}"
         con.print(f"solver {sol['name']}: {sol['status']}, gap {percent(sol.get('gap'))}, {seconds} s")

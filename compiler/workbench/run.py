@@ -1,9 +1,11 @@
 """`edgetrain run`: execute a compiled plan with the Python runtime, and check it against autograd."""
 from __future__ import annotations
 
+import json
 import os
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
@@ -16,8 +18,10 @@ from .data import fashion_mnist_batches, random_batches
 from edgetrain.compiler.scheduling.steps import Step
 from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.compiler.graph.ir import TrainingGraph
-from .reference import train_reference
-from .run_data import NAMED, dataset_batches, epochs_to_steps, open_source
+from .reference import check_draws, train_reference
+from .evaluate import Evaluator
+from .run_data import (HOLDOUT, NAMED, check_trainable, dataset_batches, epochs_to_steps, held_out, open_source,
+                       steps_per_epoch)
 from edgetrain.compiler.scheduling.validator import validate
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -37,7 +41,7 @@ def schedule_batches(body: dict, data: str, steps: int, seed: int) -> list:
         if labels["dtype"].startswith("float"):  # regression targets
             g = torch.Generator().manual_seed(seed)
             return [(torch.randn(*shape, generator=g), torch.randn(*labels["shape"], generator=g)) for _ in range(steps)]
-        classes = body["model"]["num_classes"] or body["graph"].get("input_high") or 2
+        classes = body["model"]["num_classes"]  # the model's output's, recorded at compile
         return list(random_batches(tuple(shape[1:]), classes, shape[0], steps, seed,
                                    input_high=body["graph"].get("input_high"), label_shape=tuple(labels["shape"][1:])))
     if body["graph"].get("input_dtype", "float32") != "float32":
@@ -45,6 +49,61 @@ def schedule_batches(body: dict, data: str, steps: int, seed: int) -> list:
     if data == "fashion-mnist":
         return list(fashion_mnist_batches(tuple(shape[1:]), shape[0], steps, seed))
     raise EdgetrainError(f"unknown data {data!r}; choose one of {', '.join(DATA_SOURCES)}")
+
+
+class _EpochWatch:
+    """What a user watches as training goes: as each epoch of a dataset ends (and at the last step), its mean
+    loss and the held-out loss and accuracy, handed to `on_epoch` and appended to the metrics file."""
+
+    def __init__(self, trainer, ds, eval_ds, body, steps_total, device, save, resume, on_epoch) -> None:
+        self.trainer, self.ds, self.on_epoch, self.steps_total = trainer, ds, on_epoch, steps_total
+        self.per = steps_per_epoch(ds, body["graph"]["input_shape"][0]) if ds is not None else None
+        self.eval_ds = eval_ds
+        self.evaluator = Evaluator(body, device) if eval_ds is not None else None
+        self.path = metrics_path(save) if save and ds is not None else None
+        self.mode = "a" if resume else "w"
+        self.records: list[dict] = []
+        self._file, self._since, self._t0 = None, 0, time.perf_counter()
+
+    def __enter__(self):
+        if self.path is not None:
+            self._file = open(self.path, self.mode)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def stepped(self, last: bool) -> None:
+        self._since += 1
+        done = self.trainer.steps_done
+        if self.per is None or not (done % self.per == 0 or last):
+            return
+        losses = self.trainer.rt.losses[-self._since:]
+        rec = {"epoch": round(done / self.per, 3), "epochs": round(self.steps_total / self.per, 3), "step": done,
+               "loss": sum(losses) / len(losses), "wall_s": time.perf_counter() - self._t0,
+               "eval_loss": None, "eval_accuracy": None, "eval_examples": 0}
+        if self.evaluator is not None:
+            rec.update(self.evaluator.evaluate(self.trainer.state_dict(), self.eval_ds))
+        self._since = 0
+        self.records.append(rec)
+        if self._file is not None:
+            self._file.write(json.dumps(rec) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        if self.on_epoch:
+            self.on_epoch(rec)
+
+
+def epoch_line(rec: dict) -> str:
+    """One line a user reads as an epoch ends."""
+    line = f"epoch {rec['epoch']:g}/{rec['epochs']:g} (step {rec['step']}): loss {rec['loss']:.4f}"
+    if rec["eval_loss"] is not None:
+        line += f", held-out loss {rec['eval_loss']:.4f}"
+        if rec["eval_accuracy"] is not None:
+            line += f", accuracy {rec['eval_accuracy']:.1f}%"
+        line += f" ({rec['eval_examples']} examples)"
+    return line + f", {rec['wall_s']:.1f} s"
 
 
 def _device(device: str | None):
@@ -71,23 +130,36 @@ def _same_kernels(check: bool, device: torch.device):
     return nullcontext()
 
 
+def tolerance(model) -> tuple[float, float]:
+    """(rtol, atol) of the check. float32: RTOL and ATOL. A model with half-precision tensors (bf16, fp16) is held
+    to its coarsest dtype's machine epsilon instead: torch's own joint graph (aot_autograd's decompositions) already
+    differs from eager autograd in the last float32 bits, and a half-precision activation rounds such a difference
+    to a whole unit of its last place (a bf16 Llama's LoRA gradients differ from eager's by ~5e-4 before any plan
+    runs)."""
+    eps = [torch.finfo(t.dtype).eps for t in (*model.parameters(), *model.buffers())
+           if t.is_floating_point() and t.dtype in (torch.bfloat16, torch.float16)]
+    return (max(eps), max(eps)) if eps else (RTOL, ATOL)
+
+
 def _compare(model, rt) -> tuple[float, float, list[str]]:
     max_abs = max_rel = 0.0
     bad = []
+    rtol, atol = tolerance(model)
     ours = {**{f"param {k}": v for k, v in rt.params.items()}, **{f"buffer {k}": v for k, v in rt.buffers.items()}}
     theirs = {**{f"param {k}": v for k, v in model.named_parameters()},
               **{f"buffer {k}": v for k, v in model.named_buffers()}}
     for k, ref in theirs.items():
         a, b = ours[k].detach().to("cpu"), ref.detach().to("cpu")
-        if a.dtype != torch.float32:
+        if a.dtype != b.dtype or not a.is_floating_point():
             if not torch.equal(a, b):
                 bad.append(k)
             continue
+        a, b = a.double(), b.double()
         diff = (a - b).abs()
         max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
-        rel = diff / b.abs().clamp_min(ATOL)
+        rel = diff / b.abs().clamp_min(atol)
         max_rel = max(max_rel, float(rel.max()) if rel.numel() else 0.0)
-        if not torch.allclose(a, b, rtol=RTOL, atol=ATOL):
+        if not torch.allclose(a, b, rtol=rtol, atol=atol):
             bad.append(k)
     return max_abs, max_rel, bad
 
@@ -99,24 +171,61 @@ def _stream(body: dict, data: str, start: int, count: int, seed: int, ds) -> lis
     return dataset_batches(ds, body["graph"]["input_shape"][0], start, count, seed)
 
 
+def metrics_path(save: str) -> Path:
+    """Where a run saving to `save` writes its per-epoch lines: trained.safetensors -> trained.metrics.jsonl."""
+    p = Path(save)
+    return p.with_name(p.name.removesuffix(".safetensors") + ".metrics.jsonl")
+
+
+def _split(data: str, ds, eval_data: str | None, holdout: float | None, body: dict, seed: int):
+    """(training set, held-out set or None): --eval-data, else a seeded --holdout share of the data."""
+    if ds is None:
+        if eval_data or holdout:
+            raise EdgetrainError("--eval-data and --holdout measure training on a dataset: give --data too")
+        return None, None
+    if eval_data:
+        if holdout:
+            raise EdgetrainError("--eval-data is the held-out set; drop --holdout")
+        if eval_data == "random":
+            raise EdgetrainError("--eval-data random measures nothing: give a dataset, a file or a folder")
+        return ds, open_source(eval_data, body)
+    share = HOLDOUT if holdout is None else holdout
+    return held_out(ds, share, seed) if share > 0 else (ds, None)
+
+
 def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check: bool = False, seed: int = 1,
              device: str | None = None, progress=None, epochs: int | None = None, save: str | None = None,
-             resume: bool = False, save_every: int | None = None) -> dict:
+             resume: bool = False, save_every: int | None = None, save_trained: bool = False,
+             eval_data: str | None = None, holdout: float | None = None, on_epoch=None) -> dict:
     """Train `steps` (or `epochs`) in all; with `resume`, the steps `save` already holds count towards them,
-    so rerunning the same command after a kill finishes the run exactly as if it had never stopped."""
+    so rerunning the same command after a kill finishes the run exactly as if it had never stopped.
+
+    On a dataset, `holdout` (default 0.1; 0: none) of it is kept out of training, or `eval_data` is; as each
+    epoch ends, its mean loss and the held-out loss and accuracy go to `on_epoch(record)`, to the result's
+    `epochs`, and with `save` to `metrics_path(save)` (JSON lines, appended by a resumed run)."""
     body = schedule_format.load(out_dir)
+    if body["mode"] == "local":
+        raise EdgetrainError(f"{out_dir} is a local-learning plan: use `edgetrain train {out_dir} --data ...` "
+                             "(`run` trains backprop plans)")
     verify_folder(out_dir)  # every generated file as compiled, before plan.py is imported
     graph = TrainingGraph.from_json(body["graph"])
     # The schedule is replayed once more before it runs: a plan that could exceed its budget never runs.
     report = validate(graph, [Step(**s) for s in body["steps"]], _target(body), body["budget"]["bytes"])
     if resume and not save:
         raise EdgetrainError("--resume continues the state an earlier --save wrote: give --save FILE too")
+    if save_trained and not save:
+        raise EdgetrainError("--save-trained chooses what --save writes: give --save FILE too")
     if save_every and not save:
         raise EdgetrainError("--save-every writes the --save file: give --save FILE too")
     if resume and check:
         raise EdgetrainError("--check trains autograd from the compiled weights; it cannot follow --resume")
+    if check:
+        check_draws(body)  # a random op no eager run can draw: refused before any step
     ds = open_source(data, body)  # None for random data
     batch = body["graph"]["input_shape"][0]
+    ds, eval_ds = _split(data, ds, eval_data, holdout, body, seed)
+    if ds is not None:
+        check_trainable(ds, batch)
     if epochs is not None:
         steps = epochs_to_steps(ds, batch, epochs)
     steps = 1 if steps is None else steps
@@ -126,20 +235,24 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     with Trainer(out_dir, device=dev, resume=resume_from) as trainer:
         if trainer.plan.PLAN.get("schedule_content") != schedule_format.content_hash(body):
             raise EdgetrainError(f"{out_dir}/plan.py was generated from another schedule; recompile the model")
+        if save:
+            trainer.claim_save(save)  # its name, its folder and one writer, before any training
         rt = trainer.rt
         start = trainer.steps_done
         batches = _stream(body, data, start, max(0, steps - start), seed, ds)
         same_kernels = _same_kernels(check, rt.device)
+        watch = _EpochWatch(trainer, ds, eval_ds, body, steps, rt.device, save, resume, on_epoch)
         t0 = time.perf_counter()
-        with same_kernels:
+        with same_kernels, watch:
             for k, (x, y) in enumerate(batches):
                 trainer.step(x, y)
                 if save_every and trainer.steps_done % save_every == 0 and k + 1 < len(batches):
-                    trainer.save(save)  # a checkpoint a killed run resumes from
+                    trainer.save(save, trained_only=save_trained)  # a checkpoint a killed run resumes from
+                watch.stepped(k + 1 == len(batches))
                 if progress:
                     progress(k + 1, len(batches))
         wall = time.perf_counter() - t0
-        saved = [str(p) for p in trainer.save(save)] if save else None
+        saved = [str(p) for p in trainer.save(save, trained_only=save_trained)] if save else None
     result = {
         "ok": True, "steps": len(batches), "first_step": start, "steps_total": steps, "data": data, "device": str(rt.device),
         "losses": rt.losses, "saved": saved, "resumed_from": str(resume_from) if resume_from else None,
@@ -148,6 +261,8 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         "paged_bytes": rt.paged_bytes, "view_copied_bytes": rt.view_copied_bytes, "wall_s": wall,
         "checked": check, "max_abs_err": None, "max_rel_err": None,
         "cudnn": None if rt.device.type != "cuda" else not check,  # on CUDA: whether cuDNN's kernels ran
+        "epochs": watch.records, "eval_data": eval_ds.name if eval_ds is not None else None,
+        "metrics": str(watch.path) if watch.path else None,
     }
     if rt.ledger.peak_bytes > body["budget"]["bytes"]:
         result["ok"] = False
@@ -160,10 +275,12 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
             model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
                                                 rt.device)
         max_abs, max_rel, bad = _compare(model, rt)
-        result.update(max_abs_err=max_abs, max_rel_err=max_rel, reference_losses=ref_losses, mismatched=bad[:20])
+        rtol, atol = tolerance(model)
+        result.update(max_abs_err=max_abs, max_rel_err=max_rel, check_rtol=rtol, check_atol=atol,
+                      reference_losses=ref_losses, mismatched=bad[:20])
         if bad:
             result["ok"] = False
             result["error_kind"] = "CheckMismatch"
-            result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}: "
+            result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={rtol:g}, atol={atol:g}: "
                                f"{', '.join(bad[:5])}")
     return result

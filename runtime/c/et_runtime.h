@@ -38,6 +38,7 @@
 #include "kernels/mul.h"
 #include "kernels/sum.h"
 #include "kernels/sub.h"
+#include "kernels/div.h"
 #include "kernels/fill.h"
 #include "kernels/layer_norm.h"
 #include "kernels/dropout.h"

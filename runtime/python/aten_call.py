@@ -20,12 +20,6 @@ import torch
 
 from .kernel_scratch import CONVOLUTION_BACKWARD, MASK_AT
 
-# Ops that draw random numbers: run under a generator seeded from (seed, step, node), so a recompute draws
-# the same mask as the first computation and the exactness reference can draw it too.
-RANDOM_OPS = frozenset({"aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p",
-                        "aten.rand_like.default", "aten.randn_like.default", "aten.rand.default",
-                        "aten.randn.default", "aten.randint_like.default"})
-
 
 @lru_cache(maxsize=None)
 def resolve(op: str):
@@ -49,7 +43,8 @@ def seed_for(seed: int, step: int, key: str) -> int:
 
 @contextlib.contextmanager
 def seeded(seed: int, step: int, key: str, device: torch.device):
-    """Draw random numbers from a generator of their own, fixed by (seed, step, key)."""
+    """Draw random numbers from a generator of their own, fixed by (seed, step, key): a node that draws (the plan gives
+    it a `seed_key`) draws the same numbers on a recompute, and the exactness reference can draw them too."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, device_type=device.type):
         torch.manual_seed(seed_for(seed, step, key))

@@ -91,6 +91,9 @@ class Trainer:
                  check_peak: bool = True) -> None:
         self.plan_dir = Path(plan_dir)
         self.plan = load_plan(self.plan_dir)  # refuses a folder whose files differ from what compile wrote
+        if self.plan.PLAN.get("mode") == "local":
+            raise ValueError(f"{self.plan_dir} is a local-learning plan: train it with the plan's train() "
+                             "(`edgetrain train`), not step by step")
         remove_stale_pages(self.plan_dir)
         try:
             self._pages = tempfile.mkdtemp(prefix=f"pages-{os.getpid()}-", dir=self.plan_dir)
@@ -100,7 +103,10 @@ class Trainer:
         self.check_peak = check_peak
         if resume is not None:
             self._resume(Path(resume))
-        bad = first_non_finite(self.rt.params)  # buffers may hold -inf on purpose (attention masks)
+        self._save_lock = None
+        # Buffers may hold -inf on purpose (attention masks): only those finite now must stay finite.
+        self._finite_buffers = [k for k, b in self.rt.buffers.items() if first_non_finite({k: b}) is None]
+        bad = first_non_finite(self.rt.params)
         if bad is not None:  # cheap, and it names the cause instead of a NaN loss one step later
             source = resume if resume is not None else self.plan_dir / self.plan.PLAN["weights"]
             raise NonFiniteError(f"'{bad}' in {source} holds NaN or infinite values before any training "
@@ -122,13 +128,36 @@ class Trainer:
         if x.is_floating_point() and not bool(torch.isfinite(x).all()):
             raise NonFiniteError(f"step {self.rt.step}: the batch's inputs hold NaN or infinite values; training "
                                  "stopped (clean the data)")
+        self._check_labels(y)
         return checked_step(self.plan, self.rt, x, y, check_peak_bytes=self.check_peak)
 
+    def _check_labels(self, y: torch.Tensor) -> None:
+        """Labels of the compiled shape and, for class ids, inside the classes the model's output scores (an id
+        outside them would stop torch's loss kernel with an index error, or read past the logits)."""
+        shape, classes = self.plan.PLAN.get("labels_shape"), self.plan.PLAN.get("num_classes")
+        if shape is not None and list(y.shape) != list(shape):
+            raise ValueError(f"labels of shape {list(y.shape)}; the plan was compiled for {list(shape)}")
+        if classes is None or shape is None:  # regression targets, or a plan from before plans named them
+            return
+        if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+            raise ValueError(f"labels of dtype {y.dtype}; this plan takes integer class ids 0..{classes - 1}")
+        bad = y >= classes
+        if self.plan.PLAN.get("loss") != "model":  # a model's own loss reads negative ids its way (HF: -100)
+            bad |= y < 0
+        if bool(bad.any()):
+            k = int(bad.reshape(-1).nonzero()[0])
+            raise ValueError(f"step {self.rt.step}: label {int(y.reshape(-1)[k])} is outside 0..{classes - 1} "
+                             f"(the model's output scores {classes} classes); relabel the data or compile a model "
+                             "with more outputs")
+
     def close(self) -> None:
-        """Remove this trainer's page store (its pages are only needed inside a step)."""
+        """Remove this trainer's page store (its pages are only needed inside a step); release a claimed save."""
         import shutil
 
         shutil.rmtree(self._pages, ignore_errors=True)
+        if self._save_lock is not None:
+            self._save_lock.release()
+            self._save_lock = None
 
     def __enter__(self) -> "Trainer":
         return self
@@ -154,17 +183,47 @@ class Trainer:
         """Everything `resume` needs in one file: the weights (`model/<key>`) and the optimizer state."""
         return {**{f"model/{k}": v for k, v in self.state_dict().items()}, **self.optimizer_state()}
 
-    def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
-        """Write the weights to `path` and the training state beside it; returns both paths.
+    def trained_state_dict(self) -> dict[str, torch.Tensor]:
+        """Only the parameters the plan trains (a LoRA model's adapters), under the model's own keys: what
+        `model.load_state_dict(sd, strict=False)` or peft's `set_peft_model_state_dict` takes back."""
+        return {k: v for k, v in self.state_dict().items() if k in set(self.rt.trainable)}
+
+    def plan_files(self) -> set[Path]:
+        """The compiled folder's own files (resolved), which no save may replace."""
+        outputs = getattr(self.plan, "OUTPUTS", None)
+        names = list(outputs["files"]) if outputs else ["plan.py", self.plan.PLAN["weights"]]
+        return {(self.plan_dir / n).resolve() for n in [*names, "schedule.json"]}
+
+    def claim_save(self, path: str | os.PathLike) -> None:
+        """Check a save path before training (a .safetensors name, none of the plan's files, a writable folder)
+        and hold it against other runs until `close()` (save_target.py)."""
+        from .save_target import claim
+
+        if self._save_lock is None:
+            self._save_lock = claim(path, state_path(path), self.plan_files())
+
+    def save(self, path: str | os.PathLike, trained_only: bool = False) -> tuple[Path, Path]:
+        """Write the weights to `path` (`trained_only`: the trained parameters alone) and the training state
+        beside it; returns both paths.
 
         The state file alone is what `resume` reads (weights, optimizer state, step, a checksum), and it is
-        written first: a save killed between the two files leaves a state that resumes correctly."""
+        written first: a save killed between the two files leaves a state that resumes correctly. Weights that
+        are no longer finite are never written: the last good save stays as it was."""
+        from .save_target import check_name
+
         path = Path(path)
+        check_name(path, state_path(path), self.plan_files())
+        bad = first_non_finite(self.rt.params) or first_non_finite(
+            {k: self.rt.buffers[k] for k in self._finite_buffers})
+        if bad is not None:
+            raise NonFiniteError(f"step {self.rt.step}: '{bad}' holds NaN or infinite values; {path} was not "
+                                 "written (it keeps the last finite save). Lower the learning rate or check the "
+                                 "data")
         meta = {_META_PLAN: str(self.plan.PLAN["schedule_content"]), _META_STEP: str(self.rt.step)}
         state = self.training_state()
         opt = state_path(path)
         _atomic_save(state, opt, dict(meta, **{_META_SUM: tensors_sha256(state)}))
-        _atomic_save(self.state_dict(), path, meta)
+        _atomic_save(self.trained_state_dict() if trained_only else self.state_dict(), path, meta)
         return path, opt
 
     def _resume(self, path: Path) -> None:

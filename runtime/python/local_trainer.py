@@ -150,7 +150,7 @@ def scaled_lr(optimizer: dict, batch: int) -> float:
 def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache: bool = True,
                 device: str = "cpu", progress: Callable[[str, int, int], None] | None = None,
                 eval_each_epoch: bool = False, initial: dict[str, torch.Tensor] | None = None,
-                patience: int | None = None) -> dict:
+                patience: int | None = None, on_epoch: Callable[[dict], None] | None = None) -> dict:
     """Train every block of ``plan`` (the generated plan's ``PLAN``); returns what happened, as a JSON dict.
 
     ``initial``: the starting weights (``layer.{i}.*``, ``head.{i}.*``); default the plan's weights file.
@@ -159,6 +159,8 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
     head with the best validation accuracy of all trained so far) with its test accuracy.
     ``patience``: a block stops after that many epochs without a new best validation accuracy of its heads
     (evaluated after every epoch, untimed); ``epochs`` is then the cap per block.
+    ``on_epoch(record)``: called as each epoch of a block ends, with the mean local loss of the block's last
+    layer and every block head's validation accuracy (evaluated untimed).
     """
     if patience is not None and patience < 1:
         raise ValueError(f"patience must be at least 1, got {patience}")
@@ -211,6 +213,7 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
             for m in (*(layers[i] for i in idx), *(heads[i] for i in idx)):
                 m.train()
             order = _epoch_order(n, seed, b, epoch)
+            loss_sum, loss_steps = 0.0, 0
             for step, start in enumerate(range(0, n, batch)):
                 sel = order[start:start + batch]
                 x = sources["train"].gather(sel).to(dev)
@@ -222,8 +225,11 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
                     else:
                         opts[i].zero_grad(set_to_none=True)
                         out = layers[i](x)
-                        nn.functional.cross_entropy(heads[i](out), y).backward()
+                        loss = nn.functional.cross_entropy(heads[i](out), y)
+                        loss.backward()
                         opts[i].step()
+                        if on_epoch is not None and i == idx[-1]:
+                            loss_sum, loss_steps = loss_sum + float(loss.detach()), loss_steps + 1
                     x = out.detach()
                 if progress:
                     progress(f"block {b} epoch {epoch + 1}/{epochs}", min(start + batch, n), n)
@@ -233,7 +239,7 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
             prog["wall_s"] += time.perf_counter() - t0  # the checkpoint is part of the method's cost
             old, prog["state"], prog["epoch"] = prog["state"], name, epoch + 1
             val = None
-            if eval_each_epoch or patience is not None:  # untimed: every head of the block on the validation split
+            if eval_each_epoch or patience is not None or on_epoch is not None:  # untimed: the block's heads on val
                 val = _accuracy(layers, heads, idx, idx, sources["val"], splits.val_y, batch, dev)
                 if stop["best_val"] is None or max(val.values()) > stop["best_val"]:
                     stop["best_val"], stop["since_best"] = max(val.values()), 0
@@ -254,6 +260,12 @@ def train_local(plan: dict, splits: Splits, workdir: str, epochs: int, *, cache:
                                          "best_exit_test_accuracy": max(
                                              [best, *(t["best_exit_test_accuracy"] for t in prog["timeline"])])})
             _atomic_json(prog_path, prog)
+            if on_epoch is not None:
+                on_epoch({"block": b, "blocks": len(plan["blocks"]), "epoch": epoch + 1, "epochs": epochs,
+                          "layer": plan["layers"][idx[-1]]["name"],
+                          "loss": loss_sum / loss_steps if loss_steps else None,
+                          "val_accuracy": {plan["layers"][i]["name"]: a for i, a in val.items()},
+                          "wall_s": prog["wall_s"]})
             if old and old != name and os.path.exists(os.path.join(workdir, old)):
                 os.remove(os.path.join(workdir, old))
             if patience is not None and stop["since_best"] >= patience:

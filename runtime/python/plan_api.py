@@ -177,6 +177,17 @@ class View(tuple):
             pass
         return _view(self._seen, self, op, args)
 
+    def item(self, k: int) -> "View":
+        """Output k of a view that yields several (`unbind`, `split`): `[k]` would index this tuple itself."""
+        try:
+            return self._seen["item", k]
+        except AttributeError:
+            self._seen = {}
+        except KeyError:
+            pass
+        v = self._seen["item", k] = View((*self, ("item", k)))
+        return v
+
 
 class AuxItem(tuple):
     """(aux ref, k): item k of the statistics a forward node kept."""

@@ -2,7 +2,9 @@
 
 CPU: Linux keeps a resident-set high-water mark (VmHWM in /proc/self/status) that writing "5" to
 /proc/self/clear_refs resets to the current resident set, so the growth over a span is VmHWM after minus
-VmRSS before, to the page. glibc malloc would blur it: a freed chunk stays mapped in its arena, and its
+VmRSS before, to the page but for the kernel's per-CPU counting: the mark is taken from the folded total,
+which lags by up to max(32, 2 x CPUs) pages per CPU the process ran on (pin it to one CPU for the least
+lag). glibc malloc would blur it: a freed chunk stays mapped in its arena, and its
 mmap threshold grows with every large free, so later blocks land in kept heap memory. `isolate_malloc`
 fixes the threshold (every block of a page or more is its own mapping, unmapped at its free) and trims the
 heap at every free, so resident memory follows the bytes torch holds. It is for measuring only, and it tells

@@ -1,0 +1,79 @@
+"""What bounds the smallest feasible budget: the stage whose working set no schedule can shrink, in words.
+
+`min_budget` (budget.py) is the most any stage must hold: at a forward stage everything fixed there, at a
+backward stage that plus the tensors its node reads. The stage where that maximum falls is the op to change
+to train in less; `smallest_budget_bound` names it (node, op, the user's line) with its parts, and `remedies`
+says what would lower it. Refusals below the smallest budget and `edgetrain inspect` call these.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.compiler.graph.liveness import Liveness
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The stage whose working set is the smallest feasible budget, and its parts in bytes."""
+
+    stage: int
+    node: str
+    op: str
+    kind: str  # forward, loss, backward
+    source: str
+    budget_bytes: int  # the smallest feasible budget: all of the below
+    state_bytes: int  # parameters, optimizer state, buffers
+    inputs_bytes: int  # what the node reads
+    output_bytes: int  # what it makes (with statistics it keeps for its backward)
+    scratch_bytes: int  # its workspace while it runs (a layer's gradients before fused SGD, kernel scratch)
+    other_bytes: int  # other tensors alive there (gradients and activations waiting for their readers)
+    updates_params: bool  # its workspace holds gradients of parameters it updates
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def text(self) -> str:
+        where = f" ({self.source})" if self.source else ""
+        return (f"the smallest budget is bounded by node `{self.node}` ({self.op}, {self.kind}){where}: its inputs "
+                f"{self.inputs_bytes} B + outputs {self.output_bytes} B + scratch {self.scratch_bytes} B, beside "
+                f"{self.state_bytes} B of parameters, optimizer state and buffers and {self.other_bytes} B of other "
+                "tensors alive there")
+
+
+def smallest_budget_bound(g: TrainingGraph, lv: Liveness) -> Bound:
+    """The stage where `min_budget(lv)` is reached (the first, on ties)."""
+    need = [lv.static[t] + (sum(lv.size[i] for i in lv.needs.get(t, ())) if t > lv.L else 0) for t in range(lv.T)]
+    t = max(range(lv.T), key=lambda k: (need[k], -k))
+    n = g.nodes[t]
+    read = list(dict.fromkeys(r.name for r in n.inputs)) + ([f"{n.aux_of}.aux"] if n.aux_of else [])
+    inputs = sum(lv.size.get(r, 0) for r in read)
+    output = n.bytes + n.aux_bytes
+    other = max(0, need[t] - lv.state_bytes - inputs - output - n.workspace_bytes)
+    return Bound(stage=t, node=n.name, op=n.op, kind=n.kind, source=n.source, budget_bytes=need[t],
+                 state_bytes=lv.state_bytes, inputs_bytes=inputs, output_bytes=output,
+                 scratch_bytes=n.workspace_bytes, other_bytes=other, updates_params=bool(n.updates))
+
+
+def bound_text(g: TrainingGraph, lv: Liveness | None = None) -> str:
+    """One sentence for a refusal: which op's working set bounds the smallest budget, and what would lower it."""
+    from edgetrain.compiler.graph.liveness import analyze
+
+    b = smallest_budget_bound(g, lv or analyze(g))
+    text = b.text()
+    return f"{text[0].upper()}{text[1:]}; to lower it: {remedies(b)}."
+
+
+def remedies(b: Bound) -> str:
+    """What would lower the smallest budget, most effective first."""
+    ways = []
+    if b.updates_params and b.scratch_bytes >= max(b.inputs_bytes, b.output_bytes):
+        ways.append("freeze this layer with --train (its scratch is its parameters' gradient)")
+    if b.state_bytes >= b.budget_bytes // 2:
+        ways.append("train fewer parameters with --train (last:N, patterns): parameters and optimizer state are "
+                    "most of it")
+    ways.append("a smaller --batch-size (the working set grows with it)")
+    if b.kind == "backward":
+        ways.append("freeze the layers up to this one with --train, so that no backward step runs through it")
+    ways.append("a smaller input or narrower layer here")
+    return "; ".join(ways)

@@ -1,0 +1,64 @@
+"""Causal language models with peft LoRA adapters, built from configs (nothing downloaded), as a user wraps them.
+
+Each wrapper's forward(x, y) returns the model's own loss (`--loss model`). The factories take the base's dtype
+(`bfloat16`, `float16` or `float32`) and whether peft upcasts the adapters to float32 beside a half-precision
+base (its default, `autocast_adapter_dtype=True`) or keeps them in the base's dtype.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class CausalLM(nn.Module):
+    def __init__(self, model: nn.Module, seq: int, vocab: int) -> None:
+        super().__init__()
+        self.model = model
+        self.input_shape, self.input_dtype, self.input_high, self.labels_shape = (seq,), "int64", vocab, (seq,)
+        self.num_classes = vocab
+
+    def forward(self, x, y):
+        return self.model(input_ids=x, labels=y).loss
+
+
+def _lora(base: nn.Module, dtype: str, targets: list[str], r: int, upcast: bool) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    base = base.to(getattr(torch, dtype))
+    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, lora_dropout=0.0),
+                           autocast_adapter_dtype=upcast)
+    # peft starts lora_B at zero, which leaves lora_A's first gradient zero: a check would hold less.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.02)
+    return model
+
+
+def llama(dtype: str = "float32", upcast: bool = True, lora: bool = True, hidden: int = 32, mlp: int = 64,
+          layers: int = 2, heads: int = 4, kv_heads: int = 2, vocab: int = 256, seq: int = 16, r: int = 4):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=seq,
+                      tie_word_embeddings=True, attention_dropout=0.0)
+    base = LlamaForCausalLM(cfg)
+    model = _lora(base, dtype, ["q_proj", "v_proj"], r, upcast) if lora else base.to(getattr(torch, dtype))
+    return CausalLM(model, seq, vocab)
+
+
+def gpt2(dtype: str = "float32", upcast: bool = True, vocab: int = 256, seq: int = 16):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0)
+    return CausalLM(_lora(GPT2LMHeadModel(cfg), dtype, ["c_attn"], 4, upcast), seq, vocab)
+
+
+def llama_1b_slice():
+    """Two layers of Llama-3.2-1B's shape (hidden 2048, MLP 8192, 32/8 heads, tied embedding) at vocabulary
+    32000 and sequence 512, bf16 base, LoRA r=16 on q and v (float32 adapters, peft's default)."""
+    return llama("bfloat16", True, hidden=2048, mlp=8192, layers=2, heads=32, kv_heads=8, vocab=32000, seq=512,
+                 r=16)

@@ -57,3 +57,7 @@ class TrainSelectionError(EdgetrainError):
 
 class DeviceFitError(EdgetrainError):
     """The firmware would need more RAM or flash than the target device has; the message gives the figures."""
+
+
+class Interrupted(EdgetrainError):
+    """The user stopped the compile (Ctrl-C) before it had a schedule within the budget: nothing was written."""

@@ -23,6 +23,7 @@ from .model_graph import trace_model
 from .schedule_file import format as schedule_format
 from .scheduling.bound import bound_text
 from .scheduling.budget import anchors, budget_for_device, parse_deadline
+from .scheduling.interrupt import stoppable
 from .scheduling.overlap import overlap_paging
 from .scheduling.schedulers import Scheduled, run_scheduler
 from .scheduling.validator import validate
@@ -75,9 +76,10 @@ def place_weights(req: Request, b: Budgeted) -> Placed:
     room = req.backend.weight_room(plain, target)
     candidates = {p: n for p, n in room.frozen.items() if n <= room.ram_bytes}
     req.say(f"choosing which of {len(candidates)} frozen weights to stream from storage")
-    chosen, solver = choose_streamed(plain, target, b.budget_bytes, candidates,
-                                     sum(room.frozen.values()) - room.flash_bytes, rule,
-                                     time_limit=req.opts.time_limit, solver=req.opts.solver)
+    with stoppable():  # Ctrl-C stops the solves, and the compile goes on with what they found
+        chosen, solver = choose_streamed(plain, target, b.budget_bytes, candidates,
+                                         sum(room.frozen.values()) - room.flash_bytes, rule,
+                                         time_limit=req.opts.time_limit, solver=req.opts.solver)
     info = {"rule": rule, "milp": chosen, "solver_status": solver["free"].get("status"),
             "objective_j": solver["free"].get("objective"),
             "rule_objective_j": solver.get("proposed", solver["free"]).get("objective")}
@@ -111,8 +113,10 @@ def solve_and_render(req: Request, s: Selected) -> Rendered:
     for attempt in range(FRAGMENTATION_RETRIES + 1):
         req.say(f"solving {len(graph.nodes)} stages, {len(p.liveness.decision)} decision tensors"
                 + (f" for {solve_budget} B (the arena's fragmentation)" if solve_budget != budget_bytes else ""))
-        result = run_scheduler(graph, p.liveness, target, solve_budget, scheduler=opts.scheduler, deadline_s=deadline_s,
-                               time_limit=opts.time_limit, solver=opts.solver, lns=opts.lns, cuts=opts.cuts)
+        with stoppable():  # Ctrl-C stops the solve, and the compile goes on with the best schedule it found
+            result = run_scheduler(graph, p.liveness, target, solve_budget, scheduler=opts.scheduler,
+                                   deadline_s=deadline_s, time_limit=opts.time_limit, solver=opts.solver,
+                                   lns=opts.lns, cuts=opts.cuts, say=req.say)
         if req.backend.overlaps_paging and opts.overlap_paging:
             result = _overlapped(graph, result, target, solve_budget)
         body = schedule_format.backprop_body(

@@ -72,6 +72,7 @@ def summary(req: Request, done: Compiled) -> dict:
         "activation_peak_bytes": anchor.activation_peak_bytes, "budget": req.budget.text,
         "solver": {k: r.result.solver.get(k) for k in ("name", "requested", "notice", "status", "gap", "seconds",
                                                        "objective", "bound", "variables", "constraints")},
+        "interrupted": r.result.solver.get("status") == "interrupted",  # Ctrl-C: the best schedule found by then
         "emit": opts.emit,
         "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }

@@ -50,6 +50,13 @@ def expects_error(shown: list[str] | None) -> bool:
     return bool(shown) and shown[0].startswith("edgetrain ") and ": error:" in shown[0]
 
 
+def error_lines(stderr: str) -> list[str]:
+    """A failed command's stderr from its error on: the progress lines before it are not shown."""
+    lines = stderr.rstrip("\n").splitlines()
+    first = next((k for k, x in enumerate(lines) if x.startswith("edgetrain ") and ": error:" in x), 0)
+    return lines[first:]
+
+
 def run_section(name: str, where: Path, report=None) -> list[str]:
     """Run one section's blocks in `where`; the problems found (empty: it ran as written)."""
     problems: list[str] = []
@@ -71,7 +78,7 @@ def run_section(name: str, where: Path, report=None) -> list[str]:
                 if c.line == SELF:
                     continue  # the suite cannot run itself
                 r = run_shell(c.line, where)
-                out = (r.stderr if expects_error(c.shown) else r.stdout).rstrip("\n").splitlines()
+                out = (error_lines(r.stderr) if expects_error(c.shown) else r.stdout.rstrip("\n").splitlines())
                 if report:
                     report(c.line, out, r)
                 want_rc = 2 if expects_error(c.shown) else 0

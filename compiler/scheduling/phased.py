@@ -9,6 +9,7 @@ import numpy as np
 
 from edgetrain.compiler.graph.liveness import Liveness
 
+from .clock import stopped
 from .milp.registry import Solver
 from .poet import PoetModel, without_redundant_holds
 from .rounding import recompute_start
@@ -52,7 +53,7 @@ def solve_phased(solver: Solver | str, pm: PoetModel, lv: Liveness, *, time_limi
     solver = Solver.of(solver)
     first = solver.solve(pm.milp, time_limit=FIRST_SHARE * time_limit, mip_gap=mip_gap, warm_start=warm_start,
                        threads=threads)
-    if first.status in ("optimal", "infeasible", "error") or lns <= 0:
+    if first.status in ("optimal", "infeasible", "error", "interrupted") or lns <= 0:
         return first
     start = first.values if first.values is not None else warm_start
     if start is None:
@@ -113,7 +114,7 @@ def solve_phased(solver: Solver | str, pm: PoetModel, lv: Liveness, *, time_limi
     bounds = [b for b in bounds if b is not None]
     bound = max(bounds) if bounds else None
     gap = None if objective is None or bound is None else max(0.0, (objective - bound) / max(abs(objective), 1e-12))
-    status = "optimal" if gap is not None and gap <= mip_gap * (1 + 1e-6) + 1e-12 else (
+    status = "optimal" if gap is not None and gap <= mip_gap * (1 + 1e-6) + 1e-12 else "interrupted" if stopped() else (
         "time_limit" if values is not None or last.status == "time_limit" else last.status)
     out = replace(last, values=values, objective=objective, bound=bound, gap=gap, status=status,
                   seconds=time.perf_counter() - t0)

@@ -6,6 +6,7 @@ Every schedule goes through the validator before it is returned; a failure is an
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,13 +15,13 @@ from .steps import Decisions, Step, build_steps
 from .budget import min_budget
 from .bound import bound_text
 from .heuristics import candidates, checkpoint, dtr, paging_only, store_all
-from edgetrain.compiler.errors import BudgetError, InternalError, OverBudgetError, ValidationError
+from edgetrain.compiler.errors import BudgetError, InternalError, Interrupted, OverBudgetError, ValidationError
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import Liveness
 from .phased import solve_phased
 from .milp.registry import solve_with
 from .poet import build as build_poet, without_redundant_holds
-from .clock import clamp
+from .clock import clamp, stopped
 from .validator import Report, validate
 from .warmstart import best_start
 
@@ -86,10 +87,11 @@ def _heuristic(g, lv, scheduler: str, target, budget_bytes: int, deadline_s: flo
 def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, scheduler: str = "poet",
                   deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4,
                   solver: str = "auto", threads: int | None = None, lns: float = 0.0,
-                  cuts: float = 0.0) -> Scheduled:
+                  cuts: float = 0.0, say: Callable[[str], None] | None = None) -> Scheduled:
     """`lns`: the share of `time_limit` given to large-neighbourhood search when the first 20% of the time
     does not prove the gap (see phased.solve_phased); 0 solves once, for the whole time limit. `cuts` (with `lns`):
-    the most share of it spent adding window and memory cuts before the last solve (see phased.solve_phased)."""
+    the most share of it spent adding window and memory cuts before the last solve (see phased.solve_phased).
+    `say`: progress lines. Stopped by Ctrl-C (interrupt.py), the best schedule found so far is kept."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
@@ -144,6 +146,9 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     if warm is not None and not model.milp.is_feasible(warm):
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
     left = max(time_limit - starts["seconds"], 0.5 * time_limit)  # the starts' time counts in the limit
+    if say is not None:
+        say(f"MILP: {model.milp.n_vars} variables, {model.milp.n_rows} constraints, up to {clamp(left):.0f} s "
+            "(Ctrl-C stops it and keeps the best schedule found)")
     if lns > 0:
         res = solve_phased(solver, model, lv, time_limit=left, mip_gap=mip_gap, warm_start=warm,
                            threads=threads, lns=lns, cuts=cuts)
@@ -182,6 +187,9 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
         chosen = best
     if broken and chosen is not None:
         chosen.solver["broken_heuristics"] = broken  # kept in the output: what to report
+    if chosen is None and stopped():
+        raise Interrupted(f"the solve was stopped (Ctrl-C) after {res.seconds:.1f} s, before it found a schedule "
+                          f"within {budget_bytes} B")
     if chosen is None and broken and res.status != "infeasible":
         name, why = next(iter(broken.items()))
         raise InternalError(f"the {name} schedule it built breaks the memory model and the solver found none", why)

@@ -17,6 +17,7 @@ import numpy as np
 
 from edgetrain.compiler.graph.liveness import Liveness
 
+from .clock import stopped
 from .milp.model import SparseMILP
 from .milp.registry import Solver
 from .poet import PoetModel
@@ -121,7 +122,7 @@ def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, wind
 
     while True:
         left = seconds - (time.perf_counter() - t0)
-        if left < 0.5:
+        if left < 0.5 or stopped():  # out of time, or Ctrl-C (scheduling/interrupt.py)
             break
         branch_ok = radius > 0 and wait == 0
         if since >= 3 * cover and not branch_ok:
@@ -140,7 +141,7 @@ def improve(pm: PoetModel, lv: Liveness, x0: np.ndarray, seconds: float, *, wind
         else:
             while time.perf_counter() - start < turn and since < 3 * cover:
                 left = seconds - (time.perf_counter() - t0)
-                if left < 0.5:
+                if left < 0.5 or stopped():
                     break
                 if rounds % 2 == 0:
                     free = (own - rng.integers(n)) % n < width

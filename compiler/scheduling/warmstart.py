@@ -161,13 +161,16 @@ def refill(g, lv, target, budget_bytes: int, start: Start, paging: bool, retain:
     """`start` with dropped tensors added back, last dropped first (an early drop may have made later ones
     unnecessary), each kept only if the schedule still fits and costs less; at most `tries` validations
     (counted in the result's `evaluations`)."""
-    best = start
+    best, tried = start, 0
     for i in list(reversed(start.dropped))[:tries]:
+        if expired():  # past the compile's deadline, or stopped by Ctrl-C: the start as it is
+            break
+        tried += 1
         found = _evaluate(g, lv, target, best.keep | {i}, paging, retain)
         if found is not None and max(found[1].stage_peaks) <= budget_bytes and found[1].energy_j < best.energy_j:
             best = Start(found[0], best.keep | {i}, found[1].energy_j, start.order + "+refill", 0,
                          [j for j in best.dropped if j != i])
-    best.evaluations = start.evaluations + min(tries, len(start.dropped))
+    best.evaluations = start.evaluations + tried
     return best
 
 
@@ -186,8 +189,10 @@ def best_start(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, pag
         s = _greedy(g, lv, target, budget_bytes, paging, retain, order, seed, batch, tally,
                     None if seconds is None else t0 + seconds)
         if s is not None:
-            tally[0] += min(REFILL_TRIES, len(s.dropped))
-            found.append(refill(g, lv, target, budget_bytes, s, paging, retain))
+            before = s.evaluations  # refill may hand back `s` itself, its count raised
+            r = refill(g, lv, target, budget_bytes, s, paging, retain)
+            tally[0] += r.evaluations - before
+            found.append(r)
     best = min(found, key=lambda s: s.energy_j, default=None)  # the first of equals: the earliest order
     info = {"starts": tried, "of": len(RUNS), "evaluations": tally[0],
             "seconds": time.perf_counter() - t0, "order": best.order if best else None,

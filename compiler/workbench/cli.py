@@ -4,19 +4,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 
-from edgetrain.compiler.errors import EdgetrainError, InternalError, ValidationError
+from edgetrain.compiler.errors import EdgetrainError, InternalError, Interrupted, ValidationError
 from edgetrain.codegen.backends import EMITS
 from edgetrain.compiler.graph.ir import LOSSES, OptimizerConfig
 from edgetrain.runtime.python.optimizers import DEFAULT as DEFAULT_OPTIMIZER, OPTIMIZERS
+from edgetrain.compiler.scheduling.interrupt import solvers_running
 from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICES
 from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
 
 from .choices import Choices
 from .run_data import NAMED as DATA_SOURCES
-from .errors_out import ANTICIPATED, EXIT_ERROR, EXIT_FAILED, EXIT_INTERNAL, describe, dumps, error_object
+from .errors_out import (ANTICIPATED, EXIT_ERROR, EXIT_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, describe, dumps,
+                         error_object)
 from .local_cli import add_compile_options, add_train_parser, compile_local_cmd, inspect_local, train_cmd
 from .report import console
 
@@ -263,10 +266,14 @@ def _cmd_compile(a) -> dict:
                           time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
                           lns=a.lns, cuts=a.cuts, train=a.train,
                           optimizer=_optimizer(a))
-    if a.json or not sys.stderr.isatty():
-        return compile_model(opts)
+    if a.json or not sys.stderr.isatty():  # a log or a pipe: one line per step, as it happens
+        return compile_model(opts, progress=_progress_line)
     with console(stderr=True).status("compiling") as status:
         return compile_model(opts, progress=lambda msg: status.update(msg))
+
+
+def _progress_line(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 OPTIMIZER_SETTINGS = ("lr", "momentum", "nesterov", "weight_decay", "betas", "eps")  # each is an option: --weight-decay
@@ -365,6 +372,26 @@ def _cmd_plot(a) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while a failure or the result was being reported
+        print("edgetrain: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    if solvers_running():  # a solver stopped by Ctrl-C still winding down in C: the process does not wait for it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _interrupted(a) -> str:
+    """What an aborted command leaves: compile writes nothing, the previous output stays whole."""
+    if a.cmd == "compile":
+        return f"nothing was written, {a.out} is as it was"
+    return "stopped"
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # anywhere on the line: show the traceback of a failure
     argv = [x for x in argv if x != "--debug"]
@@ -377,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     as_json = getattr(a, "json", False)
     try:
         result = handlers[a.cmd](a)
+    except Interrupted as e:  # Ctrl-C during the solve, before any schedule fitted
+        return _fail(a.cmd, "Interrupted", f"{e}: {_interrupted(a)}", as_json, debug, EXIT_INTERRUPTED)
     except InternalError as e:  # edgetrain refused its own work: say so, and what to report
         return _fail(a.cmd, "internal", str(e), as_json, debug, EXIT_INTERNAL)
     except ValidationError as e:
@@ -392,8 +421,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(a.cmd, "UnexpectedExit", f"the model file or plan called sys.exit({e.code!r}) while "
                      "edgetrain was running it; remove the call (a model file must only define the model)",
                      as_json, debug, EXIT_ERROR)
-    except KeyboardInterrupt:
-        return _fail(a.cmd, "Interrupted", "interrupted", as_json, debug, 130)
+    except KeyboardInterrupt:  # Ctrl-C outside the solve (tracing, writing), or a second one
+        return _fail(a.cmd, "Interrupted", f"interrupted (Ctrl-C): {_interrupted(a)}", as_json, debug,
+                     EXIT_INTERRUPTED)
     except Exception as e:  # a bug: still one JSON object, and always the traceback
         return _fail(a.cmd, "internal", f"{type(e).__name__}: {e} (an edgetrain bug; please report it with the "
                      "traceback above)", as_json, True, EXIT_INTERNAL)

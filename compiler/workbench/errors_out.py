@@ -3,7 +3,8 @@
 Anticipated failures (bad input, a damaged compiled folder, a full or read-only disk, a missing toolchain,
 a broken model file) print `edgetrain CMD: error: MESSAGE` on stderr, or under --json the one object
 `{"ok": false, "error": {"kind": KIND, "message": MESSAGE}}` on stdout, and exit 2 without a traceback
-(--debug adds it). Anything else is a bug: the same object with kind "internal", and the traceback.
+(--debug adds it). Anything else is a bug: the same object with kind "internal", and the traceback. Ctrl-C that
+ends a command (kind "Interrupted") exits 130.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from edgetrain.runtime.python.local_trainer import TrainingStateError
 ANTICIPATED = (EdgetrainError, ValueError, IntegrityError, WeightsError, PlanError, PageStoreError, LedgerError,
                PeakMismatchError, NonFiniteError, SafetensorError, TrainingStateError, OSError)
 EXIT_ERROR, EXIT_FAILED, EXIT_INTERNAL = 2, 1, 3
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a command killed by SIGINT (128 + 2)
 
 _OS_KINDS = {errno.ENOSPC: ("StorageFull", "free space on that disk or choose another folder"),
              errno.EDQUOT: ("StorageFull", "free space on that disk or choose another folder"),

@@ -65,6 +65,9 @@ def print_human(cmd: str, r: dict) -> None:
         con.print(f"[bold]{r['model']}[/] on {r['target']}: {r['nodes']} stages, scheduler {r['scheduler']} "
                   f"(kept: {r['schedule']}; solver {s['name']} {s['status']}, gap {percent(s.get('gap'))}, "
                   f"{s['seconds']:.2f} s)")
+        if r.get("interrupted"):
+            con.print(f"[yellow]solve interrupted (Ctrl-C) after {s['seconds']:.1f} s: kept the best schedule found by "
+                      f"then (gap {percent(s.get('gap'))}); a longer solve may find a cheaper one")
         con.print(f"budget {r['budget']} = {mb(r['budget_bytes'])} (smallest feasible {mb(r['min_feasible_bytes'])}), "
                   f"peak {mb(r['peak_bytes'])} vs store-all {mb(r['store_all_peak_bytes'])}")
         con.print(f"energy {r['energy_j']:.6g} J vs store-all {r['store_all_energy_j']:.6g} J "

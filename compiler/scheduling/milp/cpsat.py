@@ -44,6 +44,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from .. import interrupt
+from ..clock import stopped
 from .model import SolveResult, SparseMILP
 
 ROW_BITS = 30  # a scaled non-integer row's largest |coefficient| is in [2^(ROW_BITS-1), 2^ROW_BITS)
@@ -214,13 +216,16 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         solver.parameters.stop_after_first_solution = True
     # Leave room for the objective's rounding error in the gap that is reported against `mip_gap`.
     solver.parameters.relative_gap_limit = float(mip_gap) if sm.obj_exact else float(mip_gap) / 2
-    code = solver.solve(sm.model)
+    done, code = interrupt.run(lambda: solver.solve(sm.model), solver.stop_search)  # Ctrl-C: StopSearch
+    if not done:
+        return result("interrupted", seconds=time.perf_counter() - t0)
     if code == cp_model.INFEASIBLE:
         left = time_limit - (time.perf_counter() - t0)
         return result(_infeasible(m, sm, left, threads), seconds=time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return result("time_limit" if code == cp_model.UNKNOWN else "error", seconds=seconds)
+        return result("interrupted" if stopped() else "time_limit" if code == cp_model.UNKNOWN else "error",
+                      seconds=seconds)
     values = np.asarray(solver.response_proto.solution, dtype=np.float64)[: m.n_vars]
     objective = m.objective(values)
     mapped = None  # a valid lower bound of the float model, if one is known
@@ -234,7 +239,8 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         bound = min(objective, mapped)
         gap = max(0.0, (objective - bound) / max(abs(objective), 1e-12))
     optimal = code == cp_model.OPTIMAL and gap is not None and gap <= mip_gap
-    return result("optimal" if optimal else "time_limit", values, objective, bound, gap, seconds)
+    return result("optimal" if optimal else "interrupted" if stopped() else "time_limit", values, objective, bound,
+                  gap, seconds)
 
 
 def _mapped(sm: ScaledModel, scaled_bound: float) -> float | None:
@@ -254,7 +260,7 @@ def _relaxed_bound(m: SparseMILP, incumbent: np.ndarray, time_limit: float, thre
     tightened model's optimum (feasible for it). None if time is up or CP-SAT gives no finite bound."""
     from ortools.sat.python import cp_model
 
-    if time_limit <= 0:
+    if time_limit <= 0 or stopped():
         return None
     relaxed = scale(m, relax=True)
     proto = relaxed.model.proto
@@ -273,6 +279,7 @@ def _solver(time_limit: float, threads: int | None):
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(float(time_limit), 0.0)
     solver.parameters.num_workers = int(threads) if threads else 2
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is edgetrain's (interrupt.py): StopSearch ends a solve
     solver.parameters.log_search_progress = False
     return solver
 
@@ -284,6 +291,8 @@ def _infeasible(m: SparseMILP, sm: ScaledModel, time_limit: float, threads: int 
 
     if sm.exact:
         return "infeasible"
+    if stopped():
+        return "interrupted"
     if not _boxed(m) or time_limit <= 0:
         return "error"  # boxed unbounded variables: the relaxation would not be one
     relaxed = scale(m, relax=True)

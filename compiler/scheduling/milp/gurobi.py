@@ -19,7 +19,10 @@ import time
 
 import numpy as np
 
+from .. import interrupt
+from ..clock import stop
 from .model import SolveResult, SparseMILP
+from .quiet import quiet_stdout
 from .model import objective_scale
 from .scipy_milp import matrix
 
@@ -144,7 +147,10 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         if warm_start is not None:
             x.Start = np.asarray(warm_start, dtype=np.float64)
         t0 = time.perf_counter()
-        g.optimize()  # GurobiError 10010 propagates: the registry falls back to HiGHS
+        # Ctrl-C: terminate() ends it within a moment, so it is waited for (the model must outlive the solve).
+        # GurobiError 10010 propagates: the registry falls back to HiGHS.
+        with quiet_stdout():  # Gurobi catches Ctrl-C itself while it optimizes, and says so on stdout
+            interrupt.run(g.optimize, g.terminate, grace=None)
         seconds = time.perf_counter() - t0
         code = g.Status
         values = np.asarray(x.X, dtype=np.float64) if g.SolCount > 0 else None
@@ -158,6 +164,9 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
         status = "optimal"
     elif code == GRB.INFEASIBLE or (code == GRB.INF_OR_UNBD and np.isfinite(lower).all() and np.isfinite(upper).all()):
         status = "infeasible"  # with every variable bounded the model cannot be unbounded
+    elif code == GRB.INTERRUPTED:
+        stop()  # Ctrl-C, which Gurobi catches itself while it optimizes: the compile's other solves stop too
+        status = "interrupted"
     elif code in (GRB.TIME_LIMIT, GRB.INTERRUPTED, GRB.NODE_LIMIT, GRB.SOLUTION_LIMIT, GRB.ITERATION_LIMIT,
                   GRB.WORK_LIMIT):
         status = "time_limit"

@@ -36,6 +36,7 @@ def merge_terms(terms: list[tuple[int, float]]) -> list[tuple[int, float]]:
 class SolveResult:
     solver: str
     status: str  # optimal | time_limit | feasible (a solution, optimality not proven) | infeasible | error
+    #              | interrupted (Ctrl-C: scheduling/interrupt.py; `values` the best schedule found, if any)
     values: np.ndarray | None  # the incumbent, if any
     objective: float | None
     bound: float | None

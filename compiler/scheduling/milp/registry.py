@@ -18,6 +18,8 @@ Policy:
   Gurobi itself rejects as too large (GurobiError 10010). gurobipy missing, or no usable license:
   SolverUnavailable.
 - "auto": Gurobi when gurobipy has a full (unrestricted) license, else HiGHS, without a notice.
+Ctrl-C during a compile (scheduling/interrupt.py) ends the running solve with status "interrupted" and its best
+schedule, if any; after it no solve starts (each returns "interrupted" at once).
 The same policy holds for every solve of a compile, the sub-solves of the phased solve included (the search's
 sub-MIPs, the rounding's repairs, the cut rounds' LPs): each is routed by its own size. An LP goes to a backend
 that takes continuous variables; CP-SAT does not, so a compile with cpsat solves its LPs with HiGHS and says so.
@@ -36,7 +38,7 @@ import numpy as np
 from edgetrain.compiler.errors import EdgetrainError
 from . import cpsat, gurobi, highs, scipy_milp
 from .model import SolveResult, SparseMILP
-from ..clock import clamp
+from ..clock import clamp, stopped
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,10 @@ def solve_with(name: str, m: SparseMILP, *, time_limit: float = 60.0, mip_gap: f
     """Solve `m` with the backend `name` (or "auto") under the policy above. `solutions`: stop after that many
     improving schedules (HiGHS, Gurobi; the others stop at the time limit or the gap)."""
     backend, notice = choose(name, m)
+    if stopped():  # Ctrl-C (scheduling/interrupt.py): no solve starts after it
+        return _routed(SolveResult(solver=backend, status="interrupted", values=None, objective=None, bound=None,
+                                   gap=None, seconds=0.0, variables=m.n_vars, constraints=m.n_rows,
+                                   binaries=sum(m.integer)), name, notice)
     kw = dict(time_limit=clamp(time_limit), mip_gap=mip_gap, warm_start=warm_start, threads=threads,  # clock.py
               solutions=solutions)
     if backend == "gurobi":

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from .. import interrupt
 from .model import SolveResult, SparseMILP, objective_scale
 
 
@@ -39,11 +40,16 @@ def solve(m: SparseMILP, *, time_limit: float = 60.0, mip_gap: float = 1e-4, war
     cost = np.asarray(m.cost, dtype=np.float64)
     scale = objective_scale(cost)
     t0 = time.perf_counter()
-    res = milp(cost * scale, integrality=np.asarray(m.integer, dtype=np.uint8),
-               bounds=Bounds(np.asarray(m.lower, dtype=np.float64), np.asarray(m.upper, dtype=np.float64)),
-               constraints=constraints,
-               options={"disp": False, "time_limit": float(time_limit), "mip_rel_gap": float(mip_gap)})
+    # scipy's milp cannot be asked to stop: on Ctrl-C it is left to run out its time limit, its schedule lost.
+    done, res = interrupt.run(lambda: milp(
+        cost * scale, integrality=np.asarray(m.integer, dtype=np.uint8),
+        bounds=Bounds(np.asarray(m.lower, dtype=np.float64), np.asarray(m.upper, dtype=np.float64)),
+        constraints=constraints, options={"disp": False, "time_limit": float(time_limit), "mip_rel_gap": float(mip_gap)}),
+        None)
     seconds = time.perf_counter() - t0
+    if not done:
+        return SolveResult(solver="scipy", status="interrupted", values=None, objective=None, bound=None, gap=None,
+                           seconds=seconds, variables=m.n_vars, constraints=m.n_rows, binaries=sum(m.integer))
     # scipy: 0 optimal, 1 iteration or time limit, 2 infeasible, 3 unbounded, 4 other.
     status = {0: "optimal", 1: "time_limit", 2: "infeasible"}.get(res.status, "error")
     values = np.asarray(res.x, dtype=np.float64) if getattr(res, "x", None) is not None else None

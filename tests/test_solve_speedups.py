@@ -188,7 +188,7 @@ def test_greedy_keep_beats_paging_everything_on_resnet18():
     from edgetrain.compiler.scheduling.warmstart import greedy_keep
 
     G = Graph("resnet18", batch=8)
-    b = parse_budget("80%").resolve(anchors(G.g, G.lv, TARGET))
+    b = parse_budget("90%").resolve(anchors(G.g, G.lv, TARGET))
     mine = validate(G.g, build_steps(G.g, G.lv, greedy_keep(G.g, G.lv, TARGET, b)), TARGET, b).energy_j
     pages = validate(G.g, build_steps(G.g, G.lv, page_all(G.g, G.lv, retain=True)), TARGET, b).energy_j
     assert mine < pages - 2.0, (mine, pages)
@@ -220,13 +220,17 @@ def test_best_start_is_never_worse_than_one_greedy_and_is_deterministic(name, fr
 
 
 def test_a_spent_time_share_runs_only_the_first_cheap_order(small_cnn):
-    """With no time left after the first order, only it runs: a jitter covering the excess at once."""
+    """With no time at all, only the first order starts, and it stops at once without a start: the starts never
+    run past their share of the compile's time. With time, the first order is a jitter covering the excess."""
     from edgetrain.compiler.scheduling import warmstart as W
 
     G = small_cnn
     best, info = W.best_start(G.g, G.lv, TARGET, G.budget(0.5), seconds=0.0)
-    assert info["starts"] == 1 and info["of"] == len(W.RUNS)
-    assert best is not None and best.order.startswith(f"bytes-per-joule~{W.JITTER_SEEDS[0]}/batch")
+    assert info["starts"] == 1 and info["of"] == len(W.RUNS) and best is None
+    best, info = W.best_start(G.g, G.lv, TARGET, G.budget(0.5))
+    assert best is not None and info["starts"] == len(W.RUNS)
+    first = W._greedy(G.g, G.lv, TARGET, G.budget(0.5), True, True, *W.RUNS[0])
+    assert first is not None and first.order.startswith(f"bytes-per-joule~{W.JITTER_SEEDS[0]}/batch")
 
 
 def test_refill_adds_back_only_what_fits_and_pays(small_cnn):

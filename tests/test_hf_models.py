@@ -88,6 +88,10 @@ def test_tied_shared_embedding_trains_exactly(tmp_path, model):
         "model.shared.weight" in schedule["graph"]["params"]
     assert not any(p.endswith("embed_tokens.weight") or p == "model.lm_head.weight" for p in schedule["graph"]["params"])
     assert schedule["graph"].get("exported", False) == (model == "bart")
+    # Halfway between the smallest feasible budget and plain backprop's peak: dropped activations recomputed.
+    half = (schedule["budget"]["min_feasible_bytes"] + schedule["budget"]["bytes"]) // 2
+    halfway = _check(tmp_path, model, f"{half}B")
+    assert halfway["predicted"]["peak_bytes"] < schedule["budget"]["bytes"]
 
 
 @pytest.mark.slow

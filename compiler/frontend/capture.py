@@ -60,15 +60,24 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, token_ids: bool = 
     return F.cross_entropy(logits, labels)
 
 
-def _loss_value(out) -> torch.Tensor:
-    """The loss a model returned: a tensor, an object with `.loss` (Hugging Face), or a tuple led by it."""
+def tensor_field(out, field: str) -> torch.Tensor | None:
+    """The tensor a model returned as `field` ("loss", "logits"): the output itself when it is a tensor, its
+    attribute `field` (a Hugging Face output), or the first item of a tuple; None when there is none."""
     if isinstance(out, torch.Tensor):
         return out
-    loss = getattr(out, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        return loss
+    value = getattr(out, field, None)
+    if isinstance(value, torch.Tensor):
+        return value
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
+    return None
+
+
+def _loss_value(out) -> torch.Tensor:
+    """The loss a model returned: a tensor, an object with `.loss` (Hugging Face), or a tuple led by it."""
+    loss = tensor_field(out, "loss")
+    if loss is not None:
+        return loss
     raise UnsupportedModelError(f"--loss model: the model returned {type(out).__name__}, not a loss; its "
                                 "forward(x, y) must return the scalar loss (a tensor, or an object with .loss)")
 

@@ -15,7 +15,7 @@ import torch
 
 from edgetrain.compiler.errors import UnsupportedModelError
 
-from .capture import class_dim
+from .capture import class_dim, tensor_field
 
 
 @dataclass(frozen=True)
@@ -38,14 +38,7 @@ def output_classes(out, token_ids: bool) -> tuple[int, tuple[int, ...]]:
 
 def _tensor_output(out):
     """The logits of a model's output: a tensor, an object with `.logits` (Hugging Face) or a tuple led by one."""
-    if isinstance(out, torch.Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    return None
+    return tensor_field(out, "logits")
 
 
 def _attribute(resolved, classes: int | None, loss: str) -> int | None:

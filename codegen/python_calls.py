@@ -197,4 +197,6 @@ class CallWriter:
 def _keyword(k: str, value):
     if isinstance(value, Group):
         return Group(f"{k}={value.open}", value.items, value.close)
+    if isinstance(value, Chain):  # a view chain passed by keyword (attention's attn_mask)
+        return Chain(f"{k}={value.lead}", value.base, value.links)
     return f"{k}={value}"

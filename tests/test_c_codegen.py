@@ -317,13 +317,12 @@ def test_host_build_trains_like_pytorch(tiny):
 
 @needs_host
 def test_mcu_activations_and_squeeze_excitation_train_like_pytorch(tmp_path):
-    """Hardswish, SiLU (whose backward torch's joint graph spells with fill, sub and add), hardsigmoid, a
-    broadcast multiply, LeakyReLU, GELU and sigmoid, at batch 2 below store-all: exact on the host build."""
+    """Hardswish, SiLU (its backward eager's own kernel, as the graph keeps it), hardsigmoid, a broadcast multiply,
+    LeakyReLU, GELU and sigmoid, at batch 2 below store-all: exact on the host build."""
     c = _compile(tmp_path / "se", "tests.c_models:tiny_se", "90%", batch_size=2)
     assert c["recomputes"] + c["page_ins"] > 0
     plan = (tmp_path / "se" / "plan.c").read_text()
-    for call in ("et_hardswish_backward", "et_silu_forward", "et_fill", "et_sub_forward", "et_add_scalar",
-                 "et_hardsigmoid_backward", "et_mul_bcast_forward", "et_sum_planes", "et_leaky_relu_backward",
+    for call in ("et_hardswish_backward", "et_silu_forward", "et_silu_backward", "et_hardsigmoid_backward", "et_mul_bcast_forward", "et_sum_planes", "et_leaky_relu_backward",
                  "et_gelu_backward", "et_sigmoid_backward"):
         assert call in plan, call
     r = run_firmware(str(tmp_path / "se"), qemu=False, steps=3, check=True)
@@ -394,7 +393,7 @@ def test_run_qemu_on_a_python_plan_says_emit_c(tmp_path, capsys):
 # -- Cortex-M4F under QEMU: the two zoo MCU models ------------------------------------------------------------
 
 # Budgets below store-all at which POET both recomputes and pages these models (see benchmarks/cortex_m.py).
-MCU = {"mcu_cnn": "90%", "mcu_resnet": "90%"}
+MCU = {"mcu_cnn": "85%", "mcu_resnet": "90%"}
 STEPS, CYCLE, LR = 20, 4, 0.02
 RAM_LIMIT = 256 * 1024
 

@@ -240,7 +240,7 @@ def test_versus_budget_has_one_legend_outside_the_axes():
 
     meta = {"model": "m", "target": "t", "batch_size": 2, "schedulers": ["poet", "dtr"], "deadlines": ["none", "1.2"],
             "fixed_bytes": 1e6, "activation_peak_bytes": 2e6, "min_feasible_bytes": 1.2e6, "store_all_peak_bytes": 3e6,
-            "store_all_energy_j": 1.0, "store_all_time_s": 1.0}
+            "store_all_energy_j": 1.0, "store_all_time_s": 1.0, "store_all_peak_bytes": 3e6}
     rows = [{"scheduler": s, "deadline": d, "status": st, "budget": b, "budget_bytes": bb, "energy_j": e,
              "error": None if st == "ok" else "over the deadline"}
             for s, d, st, b, bb, e in [("poet", "none", "ok", "100%", 3e6, 1.0), ("poet", "none", "ok", "50%", 1.5e6, 1.01),
@@ -368,7 +368,7 @@ def test_a_point_hundreds_of_percent_above_the_rest_stays_in_the_frame():
     would miss the series (drawn through an offset transform), so the limits come from the values."""
     meta = {"model": "m", "target": "t", "batch_size": 2, "schedulers": ["poet", "paging", "dtr"],
             "deadlines": ["none"], "fixed_bytes": 1e6, "activation_peak_bytes": 2e6, "min_feasible_bytes": 1.8e6,
-            "store_all_energy_j": 1.0, "store_all_time_s": 1.0}
+            "store_all_energy_j": 1.0, "store_all_time_s": 1.0, "store_all_peak_bytes": 3e6}
     rows = [{"scheduler": s, "deadline": "none", "status": st, "budget": b, "budget_bytes": bb, "energy_j": e,
              "time_s": e, "error": None if st == "ok" else "does not fit the budget", "key": f"{s}{b}"}
             for s, st, b, bb, e in [("poet", "ok", "100%", 3e6, 1.0), ("poet", "ok", "min", 1.8e6, 1.0005),
@@ -380,7 +380,7 @@ def test_a_point_hundreds_of_percent_above_the_rest_stays_in_the_frame():
         assert_every_point_shows(fig, ["poet", "paging", "dtr"])
         if "field" in data:
             assert data["yscale"] == "symlog"
-            assert data["panels"]["none"]["infeasible"]["dtr"] == [(40.0, "min", "budget"), (100.0, "100%", "budget")]
+            assert data["panels"]["none"]["infeasible"]["dtr"] == [(60.0, "min", "budget"), (100.0, "100%", "budget")]
         plt.close(fig)
 
 

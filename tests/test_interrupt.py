@@ -26,6 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 STOP_S = 1.0  # a solve ends this soon after Ctrl-C (interrupt.GRACE_S and the poll, with room for a loaded machine)
 
 
+def _keys_heard() -> None:
+    """In the child: Ctrl-C as a terminal delivers it. A test runner's worker may ignore SIGINT, and a child
+    inherits that (Python then installs no KeyboardInterrupt handler), as a shell's background job does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def knapsack(n: int = 60, k: int = 8, seed: int = 0) -> SparseMILP:
     """A multi-dimensional knapsack that none of the solvers proves optimal within a minute on 2 cores (HiGHS,
     CP-SAT and Gurobi each stop at a gap near 1% after 30 s), yet each finds schedules within a second."""
@@ -126,7 +132,8 @@ def test_ctrl_c_in_the_solve_keeps_the_best_schedule(tmp_path):
     out = tmp_path / "mbv2"
     cmd = [sys.executable, "-m", "edgetrain.compiler.workbench.cli", "compile", "mobilenetv2", "--target", "rpi4",
            "--budget", "min", "--time-limit", "60", "--out", str(out), "--json"]
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_keys_heard)
     seen: list[str] = []
     try:
         assert _lines_until(p.stderr, "MILP:", seen), "".join(seen)  # progress lines reach a pipe too
@@ -167,7 +174,8 @@ def test_ctrl_c_while_tracing_leaves_the_previous_output(tmp_path, capsys):
     before = _tree(out)
     cmd = [sys.executable, "-m", "edgetrain.compiler.workbench.cli", "compile", "resnet18", "--target", "rpi4",
            "--budget", "100%", "--out", str(out), "--json"]
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_keys_heard)
     seen: list[str] = []
     try:
         assert _lines_until(p.stderr, "tracing resnet18", seen), "".join(seen)  # its capture takes seconds

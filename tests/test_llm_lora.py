@@ -38,8 +38,12 @@ def _check(out, what):
     return result
 
 
+# About halfway between these tiny models' smallest feasible budgets (66-74% of plain backprop's peak) and 100%.
+HALFWAY = "87%"
+
+
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
-@pytest.mark.parametrize("budget", ["100%", "50%"])
+@pytest.mark.parametrize("budget", ["100%", HALFWAY])
 def test_llama_lora_trains_the_adapters_alone_exactly(tmp_path, budget, optimizer):
     graph = _compile(tmp_path, "llama", budget, optimizer)["graph"]
     assert graph["trainable"] and all("lora_" in p for p in graph["trainable"])
@@ -65,7 +69,7 @@ def test_half_precision_base_with_lora_trains_within_its_epsilon(tmp_path, dtype
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
-@pytest.mark.parametrize("budget", ["100%", "50%"])
+@pytest.mark.parametrize("budget", ["100%", HALFWAY])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gpt2_lora_trains_exactly(tmp_path, dtype, budget, optimizer):
     _compile(tmp_path, "gpt2", budget, optimizer, dtype=dtype)

@@ -80,6 +80,7 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, 
     `threads` intra-op threads (0: none); `gpu`: of kernels a CUDA device runs (a Jetson's plan); `widen_fusion`:
     the backend's (codegen/backend.py)."""
     from .frontend.capture import capture, load_loss
+    from .frontend.chunked_head import chunk_lm_head
     from .graph.joint import build_graph as joint_graph
 
     builtin = opts.loss in ("cross_entropy", "mse", "model")
@@ -88,6 +89,7 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, 
     labels = example_labels(kind, opts.seed, resolved, model, example)  # the class count from the model's output
     cap = capture(model, example, labels.example, loss=kind, token_ids=resolved.input_dtype == "int64", user_fn=user_fn,
                   gpu=gpu)
+    cap = chunk_lm_head(cap)  # a language model's (positions, vocabulary) logits never whole
     for name, value in cap.constants.items():  # tensors torch lifted out of the code: buffers of the plan
         model.register_buffer(name, value.detach().clone())
     return joint_graph(cap, opts.model, tuple(example.shape), labels.num_classes, opts.loss, opts.optimizer,

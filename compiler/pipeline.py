@@ -76,6 +76,11 @@ def summary(req: Request, done: Compiled) -> dict:
         "emit": opts.emit,
         "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }
+    if p.graph.input_dtype == "int64" and rep.time_s:  # token ids: a language model's throughput
+        tokens = 1
+        for d in p.graph.input_shape:
+            tokens *= d
+        out["tokens_per_step"], out["tokens_per_s"] = tokens, tokens / rep.time_s
     out.update(r.output.summary)
     out.update(s.selection)
     if p.streaming is not None:

@@ -100,6 +100,7 @@ def test_full_fine_tuning_with_a_tied_head_trains_as_eager(tmp_path, budget):
                                        out=str(tmp_path), batch_size=1, time_limit=5, loss="model",
                                        optimizer=OPTIMIZERS["adamw"], model_kwargs={"lora": False}))
     assert res["peak_bytes"] <= res["budget_bytes"]
+    assert res["tokens_per_step"] == SEQ and res["tokens_per_s"] == pytest.approx(SEQ / res["time_s"])
     result = run_plan(str(tmp_path), steps=2, check=True)
     assert result["ok"], result.get("error")
     assert result["max_abs_err"] <= 1e-6

@@ -71,7 +71,8 @@ def print_human(cmd: str, r: dict) -> None:
         con.print(f"budget {r['budget']} = {mb(r['budget_bytes'])} (smallest feasible {mb(r['min_feasible_bytes'])}), "
                   f"peak {mb(r['peak_bytes'])} vs store-all {mb(r['store_all_peak_bytes'])}")
         con.print(f"energy {r['energy_j']:.6g} J vs store-all {r['store_all_energy_j']:.6g} J "
-                  f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s; "
+                  f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s"
+                  + (f" ({r['tokens_per_s']:.4g} tokens/s)" if r.get("tokens_per_s") else "") + "; "
                   f"{r['recomputes']} recomputes, {r['page_ins']} page-ins, {r['page_outs']} page-outs")
         if r.get("train") is not None or r.get("trainable_tensors", 0) < r.get("param_tensors", 0):
             con.print(escape(selection_line(r)))

@@ -2,8 +2,8 @@
 
 Every function takes and returns integer numpy arrays in the C kernels' layouts (NCHW activations, [out][in/groups]
 [kh][kw] conv weights, [out][in] linear weights) and reproduces their integer results exactly: int32 sums (checked to
-fit, as the C sums must), CMSIS-NN's requantisation (a Q31 multiplier, a power-of-two exponent, rounding halves away
-from zero), zero points and saturation. The sums here are formed another way than the C loops form them (strided
+fit, as the C sums must), CMSIS-NN's requantisation (a Q31 multiplier and a power-of-two exponent, each rounding as
+CMSIS-NN does), zero points and saturation. The sums here are formed another way than the C loops form them (strided
 slices and einsum over int64, scatters where C gathers), so agreement checks the C indexing, not a copy of it.
 
 Quantisation: a real value is s * (q - zp). Weights are symmetric with one scale per output channel, activations
@@ -67,8 +67,9 @@ def rounding_rshift(v: np.ndarray, exponent) -> np.ndarray:
 
 
 def requantize(acc: np.ndarray, mult, shift) -> np.ndarray:
-    """et_q8_requantize: (acc * 2^left) saturated to int32, times mult / 2^31 rounded half away from zero, then
-    rounded right by -shift; mult and shift broadcast against acc."""
+    """et_q8_requantize: (acc * 2^left) saturated to int32, times mult / 2^31 rounded with halves up (the nudge,
+    then a division toward zero), then rounded right by -shift with halves away from zero; mult and shift broadcast
+    against acc."""
     acc = _checked(acc)
     mult, shift = np.asarray(mult, np.int64), np.asarray(shift, np.int64)
     v = np.clip(acc << np.maximum(shift, 0), INT32_MIN, INT32_MAX)

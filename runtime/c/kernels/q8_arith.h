@@ -56,8 +56,9 @@ static inline int32_t et_q8_rounding_rshift(int32_t v, int exponent)
     return (v >> exponent) + (rem > threshold ? 1 : 0);
 }
 
-/* (v * 2^left) saturated to int32, times mult / 2^31 rounded half away from zero (SQRDMULH), then
- * rounded right by -shift: CMSIS-NN's arm_nn_requantize, with the left shift saturating. */
+/* (v * 2^left) saturated to int32, times mult / 2^31 rounded with halves up (SQRDMULH: gemmlowp's and
+ * CMSIS-NN's nudge, then a division that truncates), then rounded right by -shift with halves away from
+ * zero: CMSIS-NN's arm_nn_requantize, with the left shift saturating. */
 static inline int32_t et_q8_requantize(int32_t v, int32_t mult, int32_t shift)
 {
     const int left = shift > 0 ? (int)shift : 0, right = shift < 0 ? (int)-shift : 0;

@@ -49,7 +49,7 @@ static inline int32_t et_q8_sat32(int64_t v)
 /* round(v / 2^exponent), halves away from zero (gemmlowp's RoundingDivideByPOT); exponent 0..31. */
 static inline int32_t et_q8_rounding_rshift(int32_t v, int exponent)
 {
-    const int32_t mask = (int32_t)(((int64_t)1 << exponent) - 1);
+    const int32_t mask = (int32_t)((1u << exponent) - 1u);
     const int32_t rem = v & mask;
     const int32_t threshold = (mask >> 1) + (v < 0 ? 1 : 0);
     /* >> on a negative int32 is arithmetic on every compiler this runtime supports (gcc documents it). */
@@ -61,10 +61,16 @@ static inline int32_t et_q8_rounding_rshift(int32_t v, int exponent)
  * zero: CMSIS-NN's arm_nn_requantize, with the left shift saturating. */
 static inline int32_t et_q8_requantize(int32_t v, int32_t mult, int32_t shift)
 {
-    const int left = shift > 0 ? (int)shift : 0, right = shift < 0 ? (int)-shift : 0;
-    const int64_t p = (int64_t)et_q8_sat32((int64_t)v * ((int64_t)1 << left)) * mult;
-    const int32_t high = (int32_t)((p + (p >= 0 ? ((int64_t)1 << 30) : 1 - ((int64_t)1 << 30))) / ((int64_t)1 << 31));
-    return et_q8_rounding_rshift(high, right);
+    int64_t p;
+
+    if (shift > 0) { /* saturating left shift: |v| * 2^shift beyond int32 sticks at its end */
+        const int32_t lim = INT32_MAX >> shift;
+        v = v > lim ? INT32_MAX : v < -lim - 1 ? INT32_MIN : (int32_t)((uint32_t)v << shift);
+    }
+    p = (int64_t)v * mult + (v < 0 ? 1 - ((int64_t)1 << 30) : ((int64_t)1 << 30)); /* mult > 0: v's sign is p's */
+    /* p / 2^31 truncated toward zero, as shifts (a 64-bit division would be a library call on the M4) */
+    p = (p < 0 ? p + (((int64_t)1 << 31) - 1) : p) >> 31;
+    return shift < 0 ? et_q8_rounding_rshift((int32_t)p, (int)-shift) : (int32_t)p;
 }
 
 /* An accumulator of output channel c as the int8 output. */
@@ -90,17 +96,28 @@ static inline uint32_t et_q8_load4(const int8_t *p)
     return v;
 }
 
-static inline uint32_t et_q8_ror8(uint32_t v)
-{
-    return (v >> 8) | (v << 24);
-}
-
 #if ET_Q8_DSP
 /* bytes 0 and 2 sign-extended to halves, plus the halves of `off` (SXTAB16 / SXTB16) */
 #define et_q8_sxtab16(off, v) ((uint32_t)__sxtab16((off), (v)))
 #define et_q8_sxtb16(v) ((uint32_t)__sxtb16(v))
-/* acc + lo(a)*lo(b) + hi(a)*hi(b) (SMLAD) */
+/* acc + lo(a)*lo(b) + hi(a)*hi(b) (SMLAD); acc + lo(a)*lo(b) (SMLABB) */
 #define et_q8_smlad(a, b, acc) ((int32_t)__smlad((a), (b), (acc)))
+#define et_q8_smlabb(a, b, acc) ((int32_t)__smlabb((int32_t)(a), (int32_t)(b), (acc)))
+
+/* bytes 1 and 3: the instruction's own rotation (gcc does not fold a separate ROR into the intrinsic) */
+static inline uint32_t et_q8_sxtb16_ror8(uint32_t v)
+{
+    uint32_t r;
+    __asm__("sxtb16 %0, %1, ror #8" : "=r"(r) : "r"(v));
+    return r;
+}
+
+static inline uint32_t et_q8_sxtab16_ror8(uint32_t off, uint32_t v)
+{
+    uint32_t r;
+    __asm__("sxtab16 %0, %1, %2, ror #8" : "=r"(r) : "r"(off), "r"(v));
+    return r;
+}
 #else
 static inline uint32_t et_q8_half(int32_t v)
 {
@@ -130,6 +147,21 @@ static inline uint32_t et_q8_sxtb16(uint32_t v)
 static inline int32_t et_q8_smlad(uint32_t a, uint32_t b, int32_t acc)
 {
     return (int32_t)((uint32_t)acc + (uint32_t)(et_q8_lo(a) * et_q8_lo(b)) + (uint32_t)(et_q8_hi(a) * et_q8_hi(b)));
+}
+
+static inline int32_t et_q8_smlabb(uint32_t a, uint32_t b, int32_t acc)
+{
+    return (int32_t)((uint32_t)acc + (uint32_t)(et_q8_lo(a) * et_q8_lo(b)));
+}
+
+static inline uint32_t et_q8_sxtb16_ror8(uint32_t v)
+{
+    return et_q8_sxtb16((v >> 8) | (v << 24));
+}
+
+static inline uint32_t et_q8_sxtab16_ror8(uint32_t off, uint32_t v)
+{
+    return et_q8_sxtab16(off, (v >> 8) | (v << 24));
 }
 #endif
 
@@ -163,19 +195,19 @@ static inline void et_q8_dot4_rows(const int8_t *a, int32_t a_off, const int8_t 
 
     for (i = 0; i + 4 <= len; i += 4) {
         const uint32_t va = et_q8_load4(a + i);
-        const uint32_t ae = et_q8_sxtab16(off, va), ao = et_q8_sxtab16(off, et_q8_ror8(va));
+        const uint32_t ae = et_q8_sxtab16(off, va), ao = et_q8_sxtab16_ror8(off, va);
         uint32_t v = et_q8_load4(b0 + i);
         s0 = et_q8_smlad(ae, et_q8_sxtb16(v), s0);
-        s0 = et_q8_smlad(ao, et_q8_sxtb16(et_q8_ror8(v)), s0);
+        s0 = et_q8_smlad(ao, et_q8_sxtb16_ror8(v), s0);
         v = et_q8_load4(b1 + i);
         s1 = et_q8_smlad(ae, et_q8_sxtb16(v), s1);
-        s1 = et_q8_smlad(ao, et_q8_sxtb16(et_q8_ror8(v)), s1);
+        s1 = et_q8_smlad(ao, et_q8_sxtb16_ror8(v), s1);
         v = et_q8_load4(b2 + i);
         s2 = et_q8_smlad(ae, et_q8_sxtb16(v), s2);
-        s2 = et_q8_smlad(ao, et_q8_sxtb16(et_q8_ror8(v)), s2);
+        s2 = et_q8_smlad(ao, et_q8_sxtb16_ror8(v), s2);
         v = et_q8_load4(b3 + i);
         s3 = et_q8_smlad(ae, et_q8_sxtb16(v), s3);
-        s3 = et_q8_smlad(ao, et_q8_sxtb16(et_q8_ror8(v)), s3);
+        s3 = et_q8_smlad(ao, et_q8_sxtb16_ror8(v), s3);
     }
     for (; i < len; ++i) {
         const int32_t x = a[i] + a_off;
@@ -199,7 +231,7 @@ static inline int32_t et_q8_dot(const int8_t *a, int32_t a_off, const int8_t *b,
     for (i = 0; i + 4 <= len; i += 4) {
         const uint32_t va = et_q8_load4(a + i), vb = et_q8_load4(b + i);
         acc = et_q8_smlad(et_q8_sxtab16(off, va), et_q8_sxtb16(vb), acc);
-        acc = et_q8_smlad(et_q8_sxtab16(off, et_q8_ror8(va)), et_q8_sxtb16(et_q8_ror8(vb)), acc);
+        acc = et_q8_smlad(et_q8_sxtab16_ror8(off, va), et_q8_sxtb16_ror8(vb), acc);
     }
     for (; i < len; ++i)
         acc += (a[i] + a_off) * b[i];
@@ -219,7 +251,7 @@ static inline void et_q8_colsum4(const int8_t *g, const int8_t *w, int w_stride,
         const uint32_t gp = et_q8_pack_lo((uint32_t)(int32_t)g[r], (uint32_t)(int32_t)g[r + 1]);
         const uint32_t v0 = et_q8_load4(w + (long)r * w_stride), v1 = et_q8_load4(w + (long)(r + 1) * w_stride);
         const uint32_t e0 = et_q8_sxtb16(v0), e1 = et_q8_sxtb16(v1);
-        const uint32_t o0 = et_q8_sxtb16(et_q8_ror8(v0)), o1 = et_q8_sxtb16(et_q8_ror8(v1));
+        const uint32_t o0 = et_q8_sxtb16_ror8(v0), o1 = et_q8_sxtb16_ror8(v1);
         s0 = et_q8_smlad(et_q8_pack_lo(e0, e1), gp, s0);
         s1 = et_q8_smlad(et_q8_pack_lo(o0, o1), gp, s1);
         s2 = et_q8_smlad(et_q8_pack_hi(e0, e1), gp, s2);
@@ -236,6 +268,66 @@ static inline void et_q8_colsum4(const int8_t *g, const int8_t *w, int w_stride,
     acc[1] = s1;
     acc[2] = s2;
     acc[3] = s3;
+}
+
+/* Where element j of a window of `len` sits in an int16 column: each whole quad is stored (0, 2, 1, 3), so a
+ * word of the column holds the elements an SXTB16 of four weights gives (0 and 2, then 1 and 3); the
+ * elements past the last quad stay in order. */
+static inline int et_q8_col_pos(int j, int len)
+{
+    return j < (len & ~3) ? (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1) : j;
+}
+
+static inline uint32_t et_q8_load2x16(const int16_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* acc[2r + c] += sum_i w_r[i] * col_c[i] for weight rows w_0, w_1 (int8) and columns col_0, col_1 (int16,
+ * quads stored by et_q8_col_pos): per quad, two weight words unpacked once and four column words loaded
+ * once serve eight SMLADs (sixteen multiply-adds). */
+static inline void et_q8_mac_2x2(const int16_t *c0, const int16_t *c1, const int8_t *w0, const int8_t *w1, int len,
+                                 int32_t acc[4])
+{
+    int32_t s00 = acc[0], s01 = acc[1], s10 = acc[2], s11 = acc[3];
+    int i;
+
+    for (i = 0; i + 4 <= len; i += 4) {
+        const uint32_t a = et_q8_load4(w0 + i), b = et_q8_load4(w1 + i);
+        const uint32_t ae = et_q8_sxtb16(a), ao = et_q8_sxtb16_ror8(a), be = et_q8_sxtb16(b), bo = et_q8_sxtb16_ror8(b);
+        const uint32_t x0e = et_q8_load2x16(c0 + i), x0o = et_q8_load2x16(c0 + i + 2);
+        const uint32_t x1e = et_q8_load2x16(c1 + i), x1o = et_q8_load2x16(c1 + i + 2);
+        s00 = et_q8_smlad(ae, x0e, s00);
+        s00 = et_q8_smlad(ao, x0o, s00);
+        s01 = et_q8_smlad(ae, x1e, s01);
+        s01 = et_q8_smlad(ao, x1o, s01);
+        s10 = et_q8_smlad(be, x0e, s10);
+        s10 = et_q8_smlad(bo, x0o, s10);
+        s11 = et_q8_smlad(be, x1e, s11);
+        s11 = et_q8_smlad(bo, x1o, s11);
+    }
+    for (; i < len; ++i) {
+        s00 += w0[i] * c0[i];
+        s01 += w0[i] * c1[i];
+        s10 += w1[i] * c0[i];
+        s11 += w1[i] * c1[i];
+    }
+    acc[0] = s00;
+    acc[1] = s01;
+    acc[2] = s10;
+    acc[3] = s11;
+}
+
+/* acc + (x[0] + off) * w0 + (x[1] + off) * w1 + (x[2] + off) * w2, with w02 = (w0, w2) packed and `off` in both
+ * halves: one 3-tap kernel row in an SMLAD and an SMLABB. Reads x[3] too (unused): the caller keeps it inside the
+ * tensor. */
+static inline int32_t et_q8_row3(const int8_t *x, uint32_t off, uint32_t w02, int32_t w1, int32_t acc)
+{
+    const uint32_t v = et_q8_load4(x);
+    acc = et_q8_smlad(et_q8_sxtab16(off, v), w02, acc);
+    return et_q8_smlabb(et_q8_sxtab16_ror8(off, v), (uint32_t)w1, acc);
 }
 #endif /* ET_Q8_FAST */
 

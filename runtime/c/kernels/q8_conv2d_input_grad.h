@@ -8,8 +8,9 @@
  * per channel by the kernel before it); with one weight scale any gy scale works.
  *
  * et_q8_conv2d_backward_input_ref is the plain loop; et_q8_conv2d_backward_input the fast one where
- * ET_Q8_FAST (q8_arith.h), else the plain one. Its `col` scratch, et_q8_conv2d_input_grad_col_bytes(s)
- * bytes, holds the gradients one input pixel reads.
+ * ET_Q8_FAST (q8_arith.h), else the plain one. Its scratch, et_q8_conv2d_input_grad_scratch_size(s) int16
+ * elements, holds the gradients two input pixels read and one group's weights transposed (unused by a
+ * depthwise 3-wide stride-1 kernel and by the plain build).
  */
 #ifndef ET_Q8_CONV2D_INPUT_GRAD_H
 #define ET_Q8_CONV2D_INPUT_GRAD_H
@@ -19,11 +20,11 @@
 #include "conv2d.h"
 #include "q8_arith.h"
 
-int et_q8_conv2d_input_grad_col_bytes(const et_conv2d_shape *s);
+int et_q8_conv2d_input_grad_scratch_size(const et_conv2d_shape *s); /* int16 elements */
 
 void et_q8_conv2d_backward_input_ref(const et_conv2d_shape *s, const int8_t *gy, const int8_t *w,
                                      const et_q8_requant *q, int8_t *gx);
 void et_q8_conv2d_backward_input(const et_conv2d_shape *s, const int8_t *gy, const int8_t *w,
-                                 const et_q8_requant *q, int8_t *col, int8_t *gx);
+                                 const et_q8_requant *q, int16_t *scratch, int8_t *gx);
 
 #endif /* ET_Q8_CONV2D_INPUT_GRAD_H */

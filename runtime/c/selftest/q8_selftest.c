@@ -112,7 +112,7 @@ static int log2i(long v)
 
 /* -- buffers (static: no heap) -------------------------------------------------------------------- */
 static int8_t x8[MAX_ACT], w8[MAX_W], y8[MAX_ACT], y8f[MAX_ACT], gy8[MAX_ACT], gx8[MAX_ACT], gx8f[MAX_ACT];
-static int8_t col[MAX_W];
+static int16_t scratch[MAX_W]; /* the fast convolutions' columns and transposed weights */
 static int32_t bias[MAX_C], mult[MAX_C], shift[MAX_C], gmult[MAX_C], gshift[MAX_C];
 static int32_t gw[MAX_W], gwf[MAX_W], gb[MAX_C], gbf[MAX_C], idx[MAX_ACT];
 static float xf[MAX_ACT], wf[MAX_W], yf[MAX_ACT], gyf[MAX_ACT], gxf[MAX_ACT], gwff[MAX_W], gbff[MAX_C];
@@ -165,9 +165,9 @@ static void conv_case(et_conv2d_shape s, int fused_relu)
     gq.act_max = 127;
 
     TIME(T_FWD + 0, et_q8_conv2d_forward_ref(&s, x8, x_zp, w8, bias, &q, y8));
-    TIME(T_FWD + 1, et_q8_conv2d_forward(&s, x8, x_zp, w8, bias, &q, col, y8f));
+    TIME(T_FWD + 1, et_q8_conv2d_forward(&s, x8, x_zp, w8, bias, &q, scratch, y8f));
     TIME(T_BIN + 0, et_q8_conv2d_backward_input_ref(&s, gy8, w8, &gq, gx8));
-    TIME(T_BIN + 1, et_q8_conv2d_backward_input(&s, gy8, w8, &gq, col, gx8f));
+    TIME(T_BIN + 1, et_q8_conv2d_backward_input(&s, gy8, w8, &gq, scratch, gx8f));
     TIME(T_BW + 0, et_q8_conv2d_backward_weight_ref(&s, gy8, x8, x_zp, gw, gb));
     TIME(T_BW + 1, et_q8_conv2d_backward_weight(&s, gy8, x8, x_zp, gwf, gbf));
     to_float(x8, (int)nx, xf);

@@ -1,6 +1,6 @@
 """int8 kernels against float32 on a Cortex-M under QEMU: instructions per MAC, plain int8, fast int8 (SMLAD), float32.
 
-    .venv/bin/python benchmarks/int8_kernels.py [--boards mps2-an386] [--json build/bench/int8_kernels.json]
+    .venv/bin/python benchmarks/int8_kernels.py [--boards mps2-an386,mps2-an500] [--json build/bench/int8_kernels.json]
 
 Builds runtime/c/selftest/q8_selftest.c for each board with arm-none-eabi-gcc (the board's CPU flags, -O2) and runs
 it under `qemu-system-arm -M <machine> -icount shift=0`, where the board's timer counts a fixed number of
@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.output import write_json  # noqa: E402
 from edgetrain.runtime.python import int8_reference as ref  # noqa: E402
-from edgetrain.targets.boards import DEFAULT_BOARD, load_board  # noqa: E402
+from edgetrain.targets.boards import load_board  # noqa: E402
 
 C_DIR = os.path.join(ROOT, "runtime", "c")
 HARNESS = os.path.join(C_DIR, "selftest", "q8_selftest.c")
@@ -38,6 +38,7 @@ WARN = ["-Wall", "-Wextra", "-Werror", "-std=c99", "-pedantic", "-Wvla"]
 KIND = {1: "conv", 2: "linear", 3: "maxpool", 4: "avgpool", 5: "relu", 6: "relu6"}
 DIRECTIONS = ("forward", "input_grad", "weight_grad")  # the ticks page: 3 variants each (plain, fast, float32)
 VARIANTS = ("int8", "int8_fast", "float32")
+BOARDS = ("mps2-an386", "mps2-an500")  # the Cortex-M4F and the Cortex-M7
 MIN_MACS, MIN_ELEMENTS = 4096, 1024  # the measured cases' least work (a tick is 40 instructions)
 APT = "apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
 QEMU_ARGS = ["-nographic", "-monitor", "none", "-semihosting-config", "enable=on,target=native", "-icount", "shift=0"]
@@ -201,7 +202,7 @@ def describe(case: dict) -> str:
         g = _conv_geometry(h)
         kind = "depthwise" if g["groups"] == g["c_in"] == g["c_out"] else f"{g['k'][0]}x{g['k'][1]}"
         return (f"conv {kind} {g['c_in']}->{g['c_out']} {g['hw_in'][0]}x{g['hw_in'][1]} s{g['stride'][0]}"
-                + (f" g{g['groups']}" if 1 < g["groups"] != g["c_in"] else ""))
+                + (f" d{g['dil'][0]}" if g["dil"][0] > 1 else "") + (f" g{g['groups']}" if 1 < g["groups"] != g["c_in"] else ""))
     if case["kind"] == "linear":
         return f"linear {h[1]}->{h[2]} n{h[0]}"
     if case["kind"] in ("maxpool", "avgpool"):
@@ -245,7 +246,7 @@ def run_board_cases(board, work: str) -> tuple[list[dict], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--boards", default=DEFAULT_BOARD, help="comma-separated boards of targets/boards/")
+    ap.add_argument("--boards", default=",".join(BOARDS), help="comma-separated boards of targets/boards/")
     ap.add_argument("--json", default="build/bench/int8_kernels.json", metavar="PATH")
     a = ap.parse_args(argv)
     missing = toolchain_missing()
@@ -265,11 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     print("-" * len(head))
     fmt = lambda v: f"{v:7.2f}" if v else "      -"  # noqa: E731
+    ratio = lambda v: f"{v:.2f}x" if v else "-"  # noqa: E731
     for r in rows:
         u = r["unit"].lower()
         print(f"{r['board']:11} {r['case']:34} {r['direction']:12} {fmt(r[f'int8_per_{u}'])} {fmt(r[f'int8_fast_per_{u}'])} "
-              f"{fmt(r[f'float32_per_{u}'])} {r.get('fast_speedup_vs_plain', 0) or 0:9.2f}x "
-              f"{r.get('int8_speedup_vs_float32', 0) or 0:8.2f}x")
+              f"{fmt(r[f'float32_per_{u}'])} {ratio(r.get('fast_speedup_vs_plain')):>10} "
+              f"{ratio(r.get('int8_speedup_vs_float32')):>9}")
     print(f"wrote {a.json}")
     for m in bad:
         print(f"NOT BIT-IDENTICAL: {m}", file=sys.stderr)

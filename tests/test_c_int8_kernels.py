@@ -71,7 +71,8 @@ _SIGNATURES = {
     "et_q8_conv2d_backward_input_ref": [POINTER(ConvShape), _P, _P, POINTER(Requant), _P],
     "et_q8_conv2d_backward_input": [POINTER(ConvShape), _P, _P, POINTER(Requant), _P, _P],
     "et_q8_conv2d_backward_weight_ref": [POINTER(ConvShape), _P, _P, c_int32, _P, _P],
-    "et_q8_conv2d_backward_weight": [POINTER(ConvShape), _P, _P, c_int32, _P, _P],
+    "et_q8_conv2d_backward_weight": [POINTER(ConvShape), _P, _P, c_int32, _P, _P, _P],
+    "et_q8_conv2d_weight_grad_scratch_size": [POINTER(ConvShape)],
     "et_q8_linear_forward_ref": [c_int, c_int, c_int, _P, c_int32, _P, _P, POINTER(Requant), _P],
     "et_q8_linear_forward": [c_int, c_int, c_int, _P, c_int32, _P, _P, POINTER(Requant), _P],
     "et_q8_linear_backward_input_ref": [c_int, c_int, c_int, _P, _P, POINTER(Requant), _P],
@@ -235,14 +236,15 @@ def test_conv_kernels_equal_the_reference_bit_for_bit(libs, seed):
     cq, keep = requant(q)
     cgq, keep2 = requant(gq)
     for name, lib in libs.items():
-        col = np.zeros(max(lib.et_q8_conv2d_scratch_size(s), lib.et_q8_conv2d_input_grad_scratch_size(s)), np.int16)
+        col = np.zeros(max(lib.et_q8_conv2d_scratch_size(s), lib.et_q8_conv2d_input_grad_scratch_size(s),
+                           lib.et_q8_conv2d_weight_grad_scratch_size(s)), np.int16)
         for fast in (False, True):
             y, gx = np.zeros_like(want_y), np.zeros_like(x)
             gw, gb = np.zeros(w.shape, np.int32), np.zeros(c["c_out"], np.int32)
             if fast:
                 lib.et_q8_conv2d_forward(s, p(x), x_zp, p(w), p(bias), cq, p(col), p(y))
                 lib.et_q8_conv2d_backward_input(s, p(gy), p(w), cgq, p(col), p(gx))
-                lib.et_q8_conv2d_backward_weight(s, p(gy), p(x), x_zp, p(gw), p(gb))
+                lib.et_q8_conv2d_backward_weight(s, p(gy), p(x), x_zp, p(col), p(gw), p(gb))
             else:
                 lib.et_q8_conv2d_forward_ref(s, p(x), x_zp, p(w), p(bias), cq, p(y))
                 lib.et_q8_conv2d_backward_input_ref(s, p(gy), p(w), cgq, p(gx))

@@ -7,8 +7,9 @@
  * nothing. The sum is exact while n * h_out * w_out * 128 * 255 < 2^31 (n * h_out * w_out < 65794).
  *
  * et_q8_conv2d_backward_weight_ref is the plain loop; et_q8_conv2d_backward_weight the fast one where
- * ET_Q8_FAST (q8_arith.h), else the plain one. The fast one runs each kernel tap's sum along contiguous
- * rows of gy and x (stride 1 along w; other strides take the plain loop).
+ * ET_Q8_FAST (q8_arith.h), else the plain one. With stride 1 along w the fast one runs each kernel tap's sum
+ * along contiguous rows of gy and x; with other strides it sums outer products of four output pixels at a time,
+ * whose windows its scratch holds (et_q8_conv2d_weight_grad_scratch_size(s) int16 elements; unused otherwise).
  */
 #ifndef ET_Q8_CONV2D_WEIGHT_GRAD_H
 #define ET_Q8_CONV2D_WEIGHT_GRAD_H
@@ -20,7 +21,8 @@
 
 void et_q8_conv2d_backward_weight_ref(const et_conv2d_shape *s, const int8_t *gy, const int8_t *x, int32_t x_zp,
                                       int32_t *gw, int32_t *gb);
+int et_q8_conv2d_weight_grad_scratch_size(const et_conv2d_shape *s); /* int16 elements */
 void et_q8_conv2d_backward_weight(const et_conv2d_shape *s, const int8_t *gy, const int8_t *x, int32_t x_zp,
-                                  int32_t *gw, int32_t *gb);
+                                  int16_t *scratch, int32_t *gw, int32_t *gb);
 
 #endif /* ET_Q8_CONV2D_WEIGHT_GRAD_H */

@@ -169,7 +169,7 @@ static void conv_case(et_conv2d_shape s, int fused_relu)
     TIME(T_BIN + 0, et_q8_conv2d_backward_input_ref(&s, gy8, w8, &gq, gx8));
     TIME(T_BIN + 1, et_q8_conv2d_backward_input(&s, gy8, w8, &gq, scratch, gx8f));
     TIME(T_BW + 0, et_q8_conv2d_backward_weight_ref(&s, gy8, x8, x_zp, gw, gb));
-    TIME(T_BW + 1, et_q8_conv2d_backward_weight(&s, gy8, x8, x_zp, gwf, gbf));
+    TIME(T_BW + 1, et_q8_conv2d_backward_weight(&s, gy8, x8, x_zp, scratch, gwf, gbf));
     to_float(x8, (int)nx, xf);
     to_float(w8, (int)nw, wf);
     to_float(gy8, (int)ny, gyf);

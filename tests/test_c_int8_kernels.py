@@ -326,6 +326,7 @@ POOLS = [  # kernel, stride, padding, dilation, count_include_pad, input (n, c, 
     ((3, 2), (1, 2), (1, 0), (2, 1), True, (1, 2, 9, 8)),
     ((2, 4), (1, 2), (0, 1), (1, 1), True, (1, 2, 6, 9)),
     ((3, 3), (1, 1), (1, 1), (1, 1), False, (1, 2, 5, 5)),
+    ((3, 3), (3, 3), (1, 1), (1, 1), True, (2, 3, 8, 7)),  # windows apart: the max-pool backward scatters
 ]
 
 

@@ -29,12 +29,23 @@ void et_q8_maxpool2d_forward(const et_pool2d_shape *s, const int8_t *x, int8_t *
     }
 }
 
-/* Per input element, the outputs whose window covers it (a gather: one int32 sum, saturated once). */
+/* Windows that cannot overlap (stride >= the dilated kernel): each input takes at most one gradient, placed at
+ * its argmax. Otherwise, per input element, the outputs whose window covers it (a gather: one int32 sum,
+ * saturated once). */
 void et_q8_maxpool2d_backward(const et_pool2d_shape *s, const int8_t *gy, const int32_t *idx, int8_t *gx)
 {
     const long plane_in = (long)s->h_in * s->w_in, plane_out = (long)s->h_out * s->w_out;
     int p, ih, iw, kh, kw;
+    long i;
 
+    if (s->stride_h >= (s->k_h - 1) * s->dil_h + 1 && s->stride_w >= (s->k_w - 1) * s->dil_w + 1) {
+        for (i = 0; i < (long)s->n * s->c * plane_in; ++i)
+            gx[i] = 0;
+        for (p = 0; p < s->n * s->c; ++p)
+            for (i = 0; i < plane_out; ++i)
+                gx[p * plane_in + idx[p * plane_out + i]] = gy[p * plane_out + i];
+        return;
+    }
     for (p = 0; p < s->n * s->c; ++p)
         for (ih = 0; ih < s->h_in; ++ih)
             for (iw = 0; iw < s->w_in; ++iw) {

@@ -131,7 +131,7 @@ void et_q8_conv2d_forward(const et_conv2d_shape *s, const int8_t *x, int32_t x_z
 {
     const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups, len = cin_g * s->k_h * s->k_w;
     const long plane_out = (long)s->h_out * s->w_out;
-    int n, g, ocg, j;
+    int n, g, ocg;
     long p;
 
     if (cin_g == 1 && s->k_w == 3 && s->dil_w == 1 && s->k_h <= DW_MAX_KH) {
@@ -151,13 +151,20 @@ void et_q8_conv2d_forward(const et_conv2d_shape *s, const int8_t *x, int32_t x_z
                 for (ocg = 0; ocg < cout_g; ocg += 2) {
                     const int oc = g * cout_g + ocg, rows = ocg + 1 < cout_g ? 2 : 1;
                     const int8_t *w0 = w + (long)oc * len;
+                    const int32_t b0 = bias != NULL ? bias[oc] : 0, b1 = bias != NULL && rows == 2 ? bias[oc + 1] : 0;
                     int32_t acc[4];
-                    for (j = 0; j < 4; ++j)
-                        acc[j] = bias != NULL ? bias[oc + (j >> 1 < rows ? j >> 1 : 0)] : 0;
+                    int8_t *yp = yg + ocg * plane_out + p;
+                    acc[0] = acc[1] = b0;
+                    acc[2] = acc[3] = b1;
                     et_q8_mac_2x2(c0, c1, w0, rows == 2 ? w0 + len : w0, len, acc);
-                    for (j = 0; j < 2 * rows; ++j)
-                        if ((j & 1) == 0 || two)
-                            yg[(ocg + (j >> 1)) * plane_out + p + (j & 1)] = et_q8_output(q, oc + (j >> 1), acc[j]);
+                    yp[0] = et_q8_output(q, oc, acc[0]);
+                    if (two)
+                        yp[1] = et_q8_output(q, oc, acc[1]);
+                    if (rows == 2) {
+                        yp[plane_out] = et_q8_output(q, oc + 1, acc[2]);
+                        if (two)
+                            yp[plane_out + 1] = et_q8_output(q, oc + 1, acc[3]);
+                    }
                 }
             }
         }

@@ -107,9 +107,11 @@ def _on_to_grad(n: fx.Node, region: set):
 
 
 def _match(nll: fx.Node) -> _Head | None:
-    lsm, target, weight, reduction, ignore = nll.args[:5]
-    if weight is not None or reduction not in (1, 2) or lsm.target is not aten._log_softmax.default \
-            or lsm.args[1:] != (1, False):
+    if len(nll.args) != 5 or nll.kwargs:
+        return None
+    lsm, target, weight, reduction, ignore = nll.args
+    if weight is not None or reduction not in (1, 2) or not isinstance(lsm, fx.Node) \
+            or lsm.target is not aten._log_softmax.default or lsm.args[1:] != (1, False) or _val(lsm).dim() != 2:
         return None
     x = lsm.args[0]
     rows, vocab = _val(lsm).shape
@@ -170,7 +172,8 @@ def _match(nll: fx.Node) -> _Head | None:
             continue
         if any(u not in region for u in _users(n)):
             return None
-    return _Head(hidden=hidden, weight_t=weight_t, weight_back=weight_back, target=target, tangent=nll_back.args[0], first_backward=nll_back,
+    return _Head(hidden=hidden, weight_t=weight_t, weight_back=weight_back, target=target, tangent=nll_back.args[0],
+                 first_backward=nll_back,
                  reduction=reduction, ignore_index=ignore, fwd_cast=fwd_cast, bwd_cast=bwd_cast,
                  grad_dtype=lsm_back.args[3], loss=loss, grad_hidden=grad_hidden, grad_weight=grad_weight,
                  region=region)
@@ -265,7 +268,8 @@ def _rewrite(cap: JointCapture, h: _Head, step: int) -> JointCapture:
         loss = emit(aten.div.Tensor, total, count) if h.reduction == 1 else total
     # Backward, chunk by chunk where torch's began; the tangent reads the new loss.
     h.loss.replace_all_uses_with(loss)
-    if h.weight_back is not None:
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    if h.weight_back is not None and order[h.weight_back] > order[h.first_backward]:
         h.first_backward.prepend(h.weight_back)  # a view of the weight, needed by every chunk's input gradient
     with graph.inserting_before(h.first_backward):
         parts, acc = [], None

@@ -49,15 +49,23 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
     graph, target = m.traced.graph, m.target
     lv = analyze(graph)
     anchor = anchors(graph, lv, target)
-    if not req.budget.device:
-        return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target))  # before any solve
     room = req.backend.device_room(graph, target)
+    if not req.budget.device:
+        budget_bytes = budget_for_device(req.budget, anchor, graph, target)  # before any solve
+        if room is not None and room.linked_by is not None and budget_bytes > room.bytes:
+            raise DeviceFitError(
+                f"budget {req.budget.text} = {budget_bytes} B fits {target.name}'s profile, but not the firmware: "
+                f"{room.linked_by}, which leaves {room.bytes} B after {room.reserved_for} ({room.reserved_bytes} B). "
+                f"Give --budget {room.bytes} or less (or auto), or the profile of the chip the board is linked for as "
+                "--target. Nothing was solved.")
+        return Budgeted(m, lv, anchor, budget_bytes)
     budget_bytes = req.budget.resolve(anchor, None if room is None else room.bytes)
+    linked = f" ({room.linked_by})" if room is not None and room.linked_by else ""
     if anchor.min_feasible_bytes > budget_bytes:
         raise DeviceFitError(
             f"{req.opts.model} needs at least {anchor.min_feasible_bytes} B to train (its smallest feasible budget: "
             f"{anchor.fixed_bytes} B of weights, optimizer state and buffers, then what the largest backward step "
-            f"reads), but {target.name}'s {target.ram_bytes} B of RAM leave {budget_bytes} B after "
+            f"reads), but {target.name}'s RAM{linked} leaves {budget_bytes} B after "
             f"{room.reserved_for} ({room.reserved_bytes} B). {bound_text(graph, lv)}")
     return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target, budget_bytes))
 

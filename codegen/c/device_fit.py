@@ -88,11 +88,29 @@ def applies(target) -> bool:
     return target.is_mcu
 
 
-def device_budget(target, io_bytes: int = 0) -> int | None:
-    """`--budget auto`: the RAM a microcontroller leaves for the training state and the arena; None elsewhere."""
+def device_budget(target, io_bytes: int = 0, linked: bool = False) -> int | None:
+    """`--budget auto`: the RAM a microcontroller leaves for the training state and the arena; None elsewhere.
+    `linked`: of the RAM the board's link script gives the image, where that is less than the profile's."""
     if not applies(target):
         return None
-    return target.ram_bytes - runtime_reserve_bytes(io_bytes, board_stack_bytes(target))
+    ram = linked_ram_bytes(target) if linked else target.ram_bytes
+    return ram - runtime_reserve_bytes(io_bytes, board_stack_bytes(target))
+
+
+def linked_ram_bytes(target) -> int:
+    """The RAM a firmware for `target` can use: its profile's, or less where its board's link script gives less
+    (a QEMU board linked to a smaller chip's memory map)."""
+    return min(target.ram_bytes, board_of(target).ram_bytes)
+
+
+def board_limit(target) -> str | None:
+    """Why a firmware for `target` has less RAM than its profile says, in words; None where it has all of it."""
+    board = board_of(target)
+    if board.ram_bytes >= target.ram_bytes:
+        return None
+    return (f"{target.name}'s profile gives {_kb(target.ram_bytes)} of RAM, but its firmware is built for board "
+            f"`{board.name}`, whose link script gives the image {_kb(board.ram_bytes)} (the {board.memory_map}'s "
+            f"memory map, targets/boards/{board.name}.toml)")
 
 
 def optimizer_state_bytes(config: dict, trainable_bytes: int, trainable_count: int) -> int:

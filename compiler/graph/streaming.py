@@ -35,8 +35,8 @@ def choose_streamed(frozen: dict[str, int], flash_room: int, ram_room: int, stor
         raise DeviceFitError(
             f"the frozen weights ({sum(frozen.values())} B) do not fit the {flash_room} B of flash left for them on "
             f"{device}, and none can be streamed from storage: a weight is paged into RAM, and the fixed state alone "
-            f"(the trainable weights, their optimizer state, the firmware's stack and runtime) exceeds the RAM by "
-            f"{-ram_room} B. Train fewer parameters (--train), or use a smaller model. No firmware was written.")
+            f"(the trainable weights, their optimizer state, the firmware's stack, runtime and batch buffers of input, "
+            f"labels and logits) exceeds the RAM by {-ram_room} B. Train fewer parameters (--train), or use a smaller model. No firmware was written.")
     if over > 0:
         largest = max(frozen, key=frozen.__getitem__)
         raise DeviceFitError(

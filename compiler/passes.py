@@ -1,6 +1,7 @@
 """The compile pipeline as an ordered list of passes, each from one stage result to the next (stages.py).
 
-    trace (Request -> Traced) -> measure_paging (-> Measured) -> resolve_budget (-> Budgeted)
+    trace (Request -> Traced) -> measure_paging (-> Measured) -> tile_to_fit (-> Measured)
+    -> resolve_budget (-> Budgeted)
     -> place_weights (-> Placed) -> compare_selection (-> Selected) -> solve_and_render (-> Rendered)
     -> write_schedule (-> Compiled)
 
@@ -18,11 +19,13 @@ from edgetrain.runtime.python.integrity import weights_table
 from .errors import ArenaOverflowError, DeviceFitError
 from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
+from .graph.costs import costed
 from .graph.streaming import restreamed
+from .graph.tiling import tile_frozen_prefix
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
 from .scheduling.bound import bound_text
-from .scheduling.budget import anchors, budget_for_device, parse_deadline
+from .scheduling.budget import anchors, budget_for_device, min_budget, parse_deadline
 from .scheduling.interrupt import stoppable
 from .scheduling.overlap import overlap_paging
 from .scheduling.schedulers import Scheduled, run_scheduler
@@ -41,6 +44,30 @@ def trace(req: Request) -> Traced:
 def measure_paging(req: Request, t: Traced) -> Measured:
     """The target the plan is solved for: a measured target's page store timed at this plan's sizes."""
     return Measured(t, with_measured_paging(req.profile, t.graph))
+
+
+def tile_to_fit(req: Request, m: Measured) -> Measured:
+    """A frozen forward prefix whose working set keeps the smallest feasible budget above the bytes asked for
+    (a size, or `auto`'s device RAM) computed patch by patch (graph/tiling.py), its halos' FLOPs counted."""
+    graph, target = m.traced.graph, m.target
+    if req.budget.nbytes is not None:
+        want = req.budget.nbytes
+    elif req.budget.device:
+        room = req.backend.device_room(graph, target)
+        want = None if room is None else room.bytes
+    else:
+        want = None
+    low = min_budget(analyze(graph))
+    if want is None or low <= want:
+        return m
+    tiling = tile_frozen_prefix(graph, lambda g: min_budget(analyze(g)) <= want, lambda g: min_budget(analyze(g)))
+    if tiling is None:
+        return m
+    req.say(f"computing {len(tiling.nodes)} frozen forward nodes ({tiling.nodes[0]} .. {tiling.nodes[-1]}) in "
+            f"{tiling.grid}x{tiling.grid} patches: smallest budget {low} -> {min_budget(analyze(tiling.graph))} B, "
+            f"{tiling.added_flops} FLOPs of halos")
+    tiled = costed(tiling.graph, target, m.traced.measured_s)
+    return dataclasses.replace(m, traced=dataclasses.replace(m.traced, graph=tiled))
 
 
 def resolve_budget(req: Request, m: Measured) -> Budgeted:
@@ -156,7 +183,7 @@ def write_schedule(req: Request, r: Rendered) -> Compiled:
     return Compiled(r)
 
 
-PASSES = (measure_paging, resolve_budget, place_weights, compare_selection, solve_and_render, write_schedule)
+PASSES = (measure_paging, tile_to_fit, resolve_budget, place_weights, compare_selection, solve_and_render, write_schedule)
 
 
 def run_passes(req: Request) -> Compiled:

@@ -24,6 +24,7 @@ from safetensors.numpy import load_file
 
 from edgetrain.compiler.errors import ArenaOverflowError, UnsupportedModelError  # messages for the user, not a solver
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
+from edgetrain.compiler.graph.tiling import TILED_OP  # a frozen prefix computed patch by patch
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 from edgetrain.targets import Target
 from edgetrain.targets.boards import board_of
@@ -32,6 +33,7 @@ from edgetrain.codegen.templating import environment
 from .arena import Lifetime, Packing, pack
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
+from .patches import emit_patches
 from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
 from .ops import DROPOUT, kernel_sources  # the C op table
 
@@ -118,6 +120,11 @@ class _Emitter:
         node = self.node_objs[name]
         self._layer = name
         self.ctx.first, self.ctx.predict = first, predict
+        if node.op == TILED_OP:  # a frozen prefix, patch by patch: its own statements (patches.py)
+            try:
+                return emit_patches(node, offsets, self.ctx, self.params)
+            except EmitError as e:
+                raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
         cases = node_cases(node, self.node_objs, self.state, offsets)
         lines: list[str] = []
         held = {p: self.ctx.pident[p] for p in paged or {}}
@@ -170,6 +177,9 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
             raise CodegenError(f"step {k} {a}s `{c_comment(name)}`, which is not a node of the graph")
         if a in ("compute", "recompute"):
             lts = {r["t"]: current[r["t"]] for r in node["inputs"]}
+            if node["op"] == TILED_OP:  # its patch buffers, only while it runs
+                lts[f"{name}.patches"] = Lifetime(f"{name} (patches)", k, k, node["workspace_bytes"] // 4)
+                lifetimes.append(lts[f"{name}.patches"])
             for stats in (f"{node['aux_of']}.aux" if node.get("aux_of") else None, f"{name}.aux"):
                 if stats in current:  # statistics read by a backward, or rewritten by a recompute
                     lts[stats] = current[stats]
@@ -290,6 +300,8 @@ def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str,
             last[r["t"]] = max(last[r["t"]], i)
     last[logits_ref["t"]] = len(fwd)
     lts = {n["name"]: Lifetime(n["name"], i, last[n["name"]], _words(n)) for i, n in enumerate(fwd)}
+    lts.update({f"{n['name']}.patches": Lifetime(f"{n['name']} (patches)", i, i, n["workspace_bytes"] // 4)
+                for i, n in enumerate(fwd) if n["op"] == TILED_OP})
     streams = {n["name"]: {p: Lifetime(f"{p} (streamed)", i, i, _numel(em.params[p]["shape"]))
                            for p in n.get("streamed", ())} for i, n in enumerate(fwd)}
     packing = pack(list(lts.values()) + [lt for s in streams.values() for lt in s.values()])
@@ -339,8 +351,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
                            "gradient buffers); compile with --emit c for C firmware")
     g = schedule["graph"]
     em = _Emitter(schedule)
-    for n in em.nodes:  # the only workspace the C runtime has: the weights a node pages in
-        if n["workspace_bytes"] != sum(4 * _numel(em.params[p]["shape"]) for p in n.get("streamed", ())):
+    for n in em.nodes:  # the only workspace the C runtime has: the weights a node pages in, or its patches
+        if n["op"] != TILED_OP and n["workspace_bytes"] != sum(4 * _numel(em.params[p]["shape"]) for p in n.get("streamed", ())):
             raise CodegenError(f"node `{c_comment(n['name'])}` holds a workspace the C runtime does not have; "
                                "compile with --emit c")
     steps = schedule["steps"]

@@ -42,5 +42,6 @@
 #include "kernels/fill.h"
 #include "kernels/layer_norm.h"
 #include "kernels/dropout.h"
+#include "kernels/patch.h"
 
 #endif /* ET_RUNTIME_H */

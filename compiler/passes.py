@@ -86,6 +86,11 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
                 f"Give --budget {room.bytes} or less (or auto), or the profile of the chip the board is linked for as "
                 "--target. Nothing was solved.")
         return Budgeted(m, lv, anchor, budget_bytes)
+    if room is not None and room.bytes <= 0:
+        raise DeviceFitError(
+            f"{room.reserved_for} alone take {room.reserved_bytes} B, as much as {target.name}'s RAM or more "
+            f"({room.bytes + room.reserved_bytes} B){f' ({room.linked_by})' if room.linked_by else ''}: nothing is "
+            "left for training. Lower --batch-size or give a smaller --input-shape. Nothing was solved.")
     budget_bytes = req.budget.resolve(anchor, None if room is None else room.bytes)
     linked = f" ({room.linked_by})" if room is not None and room.linked_by else ""
     if anchor.min_feasible_bytes > budget_bytes:

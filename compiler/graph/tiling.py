@@ -82,6 +82,13 @@ def _prefix(g: TrainingGraph) -> tuple[str, list[int], list[dict]]:
     return source, stages, ops
 
 
+def tileable_stages(g: TrainingGraph) -> set[int]:
+    """Stages a tiling may replace: those of the frozen forward prefix before its last cut."""
+    _, stages, _ = _prefix(g)
+    cuts = _cuts(g, stages)
+    return set(stages[:cuts[-1]]) if cuts else set()
+
+
 def _cuts(g: TrainingGraph, stages: list[int]) -> list[int]:
     """Prefix lengths k whose first k nodes' tensors are read after them only through the k-th's output."""
     readers: dict[str, set[int]] = {}

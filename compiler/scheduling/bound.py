@@ -29,6 +29,7 @@ class Bound:
     scratch_bytes: int  # its workspace while it runs (a layer's gradients before fused SGD, kernel scratch)
     other_bytes: int  # other tensors alive there (gradients and activations waiting for their readers)
     updates_params: bool  # its workspace holds gradients of parameters it updates
+    tiling: str = ""  # "tiled": computed patch by patch already; "prefix": in a frozen prefix that can be; else ""
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -52,7 +53,18 @@ def smallest_budget_bound(g: TrainingGraph, lv: Liveness) -> Bound:
     other = max(0, need[t] - lv.state_bytes - inputs - output - n.workspace_bytes)
     return Bound(stage=t, node=n.name, op=n.op, kind=n.kind, source=n.source, budget_bytes=need[t],
                  state_bytes=lv.state_bytes, inputs_bytes=inputs, output_bytes=output,
-                 scratch_bytes=n.workspace_bytes, other_bytes=other, updates_params=bool(n.updates))
+                 scratch_bytes=n.workspace_bytes, other_bytes=other, updates_params=bool(n.updates),
+                 tiling=tiling_of(g, t))
+
+
+def tiling_of(g: TrainingGraph, t: int) -> str:
+    """Whether stage `t` is computed patch by patch ("tiled"), lies in a frozen forward prefix that can be
+    ("prefix"), or neither ("")."""
+    from edgetrain.compiler.graph.tiling import TILED_OP, tileable_stages
+
+    if g.nodes[t].op == TILED_OP:
+        return "tiled"
+    return "prefix" if t in tileable_stages(g) else ""
 
 
 def bound_text(g: TrainingGraph, lv: Liveness | None = None) -> str:
@@ -67,6 +79,15 @@ def bound_text(g: TrainingGraph, lv: Liveness | None = None) -> str:
 def remedies(b: Bound) -> str:
     """What would lower the smallest budget, most effective first."""
     ways = []
+    if b.tiling == "prefix":
+        ways.append("computing the frozen forward prefix up to this node patch by patch (compile does so by itself "
+                    "when --budget is a size or auto below this bound and a tiling fits it)")
+    elif b.tiling == "tiled":
+        ways.append("a larger budget or a smaller input: this node is the frozen prefix computed patch by patch, "
+                    "its scratch the patch buffers of the tiling with the smallest bound found")
+    elif b.kind == "forward" and not b.updates_params:
+        ways.append("freezing the layers up to this one with --train, so that no gradient flows through them and "
+                    "compile can compute them patch by patch")
     if b.updates_params and b.scratch_bytes >= max(b.inputs_bytes, b.output_bytes):
         ways.append("freeze this layer with --train (its scratch is its parameters' gradient)")
     if b.state_bytes >= b.budget_bytes // 2:

@@ -109,3 +109,13 @@ def test_the_c_firmware_fine_tunes_mobilenetv2_style_in_200_kb_on_the_nrf52840(t
     assert res["ram_bytes"] + board_of(load_target("nrf52840")).stack_bytes <= RAM  # .data + .bss + the stack
     assert res["text_bytes"] + res["data_bytes"] <= FLASH
     assert res["instructions_per_step"] > 0 and res["paged_bytes_per_step"] == 0
+
+
+def test_mbv2_w035_at_128x128_is_refused_in_float32_with_positive_figures(tmp_path, capsys):
+    # Its float32 input batch alone is 196,608 B, the classifier and its momentum 102,480 B: with the stack and
+    # the runtime that is over the nRF52840's 262,144 B before any activation, and the refusal says so.
+    rc = cli.main(["compile", "mcu_mbv2_w035", "--target", "nrf52840", "--emit", "c", "--batch-size", "1",
+                   "--out", str(tmp_path / "w"), "--json"])
+    msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]["message"]
+    assert rc == 2 and "exceeds the RAM by" in msg and "batch buffers" in msg
+    assert " -" not in msg.replace(" - ", "")  # no negative size

@@ -93,6 +93,11 @@ def test_the_python_plan_of_a_tiled_prefix_trains_exactly(tmp_path, capsys):
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and res["ok"] and res["max_abs_err"] <= 1e-6, res
     assert res["measured_peak_bytes"] == res["predicted_peak_bytes"] <= 400_000
+    assert cli.main(["inspect", str(out), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (t,) = shown["tiled"]
+    assert t["replaces"][0] == "convolution" and t["tiles"] == t["grid"] ** 2 and t["patch_bytes"] > 0
+    assert shown["smallest_budget_bound"]["remedies"]
 
 
 @pytest.mark.slow

@@ -227,6 +227,17 @@ def tiled_graph(g: TrainingGraph, source: str, stages: list[int], ops: list[dict
     return replace(g, nodes=nodes), flops - sum(n.flops for n in replaced)
 
 
+def tiled_prefixes(g: TrainingGraph) -> list[dict]:
+    """What `g` computes patch by patch: per such node, the nodes it replaced, its grid and its patch buffers."""
+    out = []
+    for n in g.nodes:
+        if n.op == TILED_OP:
+            plan = json.loads(n.attrs["args"][2])
+            out.append({"node": n.name, "replaces": plan["replaces"], "grid": plan["grid"],
+                        "tiles": len(plan["tiles"]), "patch_bytes": n.workspace_bytes, "flops": n.flops})
+    return out
+
+
 def tile_frozen_prefix(g: TrainingGraph, fits, min_bytes) -> Tiling | None:
     """The tiling of `g`'s frozen forward prefix that `fits` (a predicate on a graph) with the fewest added FLOPs
     (fewer tiles on ties); else the one with the smallest `min_bytes` (graph -> bytes) below `g`'s; None when no

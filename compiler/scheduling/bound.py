@@ -83,8 +83,9 @@ def remedies(b: Bound) -> str:
         ways.append("computing the frozen forward prefix up to this node patch by patch (compile does so by itself "
                     "when --budget is a size or auto below this bound and a tiling fits it)")
     elif b.tiling == "tiled":
-        ways.append("a larger budget or a smaller input: this node is the frozen prefix computed patch by patch, "
-                    "its scratch the patch buffers of the tiling with the smallest bound found")
+        ways.append("a smaller --budget in bytes: this node is a frozen prefix computed patch by patch, and compile "
+                    "picks the tiling with the fewest added FLOPs that fits the budget asked for (a finer grid or a "
+                    "prefix that ends at a smaller tensor when asked for less)")
     elif b.kind == "forward" and not b.updates_params:
         ways.append("freezing the layers up to this one with --train, so that no gradient flows through them and "
                     "compile can compute them patch by patch")

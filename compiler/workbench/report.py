@@ -165,6 +165,10 @@ def print_human(cmd: str, r: dict) -> None:
             b = r["smallest_budget_bound"]
             con.print(escape(f"smallest feasible budget {b['budget_bytes']} B: {b['text']}. To lower it: "
                              f"{b['remedies']}."))
+        for t in r.get("tiled") or ():
+            con.print(escape(f"computed patch by patch: {t['node']} = {len(t['replaces'])} frozen forward nodes "
+                             f"({t['replaces'][0]} .. {t['replaces'][-1]}) in {t['tiles']} tiles, patch buffers "
+                             f"{t['patch_bytes']} B, {t['flops']} FLOPs with the halos"))
         sol = r["solver"]
         seconds = "-" if sol.get("seconds") is None else f"{sol['seconds']:.2f}"
         con.print(f"solver {sol['name']}: {sol['status']}, gap {percent(sol.get('gap'))}, {seconds} s")

@@ -107,7 +107,8 @@ def place_weights(req: Request, b: Budgeted) -> Placed:
     finds none, or with another scheduler); what was chosen, by which, for the output."""
     traced, target = b.measured.traced, b.measured.target
     graph = traced.graph
-    if not graph.streamed_params or req.opts.scheduler != "poet":
+    if not graph.streamed_params or req.opts.scheduler != "poet" or \
+            any("stream_rows" in n.attrs for n in graph.nodes):  # weights paged by blocks: the rule's choice
         return Placed(b, graph, b.liveness, b.anchor)
     from .scheduling.stream_choice import choose_streamed
 

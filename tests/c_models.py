@@ -222,3 +222,26 @@ class TinyBNOnFewPositions(nn.Module):
 
 
 tiny_bn_on_few_positions = _zoo_like(TinyBNOnFewPositions, (1, 6, 6))
+
+
+class FrozenWideHead(nn.Module):
+    """Frozen 1x1 convolutions whose weights outgrow a 1 MB flash, one of them (1.31 MB) the 256 KB RAM as well:
+    it is paged in from storage by blocks of output channels. Its batch norm and the classifier train."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(16, 1024, 1)
+        self.wide = nn.Conv2d(1024, 320, 1)
+        self.bn = nn.BatchNorm2d(320)
+        self.fc = nn.Linear(320, num_classes)
+        for p in (*self.expand.parameters(), *self.wide.parameters()):
+            p.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.wide(torch.relu(self.expand(x)))))
+        return self.fc(x.mean((2, 3)))
+
+
+def frozen_wide_head() -> nn.Module:
+    torch.manual_seed(0)
+    return FrozenWideHead()

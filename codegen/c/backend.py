@@ -57,7 +57,7 @@ class CBackend:
         write_weights(dict(model.named_parameters()), dict(model.named_buffers()), out_dir)
         firmware = render_c_firmware(schedule, out_dir)  # ArenaOverflowError: the pipeline solves for less
         summary = {"arena_bytes": firmware["arena_bytes"], "paged_bytes_per_step": firmware["paged_bytes_per_step"],
-                   "pages": len(firmware["pages"]), "streamed": [w["param"] for w in firmware["streamed"]],
+                   "pages": len(firmware["pages"]), "streamed": list(dict.fromkeys(w["param"] for w in firmware["streamed"])),
                    "streamed_bytes": firmware["streamed_bytes"]}
         fit = check_fit(figures_of_firmware(schedule, firmware), target).to_json() if applies(target) else None
         return Rendered(summary, fit)  # arena, weights and buffers held against the device's RAM and flash

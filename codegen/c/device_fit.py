@@ -153,7 +153,8 @@ def flash_room_for_frozen(target, trainable_bytes: int, steps: int) -> int:
     return target.flash_bytes - FirmwareFigures(trainable_bytes=trainable_bytes, steps=steps).flash_bytes
 
 
-def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int, ram_room: int) -> list[str]:
+def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int, ram_room: int,
+                rows: dict[str, int] | None = None) -> list[str]:
     """The frozen weights (name -> bytes) a microcontroller keeps in storage: those beyond its flash
     (compiler/graph/streaming.py's rule); none elsewhere."""
     from edgetrain.compiler.graph.streaming import choose_streamed
@@ -161,7 +162,7 @@ def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int
     if not applies(target) or target.flash_bytes is None:
         return []
     return choose_streamed(frozen, flash_room_for_frozen(target, trainable_bytes, steps), ram_room,
-                           target.storage_bytes, target.name)
+                           target.storage_bytes, target.name, rows)
 
 
 def check_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> DeviceFit:
@@ -180,7 +181,9 @@ def figures_of_model(model, optimizer, target=None) -> FirmwareFigures:
     ob = optimizer_state_bytes(optimizer.to_json(), tb, len(trainable))
     frozen = {k: p.numel() * p.element_size() for k, p in model.named_parameters() if not p.requires_grad}
     stack = board_stack_bytes(target) if target is not None else STACK_BYTES
-    streamed = streamed_of(frozen, target, tb, 0, target.ram_bytes - runtime_reserve_bytes(0, stack) - tb - ob) \
+    # Before tracing, any frozen conv weight may turn out to be read by forward convolutions alone: by blocks.
+    rows = {k: p[0].numel() * p.element_size() for k, p in model.named_parameters() if not p.requires_grad and p.dim() == 4}
+    streamed = streamed_of(frozen, target, tb, 0, target.ram_bytes - runtime_reserve_bytes(0, stack) - tb - ob, rows) \
         if target is not None else []
     kept = sum(b for k, b in frozen.items() if k not in streamed)
     return FirmwareFigures(trainable_bytes=tb, frozen_bytes=kept, optimizer_bytes=ob,

@@ -124,3 +124,71 @@ def test_mbv2_w035_at_128x128_is_refused_in_float32_with_positive_figures(tmp_pa
     msg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]["message"]
     assert rc == 2 and "exceeds the RAM by" in msg and "batch buffers" in msg
     assert " -" not in msg.replace(" - ", "")  # no negative size
+
+
+def _random_chain(rng) -> list:
+    layers = []
+    for _ in range(rng.randint(2, 5)):
+        layers.append(("conv", rng.choice([4, 6, 8]), rng.choice([1, 3, 5]), rng.choice([1, 1, 2]),
+                       rng.choice([1, 1, 2]), rng.random() < 0.4))
+        if rng.random() < 0.7:
+            layers.append((rng.choice(["relu", "relu6"]),))
+    return layers
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_patch_forward_equals_the_whole_forward_on_random_chains(seed):
+    """Random frozen chains (kernels 1/3/5, strides, dilations, depthwise with residuals) on random sizes, every
+    grid that the output allows: edgetrain.patch_forward gives what the untiled layers give."""
+    import random
+
+    import torch
+
+    from edgetrain.compiler.graph.tiling import _cuts, tiled_graph
+    from edgetrain.runtime.python.patch_forward import patch_forward
+    from tests.c_models import frozen_chain
+
+    rng = random.Random(seed)
+    layers, hw = _random_chain(rng), (rng.randint(9, 19), rng.randint(9, 19))
+    opts = CompileOptions(model="tests.c_models:frozen_chain", input_shape=(3, *hw), target="nrf52840",
+                          budget="auto", out="unused", batch_size=2, model_kwargs={"layers": [list(v) for v in layers]})
+    _, model, g = build_graph(opts, load_target("nrf52840"))
+    source, stages, ops = _prefix(g)
+    cut = max(_cuts(g, stages), default=None)
+    if cut is None:
+        pytest.skip("a chain of one op: nothing to tile")
+    x = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        want = model.features(x)
+    assert cut == len(stages) and g.nodes[stages[-1] + 1].op == "aten.mean.dim"  # the whole chain is the prefix
+    assert g.nodes[stages[-1]].shape == tuple(want.shape)
+    named = dict(model.named_parameters())
+    for grid in range(2, min(want.shape[2:]) + 1):
+        tg, _ = tiled_graph(g, source, stages[:cut], ops[:cut], grid)
+        node = tg.node(g.nodes[stages[cut - 1]].name)
+        got = patch_forward(x, [named[p] for p in node.params], node.attrs["args"][2])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 9, 16, 17])
+def test_the_c_firmware_of_a_tiled_random_chain_trains_exactly_on_the_host(seed, tmp_path, capsys):
+    """The same random chains through the C firmware (built for the host): compile asks for the smallest budget
+    a tiling reaches, and the run matches autograd."""
+    import random
+
+    rng = random.Random(seed)
+    layers, hw = _random_chain(rng), (rng.randint(9, 19), rng.randint(9, 19))
+    kw = dict(model="tests.c_models:frozen_chain", input_shape=(3, *hw), target="nrf52840", batch_size=2,
+              emit="c", model_kwargs={"layers": [list(v) for v in layers]}, time_limit=10.0)
+    g = build_graph(CompileOptions(budget="auto", out="unused", **kw), load_target("nrf52840"))[2]
+    t = tile_frozen_prefix(g, lambda x: False, _low)
+    if t is None:
+        pytest.skip("no tiling lowers this chain's smallest budget")
+    out = tmp_path / "c"
+    r = compile_model(CompileOptions(budget=str(_low(t.graph)), out=str(out), **kw))
+    assert r["min_feasible_bytes"] < _low(g)
+    assert "et_patch_gather" in (out / "plan.c").read_text() or "et_patch_place" in (out / "plan.c").read_text()
+    rc = cli.main(["run", str(out), "--steps", "2", "--check", "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and res["ok"] and not res["mismatched"], res

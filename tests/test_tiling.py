@@ -86,7 +86,7 @@ def test_the_python_plan_of_a_tiled_prefix_trains_exactly(tmp_path, capsys):
     out = tmp_path / "py"
     r = compile_model(CompileOptions(model="mcu_mbv2_40", target="nrf52840", budget="400KB", out=str(out),
                                      batch_size=2, time_limit=10.0))
-    assert r["min_feasible_bytes"] <= r["budget_bytes"] == 400_000
+    assert r["min_feasible_bytes"] <= r["budget_bytes"] == 400_000 and r["tiled"][0]["node"]
     body = json.loads((out / "schedule.json").read_text())
     assert [n["op"] for n in body["graph"]["nodes"]].count(TILED_OP) == 1
     rc = cli.main(["run", str(out), "--steps", "2", "--check", "--json"])

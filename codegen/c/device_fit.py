@@ -23,6 +23,7 @@ STACK_BYTES = load_board(DEFAULT_BOARD).stack_bytes  # the default board's link 
 RUNTIME_STATIC_BYTES = 1024  # runtime and driver statics besides the batch buffers (~0.7 KB measured, mcu_cnn)
 CODE_BASE_BYTES = 20 * 1024  # runtime, kernels, newlib-nano and driver .text (~18.7 KB measured, mcu_cnn)
 CODE_PER_STEP_BYTES = 48  # the straight-line plan: ~30 B of Thumb-2 per schedule step measured
+CODE_PER_PATCH_CALL_BYTES = 56  # a patch-by-patch node's kernel calls: ~52 B each measured (mcu_mbv2_40, 64 tiles)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class FirmwareFigures:
     steps: int = 0
     streamed_bytes: int = 0  # frozen weights kept in storage (not in flash), paged into the arena when read
     stack_bytes: int = STACK_BYTES  # the board's minimum stack
+    patch_calls: int = 0  # kernel calls of patch-by-patch nodes, beyond one per step
 
     @property
     def reserve_bytes(self) -> int:
@@ -49,7 +51,7 @@ class FirmwareFigures:
 
     @property
     def code_bytes(self) -> int:
-        return CODE_BASE_BYTES + CODE_PER_STEP_BYTES * self.steps
+        return CODE_BASE_BYTES + CODE_PER_STEP_BYTES * self.steps + CODE_PER_PATCH_CALL_BYTES * self.patch_calls
 
     @property
     def flash_bytes(self) -> int:
@@ -216,7 +218,7 @@ def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
                            optimizer_bytes=optimizer_state_bytes(g["optimizer"], tb, len(trainable)),
                            frozen_bytes=sum(b for k, b in sizes.items() if k not in trainable and k not in streamed),
                            io_bytes=io, steps=len(schedule["steps"]),
-                           streamed_bytes=sum(sizes[k] for k in streamed),
+                           streamed_bytes=sum(sizes[k] for k in streamed), patch_calls=manifest.get("patch_calls", 0),
                            stack_bytes=board_stack_bytes(Target(**schedule["target"])))
 
 

@@ -96,6 +96,7 @@ class _Emitter:
         self.ctx = Context({**self.pident, **self.bident}, self.mident, self._struct)
         self.state = state_shapes(self.graph)
         # Streamed weights: a page id each; they have no array, a reader finds them where they were paged in.
+        self.patch_calls = 0  # kernel calls emitted for patch-by-patch nodes: code the per-step estimate misses
         self.streamed = {p: WEIGHT_PAGE_BASE + BLOCK_PAGES * k for k, p in enumerate(self.graph.streamed_params)}
         # A weight paged in by blocks of output channels: (page, first row, end row) per block, its pages in a row.
         rows = {p: r for n in self.graph.nodes for p, r in n.attrs.get("stream_rows", {}).items()}
@@ -131,7 +132,9 @@ class _Emitter:
                                      self.node_objs[node.inputs[0].name].shape)
         if node.op == TILED_OP:  # a frozen prefix, patch by patch: its own statements (patches.py)
             try:
-                return emit_patches(node, offsets, self.ctx, self.params)
+                lines = emit_patches(node, offsets, self.ctx, self.params)
+                self.patch_calls += sum(1 for line in lines if not line.startswith("/*"))
+                return lines
             except EmitError as e:
                 raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
         cases = node_cases(node, self.node_objs, self.state, offsets)
@@ -464,6 +467,7 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "predicted_peak_bytes": schedule["predicted"]["peak_bytes"], "paged_bytes_per_step": ctx["paged_bytes"],
         "batch": ctx["batch"], "input_floats": ctx["input_floats"], "logits_floats": ctx["logits_floats"],
         "num_classes": ctx["num_classes"], "instructions_per_tick": board.instructions_per_tick,
+        "patch_calls": em.patch_calls,
     }
     texts["firmware.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     for name, text in texts.items():

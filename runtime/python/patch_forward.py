@@ -49,13 +49,26 @@ def patch_forward(x: torch.Tensor, params: list, plan: str) -> torch.Tensor:
     n, c, h, w = p["tensors"][-1]
     out = x.new_empty((n, c, h, w))
     last = len(p["tensors"]) - 1
+    dies = _last_reads(p)
     for tile in p["tiles"]:
         patches = {0: x}
         for i, (op, gathers) in enumerate(zip(p["ops"], tile["steps"])):
             patches[i + 1] = _run(op, [_operand(patches, g) for g in gathers], params)
+            for a in dies[i]:  # a patch is freed after its last reader, as the plan's buffers are packed
+                del patches[a]
         y0, y1, x0, x1 = tile["regions"][last]
         out[:, :, y0:y1, x0:x1] = patches[last]
     return out
+
+
+def _last_reads(p: dict) -> list[list[int]]:
+    """Per op, the patches (tensor indices, not the input) it reads last."""
+    last = {}
+    for i, op in enumerate(p["ops"]):
+        for a in op["operands"]:
+            if a:
+                last[a] = i
+    return [[a for a, i in last.items() if i == k] for k in range(len(p["ops"]))]
 
 
 _LIB.impl("patch_forward", patch_forward, "CompositeExplicitAutograd")

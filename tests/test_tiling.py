@@ -192,3 +192,24 @@ def test_the_c_firmware_of_a_tiled_random_chain_trains_exactly_on_the_host(seed,
     rc = cli.main(["run", str(out), "--steps", "2", "--check", "--json"])
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and res["ok"] and not res["mismatched"], res
+
+
+def test_a_tiled_python_plan_stays_within_its_budget_in_real_memory():
+    """benchmarks/memory.py's row in its own process: the resident-set growth of a steady step, plus the state,
+    within the budget that only a tiling reaches (rpi4, its kernel scratch counted: untiled 1,625,080 B)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, root)
+    from benchmarks.memory_probe import cpu_probe_available
+
+    if not cpu_probe_available():
+        pytest.skip("needs Linux's resettable resident-set high-water mark")
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "memory.py"), "--child", "mcu_mbv2_40", "1MB",
+                        "--target", "rpi4", "--batch-size", "2", "--time-limit", "10"], capture_output=True, text=True,
+                       cwd=root, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    assert row["schedule_peak_bytes"] <= row["budget_bytes"] == 1_000_000 and row["ok"], row

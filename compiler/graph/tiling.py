@@ -46,7 +46,8 @@ def _p(a) -> bool:
 
 def _op_of(n: Node, frozen: set[str]) -> dict | None:
     """The prefix op `n` is, as the plan writes it; None when it cannot be tiled."""
-    if n.kind != "forward" or n.shape is None or len(n.shape) != 4 or n.streamed or set(n.attrs) != {"args"} \
+    if n.kind != "forward" or n.shape is None or len(n.shape) != 4 or n.streamed or not {"args"} <= set(n.attrs) \
+            or not set(n.attrs) <= {"args", "scratch"} \
             or any(r.view for r in n.inputs) or n.dtype != "float32" or not set(n.params) <= frozen:
         return None
     a = n.attrs["args"]
@@ -218,9 +219,12 @@ def tiled_graph(g: TrainingGraph, source: str, stages: list[int], ops: list[dict
     flops = plan.pop("flops")
     plan["replaces"], plan["grid"] = [n.name for n in replaced], grid
     text = json.dumps(plan, separators=(",", ":"))
+    # The patch buffers, and the largest kernel scratch of an op it replaced (a convolution's re-laid-out weight
+    # on a CPU target: a patch's convolution needs no more than the whole one did).
+    scratch = 4 * plan["workspace_floats"] + max(n.attrs.get("scratch", 0) for n in replaced)
     node = Node(name=last.name, kind="forward", op=TILED_OP, inputs=(TensorRef(source),), params=params,
-                attrs={"args": [{"$t": 0}, pref, text], "scratch": 4 * plan["workspace_floats"]},
-                shape=last.shape, dtype=last.dtype, workspace_bytes=4 * plan["workspace_floats"], flops=flops,
+                attrs={"args": [{"$t": 0}, pref, text], "scratch": scratch},
+                shape=last.shape, dtype=last.dtype, workspace_bytes=scratch, flops=flops,
                 source=f"{replaced[0].source} .. {last.source}" if replaced[0].source != last.source else last.source)
     drop = set(stages)
     nodes = [node if i == stages[-1] else n for i, n in enumerate(g.nodes) if i not in drop or i == stages[-1]]

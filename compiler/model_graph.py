@@ -14,7 +14,7 @@ from .errors import BudgetError, UnsupportedModelError
 from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
 from .graph.costs import costed
-from .graph.streaming import choose_streamed, stream_weights
+from .graph.streaming import choose_streamed, sliceable_weights, stream_weights
 from .graph.workspace import applies as scratch_applies, scratch_threads
 from .stages import CompileOptions, Traced
 
@@ -70,8 +70,9 @@ def stream_beyond_flash(graph, target, backend):
     room = backend.weight_room(graph, target)
     if room is None:
         return graph
-    return stream_weights(graph, choose_streamed(room.frozen, room.flash_bytes, room.ram_bytes, target.storage_bytes,
-                                                 target.name))
+    chosen = choose_streamed(room.frozen, room.flash_bytes, room.ram_bytes, target.storage_bytes, target.name,
+                             sliceable_weights(graph))
+    return stream_weights(graph, chosen, room.ram_bytes)
 
 
 def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,

@@ -10,6 +10,7 @@ import os
 from edgetrain.codegen.backends import backend_for
 
 from .errors import OutputDirError
+from .graph.tiling import tiled_prefixes
 from .graph.workspace import scratch_threads
 from .model_graph import trace_model
 from .output_dir import StagedOutput
@@ -85,6 +86,9 @@ def summary(req: Request, done: Compiled) -> dict:
     out.update(s.selection)
     if p.streaming is not None:
         out["streaming"] = p.streaming
+    tiled = tiled_prefixes(p.graph)
+    if tiled:
+        out["tiled"] = tiled
     if r.output.device_fit is not None:
         out["device_fit"] = r.output.device_fit
     return out

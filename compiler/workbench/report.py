@@ -80,6 +80,9 @@ def print_human(cmd: str, r: dict) -> None:
             f = r["device_fit"]
             con.print(f"fits {f['device']}: RAM {f['ram_need_bytes']} of {f['ram_bytes']} B, flash about "
                       f"{f['flash_need_bytes']} of {f['flash_bytes']} B")
+        for t in r.get("tiled") or ():
+            con.print(escape(f"computed patch by patch: {len(t['replaces'])} frozen forward nodes ({t['replaces'][0]} "
+                             f".. {t['replaces'][-1]}) in {t['tiles']} tiles, patch buffers {t['patch_bytes']} B"))
         if r.get("emit") == "c":
             con.print(f"static arena {r['arena_bytes']} B (schedule's activation peak "
                       f"{r['peak_bytes'] - r['state_bytes']} B) + parameters and momentum {r['state_bytes']} B, "
@@ -166,6 +169,10 @@ def print_human(cmd: str, r: dict) -> None:
             b = r["smallest_budget_bound"]
             con.print(escape(f"smallest feasible budget {b['budget_bytes']} B: {b['text']}. To lower it: "
                              f"{b['remedies']}."))
+        for t in r.get("tiled") or ():
+            con.print(escape(f"computed patch by patch: {t['node']} = {len(t['replaces'])} frozen forward nodes "
+                             f"({t['replaces'][0]} .. {t['replaces'][-1]}) in {t['tiles']} tiles, patch buffers "
+                             f"{t['patch_bytes']} B, {t['flops']} FLOPs with the halos"))
         sol = r["solver"]
         seconds = "-" if sol.get("seconds") is None else f"{sol['seconds']:.2f}"
         con.print(f"solver {sol['name']}: {sol['status']}, gap {percent(sol.get('gap'))}, {seconds} s")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 
 from edgetrain.runtime.python.integrity import weights_table
 
@@ -157,7 +158,7 @@ def solve_and_render(req: Request, s: Selected) -> Rendered:
         with stoppable():  # Ctrl-C stops the solve, and the compile goes on with the best schedule it found
             result = run_scheduler(graph, p.liveness, target, solve_budget, scheduler=opts.scheduler,
                                    deadline_s=deadline_s, time_limit=opts.time_limit, solver=opts.solver,
-                                   lns=opts.lns, cuts=opts.cuts, say=req.say)
+                                   lns=opts.lns, cuts=opts.cuts, repeats=opts.repeats, say=req.say)
         if req.backend.overlaps_paging and opts.overlap_paging:
             result = _overlapped(graph, result, target, solve_budget)
         body = schedule_format.backprop_body(
@@ -193,10 +194,15 @@ PASSES = (measure_paging, tile_to_fit, resolve_budget, place_weights, compare_se
 
 
 def run_passes(req: Request) -> Compiled:
-    """`trace`, then every pass in order: from the model to the complete staging folder."""
+    """`trace`, then every pass in order: from the model to the complete staging folder. Each pass's seconds go
+    to `req.phases`: --time-limit bounds the whole compile, so what the trace takes the solve does not get."""
+    began = time.perf_counter()
     result = trace(req)
+    req.phases["trace"] = time.perf_counter() - began
     for step in PASSES:
+        began = time.perf_counter()
         result = step(req, result)
+        req.phases[step.__name__] = time.perf_counter() - began
     return result
 
 

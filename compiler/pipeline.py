@@ -19,6 +19,8 @@ from .scheduling.budget import check_budget_size, parse_budget
 from .scheduling.clock import deadline
 from .stages import Compiled, CompileOptions, Request
 
+SHORT_SOLVE = 0.25  # a solve given less than this share of --time-limit is said to be short
+
 __all__ = ["CompileOptions", "build_graph", "compile_model", "prepare_out_dir", "selection_summary"]
 
 
@@ -82,6 +84,14 @@ def summary(req: Request, done: Compiled) -> dict:
         for d in p.graph.input_shape:
             tokens *= d
         out["tokens_per_step"], out["tokens_per_s"] = tokens, tokens / rep.time_s
+    out["phases"] = {k: round(v, 2) for k, v in req.phases.items()}
+    solved = r.result.solver.get("seconds") or 0.0
+    if r.result.solver.get("status") == "time_limit" and solved < SHORT_SOLVE * opts.time_limit:
+        before = sum(v for k, v in req.phases.items() if k != "solve_and_render" and k != "write_schedule")
+        out["time_limit_notice"] = (
+            f"the solver had {solved:.1f} s of --time-limit {opts.time_limit:g} s: tracing, costing and the budget's "
+            f"anchors took {before:.1f} s first (the limit bounds the whole compile); raise --time-limit for a "
+            "longer solve")
     out.update(r.output.summary)
     out.update(s.selection)
     if p.streaming is not None:

@@ -30,6 +30,7 @@ class CompileOptions:
     lns: float = 0.0  # share of time_limit for neighbourhood search when its first 20% does not prove the gap
     cuts: float = 0.0  # most share of time_limit for window and memory cuts before the last solve (with lns)
     overlap_paging: bool = True  # Python plans: read ahead, write behind, within the peak (scheduling/overlap.py)
+    repeats: str = "auto"  # repeated blocks: auto | flat | reuse (scheduling/repeats.py)
     train: str | None = None  # `--train`: which parameters train (compiler/frontend/train_select.py); None: the model's flags
 
 
@@ -45,6 +46,7 @@ class Request:
     backend: object  # codegen.backend.Backend
     stage: object
     progress: Callable[[str], None] | None = None
+    phases: dict = field(default_factory=dict)  # pass -> seconds it took (passes.run_passes fills it)
 
     @property
     def work(self) -> str:

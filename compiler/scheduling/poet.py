@@ -26,6 +26,7 @@ from .steps import Decisions
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import Liveness
 from .milp.model import SparseMILP
+from .repeats import Restriction, UniqueRows
 
 
 @dataclass
@@ -88,7 +89,8 @@ class PoetModel:
         for i, j in self.PO.items():
             x[j] = i in d.page_out
         for (t, i), j in self.S.items():
-            x[j] = i in d.resident.get(t, ())
+            if j != self.K[i]:  # S is K before a restricted tensor's block (repeats.py)
+                x[j] = i in d.resident.get(t, ())
         for (t, i), j in self.R.items():
             x[j] = i in d.recompute.get(t, ())
         for (t, i), j in self.P.items():
@@ -112,30 +114,50 @@ def reads(lv: Liveness, can_recompute: dict[str, bool]) -> dict[str, set[int]]:
 
 def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s: float | None = None, *,
           paging: bool = True, recompute: bool = True, prune: bool = True, held_once: str = "needs",
-          sources: bool = True, stream: dict[str, int] | None = None, stream_need: int = 0) -> PoetModel:
+          sources: bool = True, stream: dict[str, int] | None = None, stream_need: int = 0,
+          repeats: Restriction | None = None) -> PoetModel:
     """The MILP. `prune` leaves out dominated page-ins; `held_once` ("none", "needs", "all") says where rows
     say a tensor is held at most once (see below); `sources` adds, per tensor, "held at its first reader only
-    if kept, recomputed by then, or stored". All keep the optimum; the switches exist to measure them."""
-    m = SparseMILP()
+    if kept, recomputed by then, or stored". All keep the optimum; the switches exist to measure them.
+    `repeats` (repeats.restriction): a restriction of this model for repeated blocks, each block's tensors decided
+    about from its own backward on and identical blocks sharing variables; its schedules are this model's."""
+    m = SparseMILP() if repeats is None else UniqueRows()
     B0 = lv.B0
     node = {n.name: n for n in g.nodes}
     K, PO, S, R, P = {}, {}, {}, {}, {}
     can_recompute = {i: recompute and lv.recomputable(i) for i in lv.decision}
     read_at = reads(lv, can_recompute)
+    shared: dict[tuple, int] = {}
+    opens = repeats.opens if repeats is not None else {}
+
+    def var(name: str, key: tuple, cost: float = 0.0) -> int:
+        """A variable, or with `repeats` the one its tied block made (the objective counts it once per block)."""
+        if repeats is None:
+            return m.add_var(name, cost=cost)
+        key = repeats.key(*key)
+        if key in shared:
+            m.cost[shared[key]] += float(cost)
+            return shared[key]
+        shared[key] = m.add_var(name, cost=cost)
+        return shared[key]
+
     for i in lv.decision:
         size = lv.size[i]
-        K[i] = m.add_var(f"K[{i}]")
+        opened = opens.get(i, B0)  # before it, held iff kept: S is K, and nothing recomputes or pages it in
+        K[i] = var(f"K[{i}]", ("K", i))
         if paging:
-            PO[i] = m.add_var(f"PO[{i}]", cost=target.page_out_energy_j(size))
+            PO[i] = var(f"PO[{i}]", ("PO", i), cost=target.page_out_energy_j(size))
         for t in range(B0, lv.window_end[i] + 1):
             if t > B0:
-                S[t, i] = m.add_var(f"S[{t},{i}]")
+                S[t, i] = K[i] if t < opened else var(f"S[{t},{i}]", ("S", i, t))
+            if t < opened:
+                continue
             if can_recompute[i] and t <= lv.recompute_until[i]:
-                R[t, i] = m.add_var(f"R[{t},{i}]", cost=node[i].energy_j)
+                R[t, i] = var(f"R[{t},{i}]", ("R", i, t), cost=node[i].energy_j)
             # A page-in where nothing can read the tensor is dominated: paging it in at its next read instead
             # costs the same and holds less memory at every instant in between.
             if paging and (t in read_at[i] or not prune):
-                P[t, i] = m.add_var(f"P[{t},{i}]", cost=target.page_in_energy_j(size))
+                P[t, i] = var(f"P[{t},{i}]", ("P", i, t), cost=target.page_in_energy_j(size))
 
     # Frozen weights in storage or flash: paged in by each reader (its first computation: energy in F's cost).
     F: dict[str, int] = {}
@@ -165,7 +187,7 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
         return terms
 
     for i in lv.decision:
-        for t in range(B0, lv.window_end[i]):
+        for t in range(max(B0, opens.get(i, B0) - 1), lv.window_end[i]):  # before: S is K throughout
             m.add_row([(S[t + 1, i], 1.0)] + [(j, -v) for j, v in held(t, i)], hi=0.0)
         for t in range(B0, lv.window_end[i] + 1):
             if (t, i) in P:
@@ -237,6 +259,8 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
             scale = min(scale, math.ldexp(1.0, 20 - math.frexp(max(positive))[1]))  # keep the largest <= ~1e6
         m.add_row([(j, v * scale) for j, v in terms], hi=(deadline_s - base_time) * scale)
     m.offset = base_energy
+    if isinstance(m, UniqueRows):
+        m = m.plain()
     return PoetModel(milp=m, K=K, PO=PO, S=S, R=R, P=P, base_energy_j=base_energy, base_time_s=base_time,
                      free=free, F=F)
 

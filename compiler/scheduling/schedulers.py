@@ -21,6 +21,7 @@ from edgetrain.compiler.graph.liveness import Liveness
 from .phased import solve_phased
 from .milp.registry import solve_with
 from .poet import build as build_poet, without_redundant_holds
+from .repeats import choose as choose_repeats
 from .clock import clamp, stopped
 from .validator import Report, validate
 from .warmstart import best_start
@@ -37,6 +38,7 @@ SCHEDULERS = {
     "store-all": "plain backprop",
 }
 _MILPS = {"poet": True, "checkmate": False}  # scheduler -> paging allowed
+REPEATS = ("auto", "flat", "reuse")  # how the MILP treats repeated blocks (repeats.choose)
 
 
 @dataclass
@@ -87,11 +89,14 @@ def _heuristic(g, lv, scheduler: str, target, budget_bytes: int, deadline_s: flo
 def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, scheduler: str = "poet",
                   deadline_s: float | None = None, time_limit: float = 60.0, mip_gap: float = 1e-4,
                   solver: str = "auto", threads: int | None = None, lns: float = 0.0,
-                  cuts: float = 0.0, say: Callable[[str], None] | None = None) -> Scheduled:
+                  cuts: float = 0.0, repeats: str = "auto",
+                  say: Callable[[str], None] | None = None) -> Scheduled:
     """`lns`: the share of `time_limit` given to large-neighbourhood search when the first 20% of the time
     does not prove the gap (see phased.solve_phased); 0 solves once, for the whole time limit. `cuts` (with `lns`):
     the most share of it spent adding window and memory cuts before the last solve (see phased.solve_phased).
-    `say`: progress lines. Stopped by Ctrl-C (interrupt.py), the best schedule found so far is kept."""
+    `repeats` (REPEATS): `reuse` solves a restriction of the MILP in which identical repeated blocks share their
+    decisions (repeats.py); `auto` does where the flat model is large. `say`: progress lines. Stopped by Ctrl-C
+    (interrupt.py), the best schedule found so far is kept."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
@@ -141,7 +146,8 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
                        "note": "store-all fits the budget; its energy is the lower bound"}
         best.name = "store-all"
         return best
-    model = build_poet(g, lv, target, budget_bytes, deadline_s, paging=paging)
+    shape = choose_repeats(g, lv, repeats)
+    model = build_poet(g, lv, target, budget_bytes, deadline_s, paging=paging, repeats=shape)
     warm = model.vector(best.decisions) if best is not None else None
     if warm is not None and not model.milp.is_feasible(warm):
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
@@ -157,6 +163,8 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
                          threads=threads)
     info = res.to_json()  # the backend that ran, the one requested, and after a fallback a one-line notice
     info["warm_start"] = best.name if warm is not None else None
+    if shape is not None:  # what the restriction was: its schedules are the flat model's, its optimum may not be
+        info["repeats"] = shape.to_json()
     info["greedy_starts"] = {k: (round(v, 3) if k == "seconds" else v) for k, v in starts.items()}
     chosen = None
     if res.values is not None:

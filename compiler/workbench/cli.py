@@ -14,7 +14,7 @@ from edgetrain.compiler.graph.ir import LOSSES, OptimizerConfig
 from edgetrain.runtime.python.optimizers import DEFAULT as DEFAULT_OPTIMIZER, OPTIMIZERS
 from edgetrain.compiler.scheduling.interrupt import solvers_running
 from edgetrain.compiler.scheduling.milp.registry import CHOICES as SOLVER_CHOICES
-from edgetrain.compiler.scheduling.schedulers import SCHEDULERS
+from edgetrain.compiler.scheduling.schedulers import REPEATS, SCHEDULERS
 
 from .choices import Choices
 from .run_data import NAMED as DATA_SOURCES
@@ -147,6 +147,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--cuts", type=_share, default=0.0,
                    help="with --lns: most share of --time-limit for window and memory cuts before the last solve "
                         "(e.g. 0.15)")
+    c.add_argument("--repeats", default="auto", choices=REPEATS,
+                   help="repeated blocks (decoder layers): reuse solves one block's decisions for every identical "
+                        "block, each decided from its own backward on; flat solves every stage; auto (default) "
+                        "reuses where the flat model would be large")
     c.add_argument("--loss", default="cross_entropy", type=_loss,
                    help=f"{', '.join(LOSSES)} (the model's forward(x, y) returns the loss) or path/file.py:fn")
     c.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=OPTIMIZERS)
@@ -264,7 +268,7 @@ def _cmd_compile(a) -> dict:
     opts = CompileOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, scheduler=a.scheduler,
                           deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
                           time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
-                          lns=a.lns, cuts=a.cuts, train=a.train,
+                          lns=a.lns, cuts=a.cuts, train=a.train, repeats=a.repeats,
                           optimizer=_optimizer(a))
     if a.json or not sys.stderr.isatty():  # a log or a pipe: one line per step, as it happens
         return compile_model(opts, progress=_progress_line)

@@ -1,0 +1,75 @@
+"""The repeated-block solve (scheduling/repeats.py) on a stack of four identical residual blocks: the blocks are
+found from the graph, the restricted MILP's schedules are schedules of the flat MILP, the validator replays them
+within the budget, and the restricted optimum equals the flat one above the smallest budget (15.4% more energy at
+the smallest, where the flat optimum frees a tensor before its block's backward and brings it back later)."""
+from __future__ import annotations
+
+import pytest
+
+from edgetrain.compiler.graph.liveness import analyze
+from edgetrain.compiler.pipeline import CompileOptions, build_graph
+from edgetrain.compiler.scheduling.budget import anchors
+from edgetrain.compiler.scheduling.milp.registry import solve_with
+from edgetrain.compiler.scheduling.poet import build as build_poet
+from edgetrain.compiler.scheduling.repeats import find_blocks, restriction
+from edgetrain.compiler.scheduling.schedulers import run_scheduler
+from edgetrain.compiler.scheduling.steps import build_steps
+from edgetrain.compiler.scheduling.validator import validate
+from edgetrain.targets import load_target
+
+TARGET = load_target("nrf52840")  # paging and recompute energies of one order: the optima do both
+MIN_GAP = 0.16  # the restriction's energy over the flat optimum at the smallest budget (measured 15.4%)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    _, _, g = build_graph(CompileOptions(model="tests/repeated_models.py:stack", target="nrf52840", budget="min",
+                                         out="", batch_size=2), TARGET)
+    lv = analyze(g)
+    a = anchors(g, lv, TARGET)
+    return g, lv, a.min_feasible_bytes, a.store_all.peak_bytes
+
+
+def test_the_four_blocks_are_found(stack):
+    g, lv, _, _ = stack
+    blocks = find_blocks(g, lv)
+    assert blocks is not None and blocks.count == 4
+    ops = [tuple(n.op for n in g.nodes[blocks.start + k * blocks.period:][:blocks.period]) for k in range(4)]
+    assert len(set(ops)) == 1 and "addmm" in " ".join(ops[0])
+    shape = restriction(g, lv, blocks)
+    assert shape.tie, "the middle blocks share their variables"
+    assert all(lv.B0 < t for t in shape.opens.values()), "a block's tensors are decided about from its backward on"
+
+
+@pytest.mark.parametrize("frac", [0.0, 0.3, 0.6])
+def test_restricted_solve_is_a_flat_schedule_within_its_gap(stack, frac):
+    g, lv, low, high = stack
+    budget = int(low + frac * (high - low))
+    flat = build_poet(g, lv, TARGET, budget)
+    best = solve_with("highs", flat.milp, time_limit=60, mip_gap=1e-6)
+    assert best.status == "optimal"
+    pm = build_poet(g, lv, TARGET, budget, repeats=restriction(g, lv, find_blocks(g, lv)))
+    assert pm.milp.n_vars < flat.milp.n_vars / 3
+    res = solve_with("highs", pm.milp, time_limit=60, mip_gap=1e-6)
+    assert res.status == "optimal"
+    d = pm.decisions(res.values, lv)
+    # The restricted schedule is a point of the flat model, at the same energy.
+    x = flat.vector(d)
+    assert flat.milp.is_feasible(x)
+    assert flat.milp.objective(x) == pytest.approx(res.objective, rel=1e-9)
+    report = validate(g, build_steps(g, lv, d), TARGET, budget, strict=True)
+    assert report.peak_bytes <= budget
+    assert report.energy_j == pytest.approx(res.objective, rel=1e-9)
+    assert res.objective >= best.objective * (1 - 1e-9)
+    assert res.objective <= best.objective * (1 + (MIN_GAP if frac == 0.0 else 1e-9))
+
+
+def test_scheduler_reports_the_restriction(stack):
+    g, lv, low, high = stack
+    budget = int(low + 0.3 * (high - low))
+    reused = run_scheduler(g, lv, TARGET, budget, repeats="reuse", time_limit=30)
+    assert reused.solver["repeats"]["count"] == 4 and reused.solver["repeats"]["tied_tensors"] > 0
+    assert reused.report.peak_bytes <= budget
+    flat = run_scheduler(g, lv, TARGET, budget, repeats="auto", time_limit=30)  # small: auto solves it flat
+    assert "repeats" not in flat.solver
+    assert reused.report.energy_j == pytest.approx(flat.report.energy_j, rel=1e-6)

@@ -90,8 +90,8 @@ def summary(req: Request, done: Compiled) -> dict:
         before = sum(v for k, v in req.phases.items() if k != "solve_and_render" and k != "write_schedule")
         out["time_limit_notice"] = (
             f"the solver had {solved:.1f} s of --time-limit {opts.time_limit:g} s: tracing, costing and the budget's "
-            f"anchors took {before:.1f} s first (the limit bounds the whole compile); raise --time-limit for a "
-            "longer solve")
+            f"anchors took {before:.1f} s first (the limit bounds the compile; the solve gets at least half of it); "
+            "raise --time-limit for a longer solve")
     out.update(r.output.summary)
     out.update(s.selection)
     if p.streaming is not None:

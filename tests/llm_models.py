@@ -64,16 +64,22 @@ def llama_1b_slice():
                  r=16)
 
 
-def llama_1b(layers: int = 16, vocab: int = 128256, seq: int = 1024):
+def llama_1b(layers: int = 16, vocab: int = 128256, seq: int = 1024, hidden: int = 2048, heads: int = 32):
     """Llama-3.2-1B's shape (16 layers, hidden 2048, MLP 8192, 32/8 heads, tied embedding, vocabulary 128,256) at
     sequence 1024, bf16 base built in bf16 (never a float32 copy of the weights), LoRA r=16 on q and v."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=2048, intermediate_size=8192, num_hidden_layers=layers,
-                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=seq,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=8192, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=8, max_position_embeddings=seq,
                       tie_word_embeddings=True, attention_dropout=0.0)
     base = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
     model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
     return CausalLM(model, seq, vocab)
+
+
+def llama_3b(seq: int = 2048):
+    """Llama-3.2-3B's shape (28 layers, hidden 3072, MLP 8192, 24/8 heads, tied embedding, vocabulary 128,256) at
+    context 2048, bf16 base built in bf16, LoRA r=16 on q and v."""
+    return llama_1b(layers=28, seq=seq, hidden=3072, heads=24)

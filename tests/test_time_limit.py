@@ -18,6 +18,20 @@ def test_clamp_gives_a_solve_what_is_left():
         assert clock.expired() and clock.clamp(30.0) == clock.MIN_SOLVE_S and clock.clamp(0.2) == 0.2
 
 
+
+def test_reserve_gives_the_solve_its_share_after_a_long_trace():
+    with clock.deadline(-3.0):  # the trace took the whole limit and more
+        clock.reserve(20.0)
+        assert 19.0 < clock.left() <= 20.0 and clock.clamp(30.0) > 19.0
+    with clock.deadline(50.0):  # time left: the deadline stays
+        clock.reserve(20.0)
+        assert 45.0 < clock.left() <= 50.0
+    with clock.deadline(-3.0):
+        clock.stop()
+        clock.reserve(20.0)
+        assert clock.clamp(30.0) == 0.0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model,budget", [("resnet18", "88%")])
 def test_a_compile_keeps_to_its_time_limit(tmp_path, model, budget):

@@ -1,7 +1,9 @@
 """One compile's deadline: `--time-limit` bounds the whole compile, not each solve in it.
 
 The compile sets it once (`deadline(seconds)`, from the start: capture counts); every solve asks `clamp` for its
-own limit (what it wanted, at most what is left), and the greedy loops ask `expired`. Scoped to the compile's
+own limit (what it wanted, at most what is left), and the greedy loops ask `expired`. The scheduler `reserve`s
+its share first: a capture that took more than the rest of the limit moves the deadline so that the solve still
+gets that share (a large model's trace would otherwise leave it a second). Scoped to the compile's
 context: a solve outside one (a sweep's worker, a benchmark) runs for the limit it was given.
 
 `stop()` (Ctrl-C during the solves, scheduling/interrupt.py) makes the deadline now: every solve and greedy loop
@@ -59,6 +61,13 @@ def left() -> float | None:
     if c is None:
         return None
     return min(c.end - time.monotonic(), 0.0) if c.stopped else c.end - time.monotonic()
+
+
+def reserve(seconds: float) -> None:
+    """The solves from now get at least `seconds`, the deadline moved later if need be (not once stopped)."""
+    c = _NOW.get()
+    if c is not None and not c.stopped:
+        c.end = max(c.end, time.monotonic() + float(seconds))
 
 
 def clamp(seconds: float) -> float:

@@ -22,10 +22,11 @@ from .phased import solve_phased
 from .milp.registry import solve_with
 from .poet import build as build_poet, without_redundant_holds
 from .repeats import choose as choose_repeats
-from .clock import clamp, stopped
+from .clock import clamp, reserve, stopped
 from .validator import Report, validate
 from .warmstart import best_start
 
+SOLVE_SHARE = 0.5  # the least share of --time-limit the scheduler gets, whatever the trace took before it
 START_SHARE = 0.15  # the most share of a solve's time limit the greedy starts may take (counted inside it)
 
 # Every scheduler, with what it does in a line (the CLI's help reads it).
@@ -100,6 +101,7 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
+    reserve(SOLVE_SHARE * time_limit)  # a long trace does not leave the solve a second (clock.py)
     time_limit = clamp(time_limit)  # what the compile's --time-limit leaves: the shares below are of it
     smallest = min_budget(lv)
     if budget_bytes < smallest:

@@ -138,7 +138,8 @@ def _parser() -> argparse.ArgumentParser:
                    choices=list(SCHEDULERS), help="; ".join(f"{k}: {v}" for k, v in SCHEDULERS.items()))
     c.add_argument("--batch-size", type=_positive_int, default=8)
     c.add_argument("--input-shape", type=_shape)
-    c.add_argument("--time-limit", type=_seconds, default=60.0, help="solver time limit in seconds")
+    c.add_argument("--time-limit", type=_seconds, default=60.0,
+                   help="seconds for the whole compile, tracing included; the solve gets at least half of it")
     c.add_argument("--solver", default="auto", choices=SOLVER_CHOICES,
                    help="MILP backend (default auto: Gurobi with a full license, else HiGHS)")
     c.add_argument("--lns", type=_share, default=0.0,

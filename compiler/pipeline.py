@@ -9,7 +9,7 @@ import os
 
 from edgetrain.codegen.backends import backend_for
 
-from .errors import OutputDirError
+from .errors import EdgetrainError, OutputDirError
 from .graph.workspace import scratch_threads
 from .model_graph import trace_model
 from .output_dir import StagedOutput
@@ -45,6 +45,9 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
 
     budget = parse_budget(opts.budget)
     backend = backend_for(opts.emit)  # an unknown --emit fails before any work
+    if opts.fuse and opts.emit != "python":
+        raise EdgetrainError(f"--fuse generates kernels with torch's inductor, for the Python runtime; --emit "
+                             f"{opts.emit} plans run every op as written: drop --fuse")
     target = load_target(opts.target)
     check_budget_size(budget, target)  # `--budget 100GB` fails before tracing
     with StagedOutput(opts.out) as stage, deadline(opts.time_limit):  # the old output stays whole until the end

@@ -139,6 +139,9 @@ def print_human(cmd: str, r: dict) -> None:
                       f"(training state, step {r['first_step'] + r['steps']})")
         if r.get("checked"):
             kernels = " (both sides with cuDNN off)" if r.get("cudnn") is False else ""
+            if r.get("fused_kernels"):  # inductor's kernels are not eager's to the bit: the check says how close
+                kernels += (f" ({r['fused_kernels']} fused kernels: within rtol {r['check_rtol']:g}, atol "
+                            f"{r['check_atol']:g}, not bitwise)")
             con.print(f"check against autograd{kernels}: max abs err {r['max_abs_err']:.3g}, max rel err "
                       f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
         if not r["ok"]:

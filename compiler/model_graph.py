@@ -14,7 +14,7 @@ from .errors import BudgetError, UnsupportedModelError
 from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
 from .graph.costs import costed
-from .graph.fuse_chains import fuse_pointwise_chains, fused_measured
+from .graph.fuse_chains import fuse_pointwise_chains
 from .graph.streaming import choose_streamed, stream_weights
 from .graph.workspace import applies as scratch_applies, scratch_threads
 from .stages import CompileOptions, Traced
@@ -48,14 +48,13 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
     graph = backend.lower(graph)
     if device_check:
         graph = stream_beyond_flash(graph, target, backend)
+    if opts.fuse:  # before profiling: a measured target times each chain as its kernel runs it
+        graph, _ = fuse_pointwise_chains(graph)
     measured = None
     if getattr(target, "measured", False):
         from .graph.profiler import profile_nodes
 
         measured = profile_nodes(graph, threads=scratch_threads(target))
-    if opts.fuse:  # after profiling, which times aten ops one by one
-        graph, chains = fuse_pointwise_chains(graph)
-        measured = fused_measured(measured, chains)
     return Traced(resolved, model, costed(graph, target, measured), measured)
 
 

@@ -3,8 +3,10 @@
 A pointwise op (torch's own `pointwise` tag) whose output only one pointwise op of the same kind reads, as it is,
 joins that op's node: the fused node computes the chain in one kernel (runtime/python/fused_kernels.py), so the
 tensors between never exist, and the scheduler keeps, recomputes or pages the chain as one. Its output is the
-last op's; its operands are the chain's outside operands; its FLOPs are the chain's sum (the time model counts
-arithmetic, which fusing does not change; what fusing saves is the memory traffic between the ops).
+last op's; its operands are the chain's outside operands. Its cost: on a measured target (`host`) the profiler
+times the node as the runtime runs it, the generated kernel included, so a recompute costs what the fused chain
+costs; on a profile's FLOP rate it is the chain's FLOPs summed (the arithmetic fusing does not change; the memory
+traffic it saves is not in that model).
 """
 from __future__ import annotations
 
@@ -108,16 +110,3 @@ def _fused(by_name: dict[str, Node], members: list[str]) -> Node:
                 buffers=tuple(dict.fromkeys(b for n in parts for b in n.buffers)),
                 attrs={"args": [{"$t": k} for k in range(len(inputs))], "chain": chain},
                 shape=last.shape, dtype=last.dtype, flops=sum(n.flops for n in parts), source=last.source)
-
-
-def fused_measured(measured: dict[str, float] | None, chains: dict[str, list[str]]) -> dict[str, float] | None:
-    """Profiled seconds per node with each chain's summed into its fused node (the ops as they were timed, one
-    by one: an upper bound on the kernel's)."""
-    if measured is None:
-        return None
-    out = dict(measured)
-    for name, members in chains.items():
-        out[name] = sum(measured.get(m, 0.0) for m in members)
-        for m in members[:-1]:
-            out.pop(m, None)
-    return out

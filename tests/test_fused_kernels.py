@@ -139,6 +139,19 @@ def test_a_fused_plan_checks_within_the_stated_tolerance(fused_plan, tmp_path):
     assert r["measured_peak_bytes"] == summary["peak_bytes"]
 
 
+def test_many_chains_compile_each_once():
+    """A plan holds dozens of chains (the peers Llama: 69): each is a kernel of its own, never a recompile of a
+    shared one (torch refuses a ninth recompile of one function under fullgraph)."""
+    from edgetrain.runtime.python import aten_call, fused_kernels
+
+    xs = [torch.randn(4, 8), torch.randn(4, 8)]
+    for k in range(9):
+        chain = [{"op": "aten.mul.Tensor", "args": [{"$t": 0}, {"$t": 1}]},
+                 {"op": "aten.add.Tensor", "args": [{"$c": 0}, float(k)]}]
+        call = fused_kernels.Call({"args": [{"$t": 0}, {"$t": 1}], "chain": chain}, {}, {}, torch.device("cpu"))
+        assert torch.allclose(aten_call.run(call, xs, None, 0, 0)[0], xs[0] * xs[1] + k)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not cpu_probe_available(), reason="needs Linux's resettable resident-set high-water mark")
 def test_a_fused_plans_real_step_stays_within_the_budget():

@@ -48,13 +48,17 @@ def _chain_fn(chain: list, params: dict, buffers: dict, device):
             return [put(x, ins, outs) for x in v]
         return v
 
-    def run(*ins):
+    def run_steps(ins):
         outs = []
         for fn, args, kwargs in steps:
             outs.append(fn(*[put(a, ins, outs) for a in args], **{k: put(v, ins, outs) for k, v in kwargs.items()}))
         return outs[-1]
 
-    return run
+    # A function of its own code object per chain: dynamo keeps its compiled graphs per code object, and chains
+    # sharing one would each count as a recompile of it (torch stops at 8).
+    scope = {"run_steps": run_steps}
+    exec("def chain(*ins):\n    return run_steps(ins)\n", scope)  # noqa: S102 - a fixed text, no input in it
+    return scope["chain"]
 
 
 def compiled(chain: list, params: dict, buffers: dict, device, eager: bool = False):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from edgetrain.codegen.backends import backend_for
+from edgetrain.runtime.python.fused_kernels import FUSED_OP
 
 from .errors import EdgetrainError, OutputDirError
 from .graph.workspace import scratch_threads
@@ -77,6 +78,8 @@ def summary(req: Request, done: Compiled) -> dict:
                                                        "objective", "bound", "variables", "constraints")},
         "interrupted": r.result.solver.get("status") == "interrupted",  # Ctrl-C: the best schedule found by then
         "emit": opts.emit,
+        "fused_kernels": sum(n.op == FUSED_OP for n in p.graph.nodes),  # --fuse: chains run as generated kernels
+        "fused_ops": sum(len(n.attrs["chain"]) for n in p.graph.nodes if n.op == FUSED_OP),
         "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }
     out.update(r.output.summary)

@@ -73,6 +73,9 @@ def print_human(cmd: str, r: dict) -> None:
         con.print(f"energy {r['energy_j']:.6g} J vs store-all {r['store_all_energy_j']:.6g} J "
                   f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s; "
                   f"{r['recomputes']} recomputes, {r['page_ins']} page-ins, {r['page_outs']} page-outs")
+        if r.get("fused_kernels"):
+            con.print(f"fused: {r['fused_kernels']} chains of {r['fused_ops']} pointwise ops run as inductor kernels "
+                      "(checked within a tolerance, not bitwise)")
         if r.get("train") is not None or r.get("trainable_tensors", 0) < r.get("param_tensors", 0):
             con.print(escape(selection_line(r)))
         if r.get("device_fit"):

@@ -46,7 +46,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
 
     budget = parse_budget(opts.budget)
     backend = backend_for(opts.emit)  # an unknown --emit fails before any work
-    if opts.fuse and opts.emit != "python":
+    if opts.fuse and not backend.generates_kernels:
         raise EdgetrainError(f"--fuse generates kernels with torch's inductor, for the Python runtime; --emit "
                              f"{opts.emit} plans run every op as written: drop --fuse")
     target = load_target(opts.target)

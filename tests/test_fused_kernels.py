@@ -152,6 +152,21 @@ def test_many_chains_compile_each_once():
         assert torch.allclose(aten_call.run(call, xs, None, 0, 0)[0], xs[0] * xs[1] + k)
 
 
+def test_a_chain_reads_its_parameter_as_it_is_now():
+    """A parameter a chain reads is an input of its kernel, never a constant compiled into it: an optimizer's
+    in-place update shows in the next call."""
+    from edgetrain.runtime.python import aten_call, fused_kernels
+
+    w = torch.ones(8)
+    chain = [{"op": "aten.mul.Tensor", "args": [{"$t": 0}, {"$p": "w", "view": [["aten.view.default", [[1, 8]]]]}]},
+             {"op": "aten.tanh.default", "args": [{"$c": 0}]}]
+    call = fused_kernels.Call({"args": [{"$t": 0}], "chain": chain}, {"w": w}, {}, torch.device("cpu"))
+    x = torch.randn(4, 8)
+    assert torch.allclose(aten_call.run(call, [x], None, 0, 0)[0], torch.tanh(x))
+    w.mul_(-2.0)
+    assert torch.allclose(aten_call.run(call, [x], None, 0, 0)[0], torch.tanh(-2.0 * x))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not cpu_probe_available(), reason="needs Linux's resettable resident-set high-water mark")
 def test_a_fused_plans_real_step_stays_within_the_budget():

@@ -180,6 +180,14 @@ def test_a_fused_plans_real_step_stays_within_the_budget():
     assert row["real_bytes"] <= row["budget_bytes"], row
 
 
+def test_fuse_and_exact_are_one_choice(capsys, tmp_path):
+    from edgetrain.compiler.workbench.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["compile", MODEL, "--target", "rpi4", "--fuse", "--exact", "--out", str(tmp_path / "x")])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
 def test_fuse_is_for_the_python_runtime(tmp_path):
     with pytest.raises(EdgetrainError, match="--fuse"):
         compile_model(_opts(tmp_path / "c", emit="c"))

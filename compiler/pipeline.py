@@ -11,6 +11,7 @@ from edgetrain.codegen.backends import backend_for
 from edgetrain.runtime.python.fused_kernels import FUSED_OP
 
 from .errors import EdgetrainError, OutputDirError
+from .graph.tiling import tiled_prefixes
 from .graph.workspace import scratch_threads
 from .model_graph import trace_model
 from .output_dir import StagedOutput
@@ -82,10 +83,18 @@ def summary(req: Request, done: Compiled) -> dict:
         "fused_ops": sum(len(n.attrs["chain"]) for n in p.graph.nodes if n.op == FUSED_OP),
         "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }
+    if p.graph.input_dtype == "int64" and rep.time_s:  # token ids: a language model's throughput
+        tokens = 1
+        for d in p.graph.input_shape:
+            tokens *= d
+        out["tokens_per_step"], out["tokens_per_s"] = tokens, tokens / rep.time_s
     out.update(r.output.summary)
     out.update(s.selection)
     if p.streaming is not None:
         out["streaming"] = p.streaming
+    tiled = tiled_prefixes(p.graph)
+    if tiled:
+        out["tiled"] = tiled
     if r.output.device_fit is not None:
         out["device_fit"] = r.output.device_fit
     return out

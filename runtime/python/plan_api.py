@@ -24,6 +24,7 @@ import types
 
 import torch
 
+from . import patch_forward  # noqa: F401  registers edgetrain.patch_forward, which plans may call
 from .fused_kernels import FUSED_OP
 
 

@@ -22,7 +22,7 @@ from edgetrain.compiler.graph.fuse_chains import fuse_pointwise_chains, fusible
 from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
 from edgetrain.compiler.schedule_file import format as schedule_format
 from edgetrain.compiler.workbench.run import schedule_batches
-from edgetrain.runtime.python import Runtime, load_plan
+from edgetrain.runtime.python import load_plan, runtime_for
 from edgetrain.runtime.python.checks import checked_step
 from edgetrain.runtime.python.fused_kernels import FUSED_OP, FUSED_RTOL
 from edgetrain.targets import load_target
@@ -88,10 +88,8 @@ def test_a_fused_kernel_allocates_its_output_alone(fused_plan):
     body = schedule_format.load(str(out))
     fused_nodes = {n["name"] for n in body["graph"]["nodes"] if n["op"] == FUSED_OP}
     assert len(fused_nodes) >= 3
-    cfg = body["graph"]["optimizer"]
-    rt = Runtime(os.path.join(out, "weights.safetensors"), os.path.join(out, "pages"), device="cpu",
-                 lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"], seed=body["seed"])
     plan = load_plan(str(out))
+    rt = runtime_for(plan, os.path.join(out, "pages"), device="cpu")
     (x0, y0), (x1, y1) = schedule_batches(body, "random", 2, seed=1)
     checked_step(plan, rt, x0, y0)  # compiles the kernels; the ledger's peak is the schedule's
     calls = []

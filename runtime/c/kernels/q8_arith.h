@@ -58,19 +58,21 @@ static inline int32_t et_q8_rounding_rshift(int32_t v, int exponent)
 
 /* (v * 2^left) saturated to int32, times mult / 2^31 rounded with halves up (SQRDMULH: gemmlowp's and
  * CMSIS-NN's nudge, then a division that truncates), then rounded right by -shift with halves away from
- * zero: CMSIS-NN's arm_nn_requantize, with the left shift saturating. */
+ * zero: CMSIS-NN's arm_nn_requantize, with the left shift saturating.
+ * With mult > 0 the nudge-and-truncate is floor((v * mult + 2^30) / 2^31) for either sign of v (for v < 0,
+ * truncating (p + 1 - 2^30) / 2^31 toward zero is its ceiling, which is that floor), so it is computed as
+ * one multiply-accumulate and a 64-bit shift: no sign test, no branch. */
 static inline int32_t et_q8_requantize(int32_t v, int32_t mult, int32_t shift)
 {
-    int64_t p;
+    int32_t h;
 
     if (shift > 0) { /* saturating left shift: |v| * 2^shift beyond int32 sticks at its end */
         const int32_t lim = INT32_MAX >> shift;
         v = v > lim ? INT32_MAX : v < -lim - 1 ? INT32_MIN : (int32_t)((uint32_t)v << shift);
     }
-    p = (int64_t)v * mult + (v < 0 ? 1 - ((int64_t)1 << 30) : ((int64_t)1 << 30)); /* mult > 0: v's sign is p's */
-    /* p / 2^31 truncated toward zero, as shifts (a 64-bit division would be a library call on the M4) */
-    p = (p < 0 ? p + (((int64_t)1 << 31) - 1) : p) >> 31;
-    return shift < 0 ? et_q8_rounding_rshift((int32_t)p, (int)-shift) : (int32_t)p;
+    /* >> of a negative int64 is arithmetic on every compiler this runtime supports (gcc documents it) */
+    h = (int32_t)(((int64_t)v * mult + ((int64_t)1 << 30)) >> 31);
+    return shift < 0 ? et_q8_rounding_rshift(h, (int)-shift) : h;
 }
 
 /* An accumulator of output channel c as the int8 output. */

@@ -7,7 +7,8 @@
 
 int et_q8_conv2d_scratch_size(const et_conv2d_shape *s)
 {
-    return 2 * (s->c_in / s->groups * s->k_h * s->k_w); /* two output pixels' windows */
+    const int len = s->c_in / s->groups * s->k_h * s->k_w;
+    return 2 * len + (len + 4) / 2; /* two output pixels' windows (int16), then one window's bytes */
 }
 
 void et_q8_conv2d_forward_ref(const et_conv2d_shape *s, const int8_t *x, int32_t x_zp, const int8_t *w,
@@ -42,28 +43,48 @@ void et_q8_conv2d_forward_ref(const et_conv2d_shape *s, const int8_t *x, int32_t
 
 #if ET_Q8_FAST
 /* Output pixel p's window of group g as int16 x - x_zp (0 in the padding), in w's (icg, kh, kw) order with each
- * quad stored as et_q8_col_pos says (QUAD_STEP: where element j goes relative to j). */
-static const int8_t QUAD_STEP[4] = {0, 1, -1, 0};
-
-static void gather_window(const et_conv2d_shape *s, const int8_t *xg, int32_t x_zp, long p, int16_t *col)
+ * quad stored as et_q8_col_pos says. The window's bytes are copied first (x_zp in the padding: a real 0) into
+ * `bytes` (len + 3 bytes), then widened a quad at a time: SXTAB16 of a word gives its elements 0 and 2, the rotated
+ * one 1 and 3, which is the column's quad order itself. */
+static void gather_window(const et_conv2d_shape *s, const int8_t *xg, int32_t x_zp, long p, int8_t *bytes, int16_t *col)
 {
-    const int cin_g = s->c_in / s->groups, len = cin_g * s->k_h * s->k_w, len4 = len & ~3;
+    const int cin_g = s->c_in / s->groups, len = cin_g * s->k_h * s->k_w;
     const int ih0 = (int)(p / s->w_out) * s->stride_h - s->pad_h, iw0 = (int)(p % s->w_out) * s->stride_w - s->pad_w;
-    const int inside = ih0 >= 0 && iw0 >= 0 && ih0 + (s->k_h - 1) * s->dil_h < s->h_in &&
-                       iw0 + (s->k_w - 1) * s->dil_w < s->w_in;
     const long plane = (long)s->h_in * s->w_in;
-    int icg, kh, kw, j = 0;
+    const uint32_t off = et_q8_dup16(-x_zp);
+    int8_t *d = bytes;
+    int icg, kh, kw, j;
 
-    for (icg = 0; icg < cin_g; ++icg)
-        for (kh = 0; kh < s->k_h; ++kh) {
-            const int ih = ih0 + kh * s->dil_h;
-            const int8_t *row = xg + icg * plane + (long)ih * s->w_in + iw0;
-            for (kw = 0; kw < s->k_w; ++kw, ++j) {
-                const int iw = iw0 + kw * s->dil_w;
-                const int v = inside || (ih >= 0 && ih < s->h_in && iw >= 0 && iw < s->w_in) ? row[kw * s->dil_w] - x_zp : 0;
-                col[j < len4 ? j + QUAD_STEP[j & 3] : j] = (int16_t)v;
+    if (ih0 >= 0 && iw0 >= 0 && ih0 + (s->k_h - 1) * s->dil_h < s->h_in && iw0 + (s->k_w - 1) * s->dil_w < s->w_in) {
+        const int8_t *xc = xg + (long)ih0 * s->w_in + iw0;
+        if (s->k_h == 1 && s->k_w == 1) /* pointwise: one byte of each channel's plane */
+            for (icg = 0; icg < cin_g; ++icg, xc += plane)
+                *d++ = *xc;
+        else
+            for (icg = 0; icg < cin_g; ++icg, xc += plane)
+                for (kh = 0; kh < s->k_h; ++kh) {
+                    const int8_t *row = xc + (long)kh * s->dil_h * s->w_in;
+                    for (kw = 0; kw < s->k_w; ++kw)
+                        *d++ = row[kw * s->dil_w];
+                }
+    } else
+        for (icg = 0; icg < cin_g; ++icg)
+            for (kh = 0; kh < s->k_h; ++kh) {
+                const int ih = ih0 + kh * s->dil_h;
+                for (kw = 0; kw < s->k_w; ++kw) {
+                    const int iw = iw0 + kw * s->dil_w;
+                    *d++ = ih >= 0 && ih < s->h_in && iw >= 0 && iw < s->w_in ? xg[icg * plane + (long)ih * s->w_in + iw]
+                                                                              : (int8_t)x_zp;
+                }
             }
-        }
+    for (j = 0; j + 4 <= len; j += 4) {
+        const uint32_t v = et_q8_load4(bytes + j);
+        const uint32_t even = et_q8_sxtab16(off, v), odd = et_q8_sxtab16_ror8(off, v);
+        memcpy(col + j, &even, 4);
+        memcpy(col + j + 2, &odd, 4);
+    }
+    for (; j < len; ++j)
+        col[j] = (int16_t)(bytes[j] - x_zp);
 }
 
 #define DW_MAX_KH 8 /* kernel rows the depthwise path keeps packed in registers (taller kernels: plain loop) */
@@ -131,6 +152,7 @@ void et_q8_conv2d_forward(const et_conv2d_shape *s, const int8_t *x, int32_t x_z
 {
     const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups, len = cin_g * s->k_h * s->k_w;
     const long plane_out = (long)s->h_out * s->w_out;
+    int8_t *bytes = (int8_t *)(scratch + 2 * len);
     int n, g, ocg;
     long p;
 
@@ -145,9 +167,9 @@ void et_q8_conv2d_forward(const et_conv2d_shape *s, const int8_t *x, int32_t x_z
             for (p = 0; p < plane_out; p += 2) {
                 const int two = p + 1 < plane_out;
                 int16_t *c0 = scratch, *c1 = two ? scratch + len : scratch;
-                gather_window(s, xg, x_zp, p, c0);
+                gather_window(s, xg, x_zp, p, bytes, c0);
                 if (two)
-                    gather_window(s, xg, x_zp, p + 1, c1);
+                    gather_window(s, xg, x_zp, p + 1, bytes, c1);
                 for (ocg = 0; ocg < cout_g; ocg += 2) {
                     const int oc = g * cout_g + ocg, rows = ocg + 1 < cout_g ? 2 : 1;
                     const int8_t *w0 = w + (long)oc * len;

@@ -48,33 +48,44 @@ void et_q8_conv2d_forward_ref(const et_conv2d_shape *s, const int8_t *x, int32_t
  * one 1 and 3, which is the column's quad order itself. */
 static void gather_window(const et_conv2d_shape *s, const int8_t *xg, int32_t x_zp, long p, int8_t *bytes, int16_t *col)
 {
-    const int cin_g = s->c_in / s->groups, len = cin_g * s->k_h * s->k_w;
+    /* the shape in locals: every byte stored may alias *s for the compiler, which would reload it */
+    const int cin_g = s->c_in / s->groups, k_h = s->k_h, k_w = s->k_w, dil_h = s->dil_h, dil_w = s->dil_w;
+    const int h_in = s->h_in, w_in = s->w_in, len = cin_g * k_h * k_w;
     const int ih0 = (int)(p / s->w_out) * s->stride_h - s->pad_h, iw0 = (int)(p % s->w_out) * s->stride_w - s->pad_w;
-    const long plane = (long)s->h_in * s->w_in;
+    const long plane = (long)h_in * w_in;
     const uint32_t off = et_q8_dup16(-x_zp);
     int8_t *d = bytes;
     int icg, kh, kw, j;
 
-    if (ih0 >= 0 && iw0 >= 0 && ih0 + (s->k_h - 1) * s->dil_h < s->h_in && iw0 + (s->k_w - 1) * s->dil_w < s->w_in) {
-        const int8_t *xc = xg + (long)ih0 * s->w_in + iw0;
-        if (s->k_h == 1 && s->k_w == 1) /* pointwise: one byte of each channel's plane */
+    if (ih0 >= 0 && iw0 >= 0 && ih0 + (k_h - 1) * dil_h < h_in && iw0 + (k_w - 1) * dil_w < w_in) {
+        const int8_t *xc = xg + (long)ih0 * w_in + iw0;
+        const long row_step = (long)dil_h * w_in;
+        if (k_h * k_w == 1) /* pointwise: one byte of each channel's plane */
             for (icg = 0; icg < cin_g; ++icg, xc += plane)
                 *d++ = *xc;
-        else
-            for (icg = 0; icg < cin_g; ++icg, xc += plane)
-                for (kh = 0; kh < s->k_h; ++kh) {
-                    const int8_t *row = xc + (long)kh * s->dil_h * s->w_in;
-                    for (kw = 0; kw < s->k_w; ++kw)
-                        *d++ = row[kw * s->dil_w];
+        else if (k_w == 3 && dil_w == 1) /* the common 3-wide row */
+            for (icg = 0; icg < cin_g; ++icg, xc += plane) {
+                const int8_t *row = xc;
+                for (kh = 0; kh < k_h; ++kh, row += row_step, d += 3) {
+                    d[0] = row[0];
+                    d[1] = row[1];
+                    d[2] = row[2];
                 }
+            }
+        else
+            for (icg = 0; icg < cin_g; ++icg, xc += plane) {
+                const int8_t *row = xc;
+                for (kh = 0; kh < k_h; ++kh, row += row_step)
+                    for (kw = 0; kw < k_w; ++kw)
+                        *d++ = row[kw * dil_w];
+            }
     } else
         for (icg = 0; icg < cin_g; ++icg)
-            for (kh = 0; kh < s->k_h; ++kh) {
-                const int ih = ih0 + kh * s->dil_h;
-                for (kw = 0; kw < s->k_w; ++kw) {
-                    const int iw = iw0 + kw * s->dil_w;
-                    *d++ = ih >= 0 && ih < s->h_in && iw >= 0 && iw < s->w_in ? xg[icg * plane + (long)ih * s->w_in + iw]
-                                                                              : (int8_t)x_zp;
+            for (kh = 0; kh < k_h; ++kh) {
+                const int ih = ih0 + kh * dil_h;
+                for (kw = 0; kw < k_w; ++kw) {
+                    const int iw = iw0 + kw * dil_w;
+                    *d++ = ih >= 0 && ih < h_in && iw >= 0 && iw < w_in ? xg[icg * plane + (long)ih * w_in + iw] : (int8_t)x_zp;
                 }
             }
     for (j = 0; j + 4 <= len; j += 4) {
@@ -152,6 +163,7 @@ void et_q8_conv2d_forward(const et_conv2d_shape *s, const int8_t *x, int32_t x_z
 {
     const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups, len = cin_g * s->k_h * s->k_w;
     const long plane_out = (long)s->h_out * s->w_out;
+    const et_q8_requant qq = *q; /* a local copy: the int8 stores below may alias *q for the compiler */
     int8_t *bytes = (int8_t *)(scratch + 2 * len);
     int n, g, ocg;
     long p;
@@ -179,13 +191,13 @@ void et_q8_conv2d_forward(const et_conv2d_shape *s, const int8_t *x, int32_t x_z
                     acc[0] = acc[1] = b0;
                     acc[2] = acc[3] = b1;
                     et_q8_mac_2x2(c0, c1, w0, rows == 2 ? w0 + len : w0, len, acc);
-                    yp[0] = et_q8_output(q, oc, acc[0]);
+                    yp[0] = et_q8_output(&qq, oc, acc[0]);
                     if (two)
-                        yp[1] = et_q8_output(q, oc, acc[1]);
+                        yp[1] = et_q8_output(&qq, oc, acc[1]);
                     if (rows == 2) {
-                        yp[plane_out] = et_q8_output(q, oc + 1, acc[2]);
+                        yp[plane_out] = et_q8_output(&qq, oc + 1, acc[2]);
                         if (two)
-                            yp[plane_out + 1] = et_q8_output(q, oc + 1, acc[3]);
+                            yp[plane_out + 1] = et_q8_output(&qq, oc + 1, acc[3]);
                     }
                 }
             }

@@ -4,6 +4,7 @@
 #include <stddef.h>
 
 #include "conv2d_geometry.h"
+#include "q8_window.h"
 
 int et_q8_conv2d_scratch_size(const et_conv2d_shape *s)
 {
@@ -48,46 +49,12 @@ void et_q8_conv2d_forward_ref(const et_conv2d_shape *s, const int8_t *x, int32_t
  * one 1 and 3, which is the column's quad order itself. */
 static void gather_window(const et_conv2d_shape *s, const int8_t *xg, int32_t x_zp, long p, int8_t *bytes, int16_t *col)
 {
-    /* the shape in locals: every byte stored may alias *s for the compiler, which would reload it */
-    const int cin_g = s->c_in / s->groups, k_h = s->k_h, k_w = s->k_w, dil_h = s->dil_h, dil_w = s->dil_w;
-    const int h_in = s->h_in, w_in = s->w_in, len = cin_g * k_h * k_w;
-    const int ih0 = (int)(p / s->w_out) * s->stride_h - s->pad_h, iw0 = (int)(p % s->w_out) * s->stride_w - s->pad_w;
-    const long plane = (long)h_in * w_in;
+    const int len = s->c_in / s->groups * s->k_h * s->k_w;
     const uint32_t off = et_q8_dup16(-x_zp);
-    int8_t *d = bytes;
-    int icg, kh, kw, j;
+    int j;
 
-    if (ih0 >= 0 && iw0 >= 0 && ih0 + (k_h - 1) * dil_h < h_in && iw0 + (k_w - 1) * dil_w < w_in) {
-        const int8_t *xc = xg + (long)ih0 * w_in + iw0;
-        const long row_step = (long)dil_h * w_in;
-        if (k_h * k_w == 1) /* pointwise: one byte of each channel's plane */
-            for (icg = 0; icg < cin_g; ++icg, xc += plane)
-                *d++ = *xc;
-        else if (k_w == 3 && dil_w == 1) /* the common 3-wide row */
-            for (icg = 0; icg < cin_g; ++icg, xc += plane) {
-                const int8_t *row = xc;
-                for (kh = 0; kh < k_h; ++kh, row += row_step, d += 3) {
-                    d[0] = row[0];
-                    d[1] = row[1];
-                    d[2] = row[2];
-                }
-            }
-        else
-            for (icg = 0; icg < cin_g; ++icg, xc += plane) {
-                const int8_t *row = xc;
-                for (kh = 0; kh < k_h; ++kh, row += row_step)
-                    for (kw = 0; kw < k_w; ++kw)
-                        *d++ = row[kw * dil_w];
-            }
-    } else
-        for (icg = 0; icg < cin_g; ++icg)
-            for (kh = 0; kh < k_h; ++kh) {
-                const int ih = ih0 + kh * dil_h;
-                for (kw = 0; kw < k_w; ++kw) {
-                    const int iw = iw0 + kw * dil_w;
-                    *d++ = ih >= 0 && ih < h_in && iw >= 0 && iw < w_in ? xg[icg * plane + (long)ih * w_in + iw] : (int8_t)x_zp;
-                }
-            }
+    et_q8_window_bytes(s, xg, x_zp, (int)(p / s->w_out) * s->stride_h - s->pad_h,
+                       (int)(p % s->w_out) * s->stride_w - s->pad_w, bytes);
     for (j = 0; j + 4 <= len; j += 4) {
         const uint32_t v = et_q8_load4(bytes + j);
         const uint32_t even = et_q8_sxtab16(off, v), odd = et_q8_sxtab16_ror8(off, v);

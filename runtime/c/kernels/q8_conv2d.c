@@ -122,6 +122,32 @@ static void depthwise3(const et_conv2d_shape *s, const int8_t *x, int32_t x_zp, 
         }
 }
 
+/* Output channels oc0 .. oc0 + count - 1 of two pixels (columns c0, c1; yp0 and yp1 their outputs of channel oc0,
+ * NULL for a missing second pixel), two channels per et_q8_mac_2x2 (a lone last one reuses its row). */
+static void channel_blocks(const int16_t *c0, const int16_t *c1, const int8_t *w, int len, const int32_t *bias,
+                           const et_q8_requant *q, int oc0, int count, long plane_out, int8_t *yp0, int8_t *yp1)
+{
+    int k;
+
+    for (k = 0; k < count; k += 2, yp0 += 2 * plane_out, yp1 = yp1 != NULL ? yp1 + 2 * plane_out : NULL) {
+        const int oc = oc0 + k, two = k + 1 < count;
+        const int8_t *w0 = w + (long)oc * len;
+        const int32_t b0 = bias != NULL ? bias[oc] : 0, b1 = bias != NULL && two ? bias[oc + 1] : 0;
+        int32_t acc[4];
+        acc[0] = acc[1] = b0;
+        acc[2] = acc[3] = b1;
+        et_q8_mac_2x2(c0, c1, w0, two ? w0 + len : w0, len, acc);
+        yp0[0] = et_q8_output(q, oc, acc[0]);
+        if (yp1 != NULL)
+            yp1[0] = et_q8_output(q, oc, acc[1]);
+        if (two) {
+            yp0[plane_out] = et_q8_output(q, oc + 1, acc[2]);
+            if (yp1 != NULL)
+                yp1[plane_out] = et_q8_output(q, oc + 1, acc[3]);
+        }
+    }
+}
+
 /* Two output pixels' windows gathered once (int16, zero point subtracted), then two output channels at a time
  * against them (et_q8_mac_2x2: sixteen multiply-adds per eight SMLADs); an odd pixel or channel reuses the
  * block with the same column or row twice. */
@@ -132,7 +158,7 @@ void et_q8_conv2d_forward(const et_conv2d_shape *s, const int8_t *x, int32_t x_z
     const long plane_out = (long)s->h_out * s->w_out;
     const et_q8_requant qq = *q; /* a local copy: the int8 stores below may alias *q for the compiler */
     int8_t *bytes = (int8_t *)(scratch + 2 * len);
-    int n, g, ocg;
+    int n, g;
     long p;
 
     if (cin_g == 1 && s->k_w == 3 && s->dil_w == 1 && s->k_h <= DW_MAX_KH) {
@@ -145,28 +171,12 @@ void et_q8_conv2d_forward(const et_conv2d_shape *s, const int8_t *x, int32_t x_z
             int8_t *yg = y + ((long)n * s->c_out + (long)g * cout_g) * plane_out;
             for (p = 0; p < plane_out; p += 2) {
                 const int two = p + 1 < plane_out;
-                int16_t *c0 = scratch, *c1 = two ? scratch + len : scratch;
-                gather_window(s, xg, x_zp, p, bytes, c0);
+                int16_t *c1 = two ? scratch + len : scratch;
+                gather_window(s, xg, x_zp, p, bytes, scratch);
                 if (two)
                     gather_window(s, xg, x_zp, p + 1, bytes, c1);
-                for (ocg = 0; ocg < cout_g; ocg += 2) {
-                    const int oc = g * cout_g + ocg, rows = ocg + 1 < cout_g ? 2 : 1;
-                    const int8_t *w0 = w + (long)oc * len;
-                    const int32_t b0 = bias != NULL ? bias[oc] : 0, b1 = bias != NULL && rows == 2 ? bias[oc + 1] : 0;
-                    int32_t acc[4];
-                    int8_t *yp = yg + ocg * plane_out + p;
-                    acc[0] = acc[1] = b0;
-                    acc[2] = acc[3] = b1;
-                    et_q8_mac_2x2(c0, c1, w0, rows == 2 ? w0 + len : w0, len, acc);
-                    yp[0] = et_q8_output(&qq, oc, acc[0]);
-                    if (two)
-                        yp[1] = et_q8_output(&qq, oc, acc[1]);
-                    if (rows == 2) {
-                        yp[plane_out] = et_q8_output(&qq, oc + 1, acc[2]);
-                        if (two)
-                            yp[plane_out + 1] = et_q8_output(&qq, oc + 1, acc[3]);
-                    }
-                }
+                channel_blocks(scratch, c1, w, len, bias, &qq, g * cout_g, cout_g, plane_out, yg + p,
+                               two ? yg + p + 1 : NULL);
             }
         }
 }

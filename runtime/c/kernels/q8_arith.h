@@ -32,6 +32,14 @@
 #define ET_Q8_DSP 0
 #endif
 
+/* A hot loop kept a function of its own: gcc inlines a static function called once, and inside a large loop nest
+ * the loop's accumulators and pointers then spill to the stack (a load and a store more per step). */
+#if defined(__GNUC__)
+#define ET_Q8_NOINLINE __attribute__((noinline))
+#else
+#define ET_Q8_NOINLINE
+#endif
+
 /* How an int32 accumulator becomes an int8 output, per output channel. */
 typedef struct et_q8_requant {
     const int32_t *mult;  /* [channels] Q31 multipliers, each in [2^30, 2^31) */
@@ -66,6 +74,13 @@ static inline int32_t et_q8_requantize(int32_t v, int32_t mult, int32_t shift)
 {
     int32_t h;
 
+    if (shift < 0 && v > -(1 << 30) && v < (1 << 30)) {
+        /* The usual case, in fewer instructions, same bits: with |v| < 2^30, floor((v * mult + 2^30) / 2^31) is the
+         * high word of 2v * mult + 2^31 (SMMULR's form), |h| < 2^30, and rounding right by e >= 1 with halves away
+         * from zero is adding 2^(e-1), less 1 for a negative h, then shifting (no overflow at that size). */
+        h = (int32_t)(((int64_t)(v * 2) * mult + ((int64_t)1 << 31)) >> 32);
+        return (h + (1 << (-shift - 1)) - (int32_t)((uint32_t)h >> 31)) >> -shift;
+    }
     if (shift > 0) { /* saturating left shift: |v| * 2^shift beyond int32 sticks at its end */
         const int32_t lim = INT32_MAX >> shift;
         v = v > lim ? INT32_MAX : v < -lim - 1 ? INT32_MIN : (int32_t)((uint32_t)v << shift);

@@ -124,7 +124,7 @@ static void depthwise3(const et_conv2d_shape *s, const int8_t *x, int32_t x_zp, 
 
 /* Output channels oc0 .. oc0 + count - 1 of two pixels (columns c0, c1; yp0 and yp1 their outputs of channel oc0,
  * NULL for a missing second pixel), two channels per et_q8_mac_2x2 (a lone last one reuses its row). */
-static void channel_blocks(const int16_t *c0, const int16_t *c1, const int8_t *w, int len, const int32_t *bias,
+ET_Q8_NOINLINE static void channel_blocks(const int16_t *c0, const int16_t *c1, const int8_t *w, int len, const int32_t *bias,
                            const et_q8_requant *q, int oc0, int count, long plane_out, int8_t *yp0, int8_t *yp1)
 {
     int k;

@@ -137,7 +137,7 @@ static void gather_quad(const et_conv2d_shape *s, const int8_t *xg, int32_t x_zp
 
 /* r0[j] += (g0 of the four pixels) . col_j, r1[j] likewise with g1: two SMLADs per accumulator, the column's two
  * words loaded once for both rows (g0/g1 packed as (pixel 0, pixel 1), (pixel 2, pixel 3)). r1 NULL: one row. */
-static void outer_rows(const int16_t *col, int len, uint32_t a01, uint32_t a23, uint32_t b01, uint32_t b23, int32_t *r0,
+ET_Q8_NOINLINE static void outer_rows(const int16_t *col, int len, uint32_t a01, uint32_t a23, uint32_t b01, uint32_t b23, int32_t *r0,
                        int32_t *r1)
 {
     int j;

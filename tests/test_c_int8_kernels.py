@@ -78,6 +78,7 @@ _SIGNATURES = {
     "et_q8_linear_backward_input_ref": [c_int, c_int, c_int, _P, _P, POINTER(Requant), _P],
     "et_q8_linear_backward_input": [c_int, c_int, c_int, _P, _P, POINTER(Requant), _P],
     "et_q8_linear_backward_weight": [c_int, c_int, c_int, _P, _P, c_int32, _P, _P],
+    "et_q8_linear_backward_weight_ref": [c_int, c_int, c_int, _P, _P, c_int32, _P, _P],
     "et_q8_maxpool2d_forward": [POINTER(PoolShape), _P, _P, _P],
     "et_q8_maxpool2d_backward": [POINTER(PoolShape), _P, _P, _P],
     "et_q8_avgpool2d_forward": [POINTER(PoolShape), _P, c_int32, _P],
@@ -305,9 +306,10 @@ def test_linear_kernels_equal_the_reference_and_torch(libs, n, fin, fout):
             getattr(lib, f"et_q8_linear_forward{suffix}")(n, fin, fout, p(x), x_zp, p(w), p(bias), cq, p(y))
             getattr(lib, f"et_q8_linear_backward_input{suffix}")(n, fin, fout, p(gy), p(w), cgq, p(gx))
             assert np.array_equal(y, want_y) and np.array_equal(gx, want_gx), (name, suffix)
-        gw, gb = np.zeros((fout, fin), np.int32), np.zeros(fout, np.int32)
-        lib.et_q8_linear_backward_weight(n, fin, fout, p(gy), p(x), x_zp, p(gw), p(gb))
-        assert np.array_equal(gw, want_gw) and np.array_equal(gb, want_gb), name
+        for suffix in ("", "_ref"):
+            gw, gb = np.full((fout, fin), 7, np.int32), np.full(fout, 7, np.int32)  # every element written
+            getattr(lib, f"et_q8_linear_backward_weight{suffix}")(n, fin, fout, p(gy), p(x), x_zp, p(gw), p(gb))
+            assert np.array_equal(gw, want_gw) and np.array_equal(gb, want_gb), (name, suffix)
 
 
 def test_an_int32_overflow_is_refused_by_the_reference():

@@ -105,6 +105,17 @@ static inline int8_t et_q8_sat8(int32_t v)
 
 /* -- packed helpers: two signed 16-bit halves in one uint32 ------------------------------------------- */
 
+/* The low and the high half, signed (a product of one with a 16-bit value compiles to SMULBB / SMULTB). */
+static inline int32_t et_q8_lo(uint32_t v)
+{
+    return (int32_t)(int16_t)(v & 0xFFFFu);
+}
+
+static inline int32_t et_q8_hi(uint32_t v)
+{
+    return (int32_t)(int16_t)(v >> 16);
+}
+
 /* Four int8 from any address (an unaligned LDR on the M4/M7; memcpy keeps it legal C). */
 static inline uint32_t et_q8_load4(const int8_t *p)
 {
@@ -139,16 +150,6 @@ static inline uint32_t et_q8_sxtab16_ror8(uint32_t off, uint32_t v)
 static inline uint32_t et_q8_half(int32_t v)
 {
     return (uint32_t)v & 0xFFFFu;
-}
-
-static inline int32_t et_q8_lo(uint32_t v)
-{
-    return (int32_t)(int16_t)(v & 0xFFFFu);
-}
-
-static inline int32_t et_q8_hi(uint32_t v)
-{
-    return (int32_t)(int16_t)(v >> 16);
 }
 
 static inline uint32_t et_q8_sxtab16(uint32_t off, uint32_t v)

@@ -233,8 +233,8 @@ static void linear_case(int n, int in, int out)
     TIME(T_FWD + 1, et_q8_linear_forward(n, in, out, x8, x_zp, w8, bias, &q, y8f));
     TIME(T_BIN + 0, et_q8_linear_backward_input_ref(n, in, out, gy8, w8, &gq, gx8));
     TIME(T_BIN + 1, et_q8_linear_backward_input(n, in, out, gy8, w8, &gq, gx8f));
-    TIME(T_BW + 0, et_q8_linear_backward_weight(n, in, out, gy8, x8, x_zp, gw, gb));
-    TIME(T_BW + 1, et_q8_linear_backward_weight(n, in, out, gy8, x8, x_zp, gwf, gbf)); /* no fast variant */
+    TIME(T_BW + 0, et_q8_linear_backward_weight_ref(n, in, out, gy8, x8, x_zp, gw, gb));
+    TIME(T_BW + 1, et_q8_linear_backward_weight(n, in, out, gy8, x8, x_zp, gwf, gbf));
     to_float(x8, n * in, xf);
     to_float(w8, out * in, wf);
     to_float(gy8, n * out, gyf);
@@ -262,7 +262,9 @@ static void linear_case(int n, int in, int out)
     put(S_GX, gx8, (long)n * in);
     put(S_GX_FAST, gx8f, (long)n * in);
     put(S_GW, gw, 4L * out * in);
+    put(S_GW_FAST, gwf, 4L * out * in);
     put(S_GB, gb, 4L * out);
+    put(S_GB_FAST, gbf, 4L * out);
     put_ticks();
     ++g_case;
 }

@@ -54,17 +54,16 @@ def child(model: str, budget: str, target: str, batch_size: int, threads: int, t
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
     from edgetrain.compiler.schedule_file import format as schedule_format
     from edgetrain.compiler.workbench.run import schedule_batches
-    from edgetrain.runtime.python import Runtime, load_plan
+    from edgetrain.runtime.python import load_plan, runtime_for
     from edgetrain.runtime.python.threads import PLAN_THREADS
 
     out = os.path.join(work, "plan")
     c = compile_model(CompileOptions(model=model, target=target, budget=budget, out=out, batch_size=batch_size,
                                      time_limit=time_limit))
     body = schedule_format.load(out)
-    cfg = body["graph"]["optimizer"]
-    rt = Runtime(os.path.join(out, "weights.safetensors"), os.path.join(work, "pages"), device="cpu",
-                 lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"], seed=body["seed"])
     plan = load_plan(out)
+    # As `edgetrain run` sets it up (its optimizer, seed and which tensors train: a frozen weight is no state).
+    rt = runtime_for(plan, os.path.join(work, "pages"), device="cpu")
     # The plan's own thread count (its kernel scratch was counted for it) unless one is given; set here rather
     # than through the runtime, which an older tree measured beside this one does not pin.
     threads = threads or plan.PLAN.get("threads", PLAN_THREADS)

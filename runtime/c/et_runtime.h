@@ -42,6 +42,7 @@
 #include "kernels/fill.h"
 #include "kernels/layer_norm.h"
 #include "kernels/dropout.h"
+#include "kernels/patch.h"
 #include "kernels/q8_conv2d.h"
 #include "kernels/q8_conv2d_input_grad.h"
 #include "kernels/q8_conv2d_weight_grad.h"

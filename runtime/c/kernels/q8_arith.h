@@ -183,7 +183,23 @@ static inline uint32_t et_q8_sxtab16_ror8(uint32_t off, uint32_t v)
 }
 #endif
 
-/* (lo(a), lo(b)) and (hi(a), hi(b)): the halves of two registers regrouped (PKHBT / PKHTB). */
+/* (lo(a), lo(b)) and (hi(a), hi(b)): the halves of two registers regrouped (PKHBT / PKHTB; gcc 12 makes two
+ * instructions of the C expression, so the DSP build names the instruction). */
+#if ET_Q8_DSP
+static inline uint32_t et_q8_pack_lo(uint32_t a, uint32_t b)
+{
+    uint32_t r;
+    __asm__("pkhbt %0, %1, %2, lsl #16" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+static inline uint32_t et_q8_pack_hi(uint32_t a, uint32_t b)
+{
+    uint32_t r;
+    __asm__("pkhtb %0, %2, %1, asr #16" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+#else
 static inline uint32_t et_q8_pack_lo(uint32_t a, uint32_t b)
 {
     return (a & 0xFFFFu) | (b << 16);
@@ -193,6 +209,7 @@ static inline uint32_t et_q8_pack_hi(uint32_t a, uint32_t b)
 {
     return (a >> 16) | (b & 0xFFFF0000u);
 }
+#endif
 
 /* An offset in both halves, for SXTAB16. */
 static inline uint32_t et_q8_dup16(int32_t v)

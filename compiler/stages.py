@@ -31,6 +31,7 @@ class CompileOptions:
     cuts: float = 0.0  # most share of time_limit for window and memory cuts before the last solve (with lns)
     overlap_paging: bool = True  # Python plans: read ahead, write behind, within the peak (scheduling/overlap.py)
     repeats: str = "auto"  # repeated blocks: auto | flat | reuse (scheduling/repeats.py)
+    fuse: bool = False  # `--fuse`: pointwise chains as generated kernels (graph/fuse_chains.py); False: exact plans
     train: str | None = None  # `--train`: which parameters train (compiler/frontend/train_select.py); None: the model's flags
 
 

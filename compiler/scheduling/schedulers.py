@@ -26,7 +26,7 @@ from .clock import clamp, reserve, stopped
 from .validator import Report, validate
 from .warmstart import best_start
 
-SOLVE_SHARE = 0.5  # the least share of --time-limit the scheduler gets, whatever the trace took before it
+SOLVE_SHARE = 0.5  # the least share of --time-limit the scheduler, then its MILP, gets whatever came before
 START_SHARE = 0.15  # the most share of a solve's time limit the greedy starts may take (counted inside it)
 
 # Every scheduler, with what it does in a line (the CLI's help reads it).
@@ -101,6 +101,7 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
     paging = _MILPS.get(scheduler, True)
+    requested = time_limit
     reserve(SOLVE_SHARE * time_limit)  # a long trace does not leave the solve a second (clock.py)
     time_limit = clamp(time_limit)  # what the compile's --time-limit leaves: the shares below are of it
     smallest = min_budget(lv)
@@ -154,6 +155,9 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     if warm is not None and not model.milp.is_feasible(warm):
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
     left = max(time_limit - starts["seconds"], 0.5 * time_limit)  # the starts' time counts in the limit
+    # The heuristics' schedules, validated stage by stage, and the MILP's build take minutes on a large graph: the
+    # MILP still gets its share.
+    reserve(SOLVE_SHARE * requested)
     if say is not None:
         say(f"MILP: {model.milp.n_vars} variables, {model.milp.n_rows} constraints, up to {clamp(left):.0f} s "
             "(Ctrl-C stops it and keeps the best schedule found)")

@@ -78,7 +78,7 @@ def summary(req: Request, done: Compiled) -> dict:
         "store_all_time_s": sa.time_s, "state_bytes": p.liveness.state_bytes, "fixed_bytes": p.liveness.fixed_bytes,
         "activation_peak_bytes": anchor.activation_peak_bytes, "budget": req.budget.text,
         "solver": {k: r.result.solver.get(k) for k in ("name", "requested", "notice", "status", "gap", "seconds",
-                                                       "objective", "bound", "variables", "constraints")},
+                                                       "objective", "bound", "variables", "constraints", "repeats")},
         "interrupted": r.result.solver.get("status") == "interrupted",  # Ctrl-C: the best schedule found by then
         "emit": opts.emit,
         "fused_kernels": sum(n.op == FUSED_OP for n in p.graph.nodes),  # --fuse: chains run as generated kernels

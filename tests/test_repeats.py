@@ -4,6 +4,8 @@ within the budget, and the restricted optimum equals the flat one above the smal
 the smallest, where the flat optimum frees a tensor before its block's backward and brings it back later)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edgetrain.compiler.graph.liveness import analyze
@@ -73,3 +75,20 @@ def test_scheduler_reports_the_restriction(stack):
     flat = run_scheduler(g, lv, TARGET, budget, repeats="auto", time_limit=30)  # small: auto solves it flat
     assert "repeats" not in flat.solver
     assert reused.report.energy_j == pytest.approx(flat.report.energy_j, rel=1e-6)
+
+
+def test_reused_plan_compiles_and_trains_as_autograd(tmp_path, capsys):
+    """Through the CLI at the smallest budget: the restricted solve's plan runs within its budget and trains as
+    eager autograd."""
+    from edgetrain.compiler.workbench.cli import main
+
+    out = tmp_path / "o"
+    assert main(["compile", "tests/repeated_models.py:stack", "--target", "nrf52840", "--budget", "min",
+                 "--batch-size", "2", "--time-limit", "10", "--repeats", "reuse", "--out", str(out), "--json"]) == 0
+    c = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert c["schedule"] == "milp" and c["solver"]["status"] == "optimal" and c["solver"]["repeats"]["count"] == 4
+    assert c["peak_bytes"] <= c["budget_bytes"] and c["recomputes"] + c["page_ins"] > 0
+    assert set(c["phases"]) >= {"trace", "solve_and_render", "write_schedule"}
+    assert main(["run", str(out), "--steps", "2", "--check", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["ok"] and not r.get("mismatched") and r["max_abs_err"] == 0

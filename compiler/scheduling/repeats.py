@@ -187,8 +187,3 @@ def choose(g: TrainingGraph, lv: Liveness, mode: str) -> Restriction | None:
         return None
     blocks = find_blocks(g, lv)
     return None if blocks is None else restriction(g, lv, blocks)
-
-
-def untie(shape: Restriction) -> Restriction:
-    """The same restriction with every block's own variables."""
-    return Restriction(shape.blocks, opens=dict(shape.opens))

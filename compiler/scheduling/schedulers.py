@@ -21,7 +21,7 @@ from edgetrain.compiler.graph.liveness import Liveness
 from .phased import solve_phased
 from .milp.registry import solve_with
 from .poet import build as build_poet, without_redundant_holds
-from .repeats import choose as choose_repeats, untie
+from .repeats import choose as choose_repeats
 from .clock import clamp, reserve, stopped
 from .validator import Report, validate
 from .warmstart import best_start
@@ -154,15 +154,6 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
     warm = model.vector(best.decisions) if best is not None else None
     if warm is not None and not model.milp.is_feasible(warm):
         warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
-    if warm is None and best is not None and shape is not None and shape.tie:
-        # The heuristic's schedule differs from block to block, so it is no start for the tied model; untied (each
-        # block's own variables, still from its own backward on) it often is one, and a cold start of a large
-        # model finds nothing in minutes (Llama-3.2-1B's shape: none in 55 s).
-        untied = untie(shape)
-        other = build_poet(g, lv, target, budget_bytes, deadline_s, paging=paging, repeats=untied)
-        start = other.vector(best.decisions)
-        if other.milp.is_feasible(start):
-            model, warm, shape = other, start, untied
     left = max(time_limit - starts["seconds"], 0.5 * time_limit)  # the starts' time counts in the limit
     # The heuristics' schedules, validated stage by stage, and the MILP's build take minutes on a large graph: the
     # MILP still gets its share.

@@ -16,6 +16,7 @@ class PythonBackend:
     name = "python"
     widen_fusion = True
     overlaps_paging = True  # the page store's threads read ahead and write behind (scheduling/overlap.py)
+    streams_from_storage = True  # frozen weights read from weights.safetensors by each op that reads them
 
     def check_model(self, model, target, optimizer, name: str) -> None:
         return None

@@ -153,8 +153,8 @@ class Runtime:
 
     @property
     def paged_bytes(self) -> int:
-        """Bytes moved to and from storage (out + in) since the runtime was created."""
-        return self.store.bytes_out + self.store.bytes_in
+        """Bytes moved to and from storage (out + in, streamed weights' reads) since the runtime was created."""
+        return self.store.bytes_out + self.store.bytes_in + self.streamed.read_bytes
 
     @property
     def cuda_max_memory_allocated(self) -> int | None:
@@ -306,6 +306,7 @@ class Runtime:
     def streamed_copy(self, name: str) -> Tensor:
         """A copy of streamed weight `name` as its file holds it (it is frozen: what every step read)."""
         self.streamed.read(name)
+        self.streamed.read_bytes -= self.streamed.nbytes(name)  # not a step's read
         try:
             return self.streamed.tensors[name].clone()
         finally:

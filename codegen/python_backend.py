@@ -38,5 +38,10 @@ class PythonBackend:
 
     def render(self, schedule: dict, model, out_dir: str, target) -> Rendered:
         render_python_plan(schedule, out_dir)
-        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), out_dir)
-        return Rendered()
+        params = dict(model.named_parameters())
+        write_weights(params, dict(model.named_buffers()), out_dir)
+        streamed = list(dict.fromkeys(p for n in schedule["graph"]["nodes"] for p in n.get("streamed", ())))
+        if not streamed:
+            return Rendered()
+        return Rendered(summary={"streamed": streamed, "streamed_bytes": sum(params[p].nbytes for p in streamed),
+                                 "paged_bytes_per_step": schedule["predicted"]["paged_bytes"]})

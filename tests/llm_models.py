@@ -92,3 +92,13 @@ def llama_7b(layers: int = 32, vocab: int = 32000, seq: int = 512):
     base = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
     model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
     return CausalLM(model, seq, vocab)
+
+
+def llama_7b_4():
+    """Four layers of LLaMA-2-7B's shape (the rest as llama_7b)."""
+    return llama_7b(layers=4)
+
+
+def llama_7b_8():
+    """Eight layers of LLaMA-2-7B's shape (the rest as llama_7b)."""
+    return llama_7b(layers=8)

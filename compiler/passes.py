@@ -124,7 +124,7 @@ def place_weights(req: Request, b: Budgeted) -> Placed:
     finds none, or with another scheduler); what was chosen, by which, for the output."""
     traced, target = b.measured.traced, b.measured.target
     graph = traced.graph
-    if not graph.streamed_params or req.opts.scheduler != "poet" or not graph.frozen_in_flash or \
+    if not graph.streamed_params or req.opts.scheduler != "poet" or \
             any("stream_rows" in n.attrs for n in graph.nodes):  # weights paged by blocks: the rule's choice
         return Placed(b, graph, b.liveness, b.anchor)
     from .scheduling.stream_choice import choose_streamed
@@ -132,11 +132,16 @@ def place_weights(req: Request, b: Budgeted) -> Placed:
     rule = list(graph.streamed_params)
     plain = restreamed(graph, [], target, traced.measured_s)
     room = req.backend.weight_room(plain, target)
-    candidates = {p: n for p, n in room.frozen.items() if n <= room.ram_bytes}
+    if room is None:  # frozen weights held in memory (a Python plan): any may stream, the budget says how many
+        trained, read = set(plain.trainable_params), {p for n in plain.nodes for p in n.params}
+        candidates = {p: s.bytes for p, s in plain.params.items() if p not in trained and p in read and s.bytes}
+        need = 0
+    else:
+        candidates = {p: n for p, n in room.frozen.items() if n <= room.ram_bytes}
+        need = sum(room.frozen.values()) - room.flash_bytes
     req.say(f"choosing which of {len(candidates)} frozen weights to stream from storage")
     with stoppable():  # Ctrl-C stops the solves, and the compile goes on with what they found
-        chosen, solver = choose_streamed(plain, target, b.budget_bytes, candidates,
-                                         sum(room.frozen.values()) - room.flash_bytes, rule,
+        chosen, solver = choose_streamed(plain, target, b.budget_bytes, candidates, need, rule,
                                          time_limit=req.opts.time_limit, solver=req.opts.solver)
     info = {"rule": rule, "milp": chosen, "solver_status": solver["free"].get("status"),
             "objective_j": solver["free"].get("objective"),

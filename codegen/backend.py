@@ -50,6 +50,7 @@ class Backend(Protocol):
 
     name: str  # `--emit NAME`; the schedule's "backend"
     widen_fusion: bool  # fuse wide elementwise chains (a microcontroller's small graph keeps every byte instead)
+    generates_kernels: bool  # runs fused pointwise chains as generated kernels (`compile --fuse`)
     overlaps_paging: bool  # pages ahead and behind in the background (a runtime that pages synchronously: False)
 
     def check_model(self, model, target, optimizer: OptimizerConfig, name: str) -> None:

@@ -15,6 +15,7 @@ from .python_plan import render_python_plan, write_weights
 class PythonBackend:
     name = "python"
     widen_fusion = True
+    generates_kernels = True  # torch's inductor compiles a fused chain at its first call (fused_kernels.py)
     overlaps_paging = True  # the page store's threads read ahead and write behind (scheduling/overlap.py)
     streams_from_storage = True  # frozen weights read from weights.safetensors by each op that reads them
 

@@ -14,6 +14,7 @@ from .errors import BudgetError, UnsupportedModelError
 from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
 from .graph.costs import costed
+from .graph.fuse_chains import fuse_pointwise_chains
 from .graph.streaming import choose_streamed, sliceable_weights, stream_weights
 from .graph.workspace import applies as scratch_applies, scratch_threads
 from .stages import CompileOptions, Traced
@@ -47,6 +48,8 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
     graph = backend.lower(graph)
     if device_check:
         graph = stream_beyond_flash(graph, target, backend)
+    if opts.fuse:  # before profiling: a measured target times each chain as its kernel runs it
+        graph, _ = fuse_pointwise_chains(graph)
     measured = None
     if getattr(target, "measured", False):
         from .graph.profiler import profile_nodes

@@ -219,7 +219,7 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
     order = {name: k for k, name in enumerate(lv.decision)}
     for (t, i), r in R.items():
         w = node[i].workspace_bytes
-        pulled = [(z, float(stream[v])) for (s, k, v), z in Z.items() if s == t and k == i]
+        pulled = [(Z[t, i, v], float(stream[v])) for v in reads_of[g.index(i)] if (t, i, v) in Z]
         if not w and not pulled:
             continue
         terms = [(r, float(w))] + pulled + unheld

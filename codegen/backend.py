@@ -8,6 +8,7 @@ table of backends by `--emit` name is `backends.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Protocol
 
 from edgetrain.compiler.graph.ir import OptimizerConfig, TrainingGraph  # the graph a backend lowers
@@ -49,6 +50,8 @@ class Backend(Protocol):
     name: str  # `--emit NAME`; the schedule's "backend"
     widen_fusion: bool  # fuse wide elementwise chains (a microcontroller's small graph keeps every byte instead)
     overlaps_paging: bool  # pages ahead and behind in the background (a runtime that pages synchronously: False)
+    # op -> the arguments (by position) its kernel may write its output into (compiler/graph/inplace.py)
+    in_place: Mapping[str, tuple[int, ...]]
 
     def check_model(self, model, target, optimizer: OptimizerConfig, name: str) -> None:
         """Refuse, before any tracing, a model the device cannot hold (its weights alone)."""

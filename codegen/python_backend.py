@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from edgetrain.codegen.backend import DeviceRoom, Rendered, WeightRoom
 from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.runtime.python.inplace import IN_PLACE_ARGS
 
 from .c.backend import CBackend
 from .python_plan import render_python_plan, write_weights
@@ -16,6 +17,7 @@ class PythonBackend:
     name = "python"
     widen_fusion = True
     overlaps_paging = True  # the page store's threads read ahead and write behind (scheduling/overlap.py)
+    in_place = IN_PLACE_ARGS  # torch's out= overloads and in-place twins (runtime/python/inplace.py)
 
     def check_model(self, model, target, optimizer, name: str) -> None:
         return None

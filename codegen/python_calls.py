@@ -161,7 +161,7 @@ class CallWriter:
         """`head` (`rt.call(` or `rt.recompute(`) with the node's name, op, arguments and keywords."""
         node, attrs = self.node, self.node["attrs"]
         items = [literal(node["name"]), op_expr(node["op"]), *self.arguments(attrs)]
-        known = {"args", "kwargs", "keep", "aux", "scratch", "updates", "then", "seed_key", "loss_item", "dying"}
+        known = {"args", "kwargs", "keep", "aux", "scratch", "updates", "then", "seed_key", "loss_item", "dying", "into"}
         unknown = sorted(set(attrs) - known)
         if unknown:
             raise ValueError(f"node {node['name']}: attrs {unknown} have no Python form")
@@ -174,6 +174,8 @@ class CallWriter:
             items.append(self.updates(attrs["updates"]))
         if attrs.get("then"):
             items.append(Group("then=[", tuple(self.fused(sub) for sub in attrs["then"]), "]"))
+        if "into" in attrs:
+            items.append(f"into={self.operand(node['inputs'][attrs['into']])}")
         if dying:
             refs = [self.operand(node["inputs"][k]) for k in dying]
             items.append(f"overwrite={refs[0]}" if len(refs) == 1 else f"overwrite=[{', '.join(refs)}]")

@@ -14,15 +14,16 @@ from .errors import BudgetError, UnsupportedModelError
 from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
 from .graph.costs import costed
+from .graph.inplace import mark_in_place
 from .graph.streaming import choose_streamed, stream_weights
 from .graph.workspace import applies as scratch_applies, scratch_threads
 from .stages import CompileOptions, Traced
 
 
 def trace_model(opts: CompileOptions, target, backend, device_check: bool = True) -> Traced:
-    """Resolve, trace and lower the model for `backend`; place the frozen weights the device cannot hold in
-    storage (by the largest-first rule; `device_check`: against the device's limits at all); cost the graph
-    on `target`."""
+    """Resolve, trace and lower the model for `backend`, with the outputs its kernels write into dying operands
+    (graph/inplace.py); place the frozen weights the device cannot hold in storage (by the largest-first rule;
+    `device_check`: against the device's limits at all); cost the graph on `target`."""
     torch.manual_seed(opts.seed)  # zoo models initialize deterministically from the seed
     resolved = resolve(opts.model, **opts.model_kwargs)
     shape = opts.input_shape or resolved.input_shape
@@ -44,7 +45,7 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
     graph = capture_graph(opts, resolved, model, example,
                           scratch_threads(target) if scratch_applies(target) else 0, gpu=target.gpu,
                           widen_fusion=backend.widen_fusion)
-    graph = backend.lower(graph)
+    graph = mark_in_place(backend.lower(graph), backend.in_place)
     if device_check:
         graph = stream_beyond_flash(graph, target, backend)
     measured = None

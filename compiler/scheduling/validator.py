@@ -88,8 +88,6 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
             for r in n.inputs:
                 if r.name not in resident:
                     raise fail(k, st, f"operand {r.name} is not resident")
-                if r.name in overwritten:
-                    raise fail(k, st, f"operand {r.name} was overwritten by {overwritten[r.name][0]}'s output")
             if n.aux_of and f"{n.aux_of}.aux" not in resident:
                 raise fail(k, st, f"statistics {n.aux_of}.aux are not resident")
             into = n.into

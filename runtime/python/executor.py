@@ -298,6 +298,8 @@ class Runtime:
                                     self.device, self.optim)
         except KeyError as e:
             raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
+        except ValueError as e:  # an output the plan writes into an operand the op's kernel cannot
+            raise PlanError(f"{self._what}: {e}") from None
         self._prepared[(name, first)] = node
         return node
 

@@ -121,11 +121,11 @@ def analyze(g: TrainingGraph) -> Liveness:
             static[t] += s
     # The output written into an operand that dies with the stage: one tensor's bytes there, not two.
     shared = {t: size[n.into] for t, n in enumerate(g.nodes) if n.into is not None}
-    for t in shared:
-        x = g.nodes[t].into
-        if x in dset or end[x] != t:  # only a tensor with a fixed life that ends here can be written over
-            raise ValueError(f"node {g.nodes[t].name} writes into {x}, which {'a schedule decides about' if x in dset else f'is read until stage {end[x]}'}")
     for t, s in shared.items():
+        x = g.nodes[t].into  # only a tensor with a fixed life that ends here can be written over
+        if x in dset or end[x] != t:
+            why = "a schedule decides about" if x in dset else f"is read until stage {end[x]}"
+            raise ValueError(f"node {g.nodes[t].name} writes into {x}, which {why}")
         static[t] -= s
     return Liveness(T=T, L=L, size=size, prod=prod, end=end, decision=decision, window_end=window_end,
                     recompute_until=recompute_until, needs=needs, inputs_of=inputs_of, static=static,

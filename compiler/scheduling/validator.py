@@ -48,7 +48,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
     stored: set[str] = set()
     paged_in: set[str] = set()
     computed: set[str] = set()
-    overwritten: dict[str, tuple[str, int]] = {}  # operand -> (the node that wrote its output into it, stage)
+    overwritten: dict[str, str] = {}  # operand -> the node that wrote its output into it (within this stage)
     updated_params: set[str] = set()  # parameters the optimizer has changed (a graph captured from torch)
     live = g.state_bytes
     peak, peak_stage = live, 0
@@ -64,11 +64,11 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
         if st.stage < last_stage:
             raise fail(k, st, "stages out of order")
         if st.stage > last_stage and overwritten:
-            x, (by, _) = next(iter(overwritten.items()))
+            x, by = next(iter(overwritten.items()))
             raise fail(k, st, f"{x}, which {by} wrote its output into, was not freed within its stage")
         last_stage = st.stage
         if st.tensor in overwritten and st.action != "free":
-            raise fail(k, st, f"{st.tensor} was overwritten by {overwritten[st.tensor][0]}'s output")
+            raise fail(k, st, f"{st.tensor} was overwritten by {overwritten[st.tensor]}'s output")
         if st.action in ("compute", "recompute"):
             if st.tensor not in index:
                 raise fail(k, st, "unknown node")
@@ -105,7 +105,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
                 resident[n.name] = n.bytes
             if into is not None:  # its bytes are the output's now
                 resident[into] = 0
-                overwritten[into] = (n.name, st.stage)
+                overwritten[into] = n.name
             if st.action == "compute" and n.aux_bytes:
                 resident[f"{n.name}.aux"] = n.aux_bytes
             live += new

@@ -9,7 +9,7 @@ FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
 APT_PACKAGES := gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
 
-.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-runtime bench-runtime-profile bench-page-handoff bench-host-costs bench-peers figures clean distclean
+.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-int8-kernels bench-runtime bench-runtime-profile bench-page-handoff bench-host-costs bench-peers figures clean distclean
 
 venv: $(INSTALL_STAMP)
 
@@ -56,6 +56,10 @@ bench-relaxation: venv
 
 bench-cortex-m: venv toolchain
 	$(PY) benchmarks/cortex_m.py
+
+# int8 kernels (plain, SMLAD) against float32 on the same shapes, instructions per MAC under QEMU (M4F and M7).
+bench-int8-kernels: venv toolchain
+	$(PY) benchmarks/int8_kernels.py --json docs/data/int8_kernels.json
 
 bench-runtime: venv
 	$(PY) benchmarks/runtime.py

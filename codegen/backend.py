@@ -27,11 +27,13 @@ class WeightRoom:
 @dataclass(frozen=True)
 class DeviceRoom:
     """`--budget auto`: the RAM a device leaves for the training state and the activations (`bytes`), after
-    `reserved_bytes` for what the runtime itself needs (`reserved_for`, in words)."""
+    `reserved_bytes` for what the runtime itself needs (`reserved_for`, in words). `linked_by`: why the device
+    has less RAM for the plan than its profile says (a board's link script), in words; None where it has all."""
 
     bytes: int
     reserved_bytes: int
     reserved_for: str
+    linked_by: str | None = None
 
 
 @dataclass(frozen=True)

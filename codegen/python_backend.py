@@ -31,7 +31,11 @@ class PythonBackend:
     def device_room(self, graph: TrainingGraph, target) -> DeviceRoom | None:
         # A microcontroller's `--budget auto` is its RAM less what its firmware needs, whichever runtime
         # the plan is for (README: --budget).
-        return CBackend().device_room(graph, target)
+        room = CBackend().device_room(graph, target)
+        if room is None or room.linked_by is None:
+            return room
+        # A Python plan links to no board: the profile's RAM.
+        return DeviceRoom(target.ram_bytes - room.reserved_bytes, room.reserved_bytes, room.reserved_for)
 
     def render(self, schedule: dict, model, out_dir: str, target) -> Rendered:
         render_python_plan(schedule, out_dir)

@@ -15,7 +15,7 @@ from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
 from .graph.costs import costed
 from .graph.inplace import mark_in_place
-from .graph.streaming import choose_streamed, stream_weights
+from .graph.streaming import choose_streamed, sliceable_weights, stream_weights
 from .graph.workspace import applies as scratch_applies, scratch_threads
 from .stages import CompileOptions, Traced
 
@@ -71,8 +71,9 @@ def stream_beyond_flash(graph, target, backend):
     room = backend.weight_room(graph, target)
     if room is None:
         return graph
-    return stream_weights(graph, choose_streamed(room.frozen, room.flash_bytes, room.ram_bytes, target.storage_bytes,
-                                                 target.name))
+    chosen = choose_streamed(room.frozen, room.flash_bytes, room.ram_bytes, target.storage_bytes, target.name,
+                             sliceable_weights(graph))
+    return stream_weights(graph, chosen, room.ram_bytes)
 
 
 def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,
@@ -81,6 +82,7 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, 
     `threads` intra-op threads (0: none); `gpu`: of kernels a CUDA device runs (a Jetson's plan); `widen_fusion`:
     the backend's (codegen/backend.py)."""
     from .frontend.capture import capture, load_loss
+    from .frontend.chunked_head import chunk_lm_head
     from .graph.joint import build_graph as joint_graph
 
     builtin = opts.loss in ("cross_entropy", "mse", "model")
@@ -89,6 +91,7 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, 
     labels = example_labels(kind, opts.seed, resolved, model, example)  # the class count from the model's output
     cap = capture(model, example, labels.example, loss=kind, token_ids=resolved.input_dtype == "int64", user_fn=user_fn,
                   gpu=gpu)
+    cap = chunk_lm_head(cap)  # a language model's (positions, vocabulary) logits never whole
     for name, value in cap.constants.items():  # tensors torch lifted out of the code: buffers of the plan
         model.register_buffer(name, value.detach().clone())
     return joint_graph(cap, opts.model, tuple(example.shape), labels.num_classes, opts.loss, opts.optimizer,

@@ -1,6 +1,7 @@
 """The compile pipeline as an ordered list of passes, each from one stage result to the next (stages.py).
 
-    trace (Request -> Traced) -> measure_paging (-> Measured) -> resolve_budget (-> Budgeted)
+    trace (Request -> Traced) -> measure_paging (-> Measured) -> tile_to_fit (-> Measured)
+    -> resolve_budget (-> Budgeted)
     -> place_weights (-> Placed) -> compare_selection (-> Selected) -> solve_and_render (-> Rendered)
     -> write_schedule (-> Compiled)
 
@@ -18,11 +19,13 @@ from edgetrain.runtime.python.integrity import weights_table
 from .errors import ArenaOverflowError, DeviceFitError
 from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
+from .graph.costs import costed
 from .graph.streaming import restreamed
+from .graph.tiling import tile_frozen_prefix
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
 from .scheduling.bound import bound_text
-from .scheduling.budget import anchors, budget_for_device, parse_deadline
+from .scheduling.budget import anchors, budget_for_device, min_budget, parse_deadline
 from .scheduling.interrupt import stoppable
 from .scheduling.overlap import overlap_paging
 from .scheduling.schedulers import Scheduled, run_scheduler
@@ -43,21 +46,58 @@ def measure_paging(req: Request, t: Traced) -> Measured:
     return Measured(t, with_measured_paging(req.profile, t.graph))
 
 
+def tile_to_fit(req: Request, m: Measured) -> Measured:
+    """A frozen forward prefix whose working set keeps the smallest feasible budget above the bytes asked for
+    (a size, or `auto`'s device RAM) computed patch by patch (graph/tiling.py), its halos' FLOPs counted."""
+    graph, target = m.traced.graph, m.target
+    if req.budget.nbytes is not None:
+        want = req.budget.nbytes
+    elif req.budget.device:
+        room = req.backend.device_room(graph, target)
+        want = None if room is None else room.bytes
+    else:
+        want = None
+    low = min_budget(analyze(graph))
+    if want is None or low <= want:
+        return m
+    tiling = tile_frozen_prefix(graph, lambda g: min_budget(analyze(g)) <= want, lambda g: min_budget(analyze(g)))
+    if tiling is None:
+        return m
+    req.say(f"computing {len(tiling.nodes)} frozen forward nodes ({tiling.nodes[0]} .. {tiling.nodes[-1]}) in "
+            f"{tiling.grid}x{tiling.grid} patches: smallest budget {low} -> {min_budget(analyze(tiling.graph))} B, "
+            f"{tiling.added_flops} FLOPs of halos")
+    tiled = costed(tiling.graph, target, m.traced.measured_s)
+    return dataclasses.replace(m, traced=dataclasses.replace(m.traced, graph=tiled))
+
+
 def resolve_budget(req: Request, m: Measured) -> Budgeted:
     """The budget in bytes: from the anchors, or (`auto`) what the device's RAM leaves, refused when training
     cannot fit it."""
     graph, target = m.traced.graph, m.target
     lv = analyze(graph)
     anchor = anchors(graph, lv, target)
-    if not req.budget.device:
-        return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target))  # before any solve
     room = req.backend.device_room(graph, target)
+    if not req.budget.device:
+        budget_bytes = budget_for_device(req.budget, anchor, graph, target)  # before any solve
+        if room is not None and room.linked_by is not None and budget_bytes > room.bytes:
+            raise DeviceFitError(
+                f"budget {req.budget.text} = {budget_bytes} B fits {target.name}'s profile, but not the firmware: "
+                f"{room.linked_by}, which leaves {room.bytes} B after {room.reserved_for} ({room.reserved_bytes} B). "
+                f"Give --budget {room.bytes} or less (or auto), or the profile of the chip the board is linked for as "
+                "--target. Nothing was solved.")
+        return Budgeted(m, lv, anchor, budget_bytes)
+    if room is not None and room.bytes <= 0:
+        raise DeviceFitError(
+            f"{room.reserved_for} alone take {room.reserved_bytes} B, as much as {target.name}'s RAM or more "
+            f"({room.bytes + room.reserved_bytes} B){f' ({room.linked_by})' if room.linked_by else ''}: nothing is "
+            "left for training. Lower --batch-size or give a smaller --input-shape. Nothing was solved.")
     budget_bytes = req.budget.resolve(anchor, None if room is None else room.bytes)
+    linked = f" ({room.linked_by})" if room is not None and room.linked_by else ""
     if anchor.min_feasible_bytes > budget_bytes:
         raise DeviceFitError(
             f"{req.opts.model} needs at least {anchor.min_feasible_bytes} B to train (its smallest feasible budget: "
             f"{anchor.fixed_bytes} B of weights, optimizer state and buffers, then what the largest backward step "
-            f"reads), but {target.name}'s {target.ram_bytes} B of RAM leave {budget_bytes} B after "
+            f"reads), but {target.name}'s RAM{linked} leaves {budget_bytes} B after "
             f"{room.reserved_for} ({room.reserved_bytes} B). {bound_text(graph, lv)}")
     return Budgeted(m, lv, anchor, budget_for_device(req.budget, anchor, graph, target, budget_bytes))
 
@@ -67,7 +107,8 @@ def place_weights(req: Request, b: Budgeted) -> Placed:
     finds none, or with another scheduler); what was chosen, by which, for the output."""
     traced, target = b.measured.traced, b.measured.target
     graph = traced.graph
-    if not graph.streamed_params or req.opts.scheduler != "poet":
+    if not graph.streamed_params or req.opts.scheduler != "poet" or \
+            any("stream_rows" in n.attrs for n in graph.nodes):  # weights paged by blocks: the rule's choice
         return Placed(b, graph, b.liveness, b.anchor)
     from .scheduling.stream_choice import choose_streamed
 
@@ -148,7 +189,7 @@ def write_schedule(req: Request, r: Rendered) -> Compiled:
     return Compiled(r)
 
 
-PASSES = (measure_paging, resolve_budget, place_weights, compare_selection, solve_and_render, write_schedule)
+PASSES = (measure_paging, tile_to_fit, resolve_budget, place_weights, compare_selection, solve_and_render, write_schedule)
 
 
 def run_passes(req: Request) -> Compiled:

@@ -10,6 +10,7 @@ import os
 from edgetrain.codegen.backends import backend_for
 
 from .errors import OutputDirError
+from .graph.tiling import tiled_prefixes
 from .graph.workspace import scratch_threads
 from .model_graph import trace_model
 from .output_dir import StagedOutput
@@ -76,10 +77,18 @@ def summary(req: Request, done: Compiled) -> dict:
         "emit": opts.emit,
         "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }
+    if p.graph.input_dtype == "int64" and rep.time_s:  # token ids: a language model's throughput
+        tokens = 1
+        for d in p.graph.input_shape:
+            tokens *= d
+        out["tokens_per_step"], out["tokens_per_s"] = tokens, tokens / rep.time_s
     out.update(r.output.summary)
     out.update(s.selection)
     if p.streaming is not None:
         out["streaming"] = p.streaming
+    tiled = tiled_prefixes(p.graph)
+    if tiled:
+        out["tiled"] = tiled
     if r.output.device_fit is not None:
         out["device_fit"] = r.output.device_fit
     return out

@@ -222,3 +222,64 @@ class TinyBNOnFewPositions(nn.Module):
 
 
 tiny_bn_on_few_positions = _zoo_like(TinyBNOnFewPositions, (1, 6, 6))
+
+
+class FrozenWideHead(nn.Module):
+    """Frozen 1x1 convolutions whose weights outgrow a 1 MB flash, one of them (1.31 MB) the 256 KB RAM as well:
+    it is paged in from storage by blocks of output channels. Its batch norm and the classifier train."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(16, 1024, 1)
+        self.wide = nn.Conv2d(1024, 320, 1)
+        self.bn = nn.BatchNorm2d(320)
+        self.fc = nn.Linear(320, num_classes)
+        for p in (*self.expand.parameters(), *self.wide.parameters()):
+            p.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.wide(torch.relu(self.expand(x)))))
+        return self.fc(x.mean((2, 3)))
+
+
+def frozen_wide_head() -> nn.Module:
+    torch.manual_seed(0)
+    return FrozenWideHead()
+
+
+class FrozenChain(nn.Module):
+    """A frozen chain of convolutions (kernel, stride, dilation, depthwise or not), ReLU/ReLU6 and residual adds
+    where shapes allow, from `layers` [(kind, ...)], then a trainable classifier: what tiling may replace."""
+
+    def __init__(self, layers: list, channels: int = 3, num_classes: int = 4) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList()
+        self.layers = layers
+        for kind, *a in layers:
+            if kind == "conv":
+                cout, k, s, d, depthwise = a
+                cout = channels if depthwise else cout
+                self.convs.append(nn.Conv2d(channels, cout, k, stride=s, padding=d * (k // 2), dilation=d,
+                                            groups=channels if depthwise else 1, bias=bool(len(self.convs) % 2)))
+                channels = cout
+        self.fc = nn.Linear(channels, num_classes)
+        for p in self.convs.parameters():
+            p.requires_grad_(False)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        convs = iter(self.convs)
+        for kind, *a in self.layers:
+            if kind == "conv":
+                y = next(convs)(x)
+                x = x + y if a[-1] and y.shape == x.shape and a[2] == 1 else y  # a residual around a depthwise conv
+            else:
+                x = torch.relu(x) if kind == "relu" else nn.functional.relu6(x)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))
+
+
+def frozen_chain(layers: list, channels: int = 3) -> nn.Module:
+    torch.manual_seed(len(layers))
+    return FrozenChain([tuple(v) for v in layers], channels)

@@ -62,3 +62,18 @@ def llama_1b_slice():
     32000 and sequence 512, bf16 base, LoRA r=16 on q and v (float32 adapters, peft's default)."""
     return llama("bfloat16", True, hidden=2048, mlp=8192, layers=2, heads=32, kv_heads=8, vocab=32000, seq=512,
                  r=16)
+
+
+def llama_1b(layers: int = 16, vocab: int = 128256, seq: int = 1024):
+    """Llama-3.2-1B's shape (16 layers, hidden 2048, MLP 8192, 32/8 heads, tied embedding, vocabulary 128,256) at
+    sequence 1024, bf16 base built in bf16 (never a float32 copy of the weights), LoRA r=16 on q and v."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=2048, intermediate_size=8192, num_hidden_layers=layers,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=seq,
+                      tie_word_embeddings=True, attention_dropout=0.0)
+    base = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+    model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    return CausalLM(model, seq, vocab)

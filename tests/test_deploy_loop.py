@@ -185,34 +185,17 @@ run_plan(sys.argv[1], data=sys.argv[2], steps=60, save=sys.argv[3], resume=True,
 
 
 def test_a_killed_run_rerun_with_resume_ends_as_an_uninterrupted_one(plan, npz, tmp_path, capsys):
-    import signal
-    import subprocess
     import sys
 
+    from tests.kill_at import kill_at
     from tests.test_reliability import ROOT
 
     whole, part = tmp_path / "whole.safetensors", tmp_path / "part.safetensors"
     cmd = ["run", str(plan), "--data", str(npz), "--steps", "60", "--save-every", "4"]
     assert _cli(capsys, *cmd, "--save", whole)[0] == 0
     # One thread, as in this process: bit-identity holds on the same device and thread count.
-    p = subprocess.Popen([sys.executable, "-c", KILLABLE_RUN, str(plan), str(npz), str(part), str(KILL_AT)],
-                         cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), text=True, stdin=subprocess.PIPE,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        said = []
-        for line in p.stderr:
-            said.append(line)
-            if line.strip() == str(KILL_AT):
-                break
-        else:
-            pytest.fail(f"the run ended before step {KILL_AT}: {''.join(said)[-2000:]}")
-        p.send_signal(signal.SIGKILL)
-        assert p.wait() == -signal.SIGKILL
-    finally:
-        p.kill()
-        p.wait()
-        p.stdin.close()
-        p.stderr.close()
+    kill_at([sys.executable, "-c", KILLABLE_RUN, str(plan), str(npz), str(part), str(KILL_AT)],
+            lambda line: line.strip() == str(KILL_AT), cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     rc, r = _cli(capsys, *cmd, "--save", part, "--resume")
     assert rc == 0, r
     assert r["first_step"] == 4 and r["steps"] == 56  # from the last checkpoint before the kill

@@ -115,6 +115,18 @@ def test_an_arena_over_the_ram_is_refused(tmp_path):
     assert not (tmp_path / "o" / "plan.c").exists()
 
 
+def test_a_budget_over_the_boards_linked_ram_is_refused_before_solving(tmp_path):
+    # mps2-an386's profile has QEMU's 4 MB, its board's link script the nRF52840's 256 KB: a 1 MB budget
+    # would solve, then fail to link; it is refused naming both figures, before any solve.
+    with pytest.raises(DeviceFitError, match=r"4194304 B .*link script gives the image 262144 B.*Nothing was solved"):
+        compile_model(CompileOptions(model="mcu_cnn", target="mps2-an386", budget="1MB", out=str(tmp_path / "o"),
+                                     batch_size=1, emit="c", time_limit=10.0))
+    assert not (tmp_path / "o" / "schedule.json").exists()
+    r = compile_model(CompileOptions(model="tests.c_models:tiny_cnn", target="mps2-an386", budget="auto",
+                                     out=str(tmp_path / "a"), batch_size=1, emit="c", time_limit=10.0))
+    assert r["budget_bytes"] == 262_144 - runtime_reserve_bytes(4 * (36 + 1 + 3))  # auto: the linked RAM
+
+
 def test_auto_budget_needs_a_microcontroller(tmp_path):
     with pytest.raises(BudgetError, match="give --budget"):
         compile_model(CompileOptions(model="tests.c_models:tiny_cnn", target="rpi4", budget="auto",

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -21,6 +20,7 @@ from edgetrain.compiler.local.spec import copy_weights, layer_spec
 from edgetrain.runtime.python import load_plan
 from edgetrain.runtime.python.activation_cache import ActivationCache, CacheWriter
 from edgetrain.runtime.python.local_layers import build
+from tests.kill_at import kill_at
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -190,26 +190,13 @@ train_dir(sys.argv[1], data="digits", epochs=3, work=sys.argv[2], train_size=400
 def _kill_at(out: str, work: str, stage: str) -> dict:
     """Kill a training run at its first batch of `stage` ("block 0 epoch 2"); returns its progress.json then."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    p = subprocess.Popen([sys.executable, "-c", KILLABLE_TRAIN, out, work, stage], env=env, cwd=ROOT, text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        said = []
-        for line in p.stderr:
-            said.append(line)
-            if line.startswith(stage):
-                break
-        else:
-            pytest.fail(f"the run ended before {stage!r}: {''.join(said)[-2000:]}")
+
+    def progress():
         with open(os.path.join(work, "progress.json")) as f:
-            state = json.load(f)
-        p.send_signal(signal.SIGKILL)
-        assert p.wait() == -signal.SIGKILL
-    finally:
-        p.kill()
-        p.wait()
-        p.stdin.close()
-        p.stderr.close()
-    return state
+            return json.load(f)
+
+    return kill_at([sys.executable, "-c", KILLABLE_TRAIN, out, work, stage], lambda line: line.startswith(stage),
+                   env=env, cwd=ROOT, then=progress)
 
 
 def test_kill_and_resume_ends_with_the_same_weights(small_plan, tmp_path):

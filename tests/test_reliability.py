@@ -23,6 +23,7 @@ from edgetrain.compiler.workbench.cli import main
 from edgetrain.runtime.python import IntegrityError, Runtime, WeightsError, load_plan
 from edgetrain.runtime.python.checks import PeakMismatchError, check_peak, checked_step
 from edgetrain.runtime.python.integrity import file_table, json_checksum, verify_folder
+from tests.kill_at import kill_at
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "edgetrain.compiler.workbench.cli"]
@@ -161,24 +162,9 @@ compile_model(CompileOptions(out=sys.argv[1], model="mlp", target="rpi4", budget
 ])
 def test_killed_compile_leaves_the_previous_output_untouched(plan, capsys, when, stage, staged):
     before = _snapshot(plan)
-    p = subprocess.Popen([sys.executable, "-c", KILLABLE_COMPILE, str(plan), stage], cwd=ROOT, text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        said = []
-        for line in p.stderr:
-            said.append(line)
-            if line.startswith(stage):
-                break
-        else:
-            pytest.fail(f"the compile ended without announcing {stage!r}: {''.join(said)[-2000:]}")
-        assert _staged_files(plan) == staged
-        p.send_signal(signal.SIGKILL)
-        assert p.wait() == -signal.SIGKILL
-    finally:
-        p.kill()
-        p.wait()
-        p.stdin.close()
-        p.stderr.close()
+    seen = kill_at([sys.executable, "-c", KILLABLE_COMPILE, str(plan), stage], lambda line: line.startswith(stage),
+                   cwd=ROOT, then=lambda: _staged_files(plan))
+    assert seen == staged
     assert _staged_files(plan) == staged  # the killed compile's leftovers, beside the untouched folder
     assert _snapshot(plan) == before
     rc, r, _ = _cli(capsys, "run", plan, "--steps", "1", "--json")

@@ -10,7 +10,7 @@ from edgetrain.codegen.backend import DeviceRoom, Rendered, WeightRoom
 from edgetrain.codegen.python_plan import write_weights
 from edgetrain.compiler.graph.ir import TrainingGraph
 
-from .device_fit import (applies, check_fit, check_model_fits, device_budget, figures_of_firmware,
+from .device_fit import (applies, board_limit, check_fit, check_model_fits, device_budget, figures_of_firmware,
                          flash_room_for_frozen, runtime_reserve_bytes, board_stack_bytes)
 from .firmware import render_c_firmware
 from .lower import lower_for_c
@@ -45,20 +45,21 @@ class CBackend:
         tb = sum(s.bytes for p, s in graph.params.items() if p in trained)
         return WeightRoom(frozen={p: s.bytes for p, s in graph.params.items() if p not in trained},
                           flash_bytes=flash_room_for_frozen(target, tb, CODE_STEPS_PER_NODE * len(graph.nodes)),
-                          ram_bytes=device_budget(target, io_bytes(graph)) - graph.state_bytes)
+                          ram_bytes=device_budget(target, io_bytes(graph), linked=True) - graph.state_bytes)
 
     def device_room(self, graph: TrainingGraph, target) -> DeviceRoom | None:
         io = io_bytes(graph)
-        room = device_budget(target, io)
+        room = device_budget(target, io, linked=True)  # the firmware links to its board's RAM
         return None if room is None else DeviceRoom(
-            room, runtime_reserve_bytes(io, board_stack_bytes(target)), "the stack, the runtime and the batch buffers")
+            room, runtime_reserve_bytes(io, board_stack_bytes(target)), "the stack, the runtime and the batch buffers",
+            board_limit(target))
 
     def render(self, schedule: dict, model, out_dir: str, target) -> Rendered:
         # Weights first: the C initializers are read from them.
         write_weights(dict(model.named_parameters()), dict(model.named_buffers()), out_dir)
         firmware = render_c_firmware(schedule, out_dir)  # ArenaOverflowError: the pipeline solves for less
         summary = {"arena_bytes": firmware["arena_bytes"], "paged_bytes_per_step": firmware["paged_bytes_per_step"],
-                   "pages": len(firmware["pages"]), "streamed": [w["param"] for w in firmware["streamed"]],
+                   "pages": len(firmware["pages"]), "streamed": list(dict.fromkeys(w["param"] for w in firmware["streamed"])),
                    "streamed_bytes": firmware["streamed_bytes"]}
         fit = check_fit(figures_of_firmware(schedule, firmware), target).to_json() if applies(target) else None
         return Rendered(summary, fit)  # arena, weights and buffers held against the device's RAM and flash

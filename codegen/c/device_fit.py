@@ -23,6 +23,7 @@ STACK_BYTES = load_board(DEFAULT_BOARD).stack_bytes  # the default board's link 
 RUNTIME_STATIC_BYTES = 1024  # runtime and driver statics besides the batch buffers (~0.7 KB measured, mcu_cnn)
 CODE_BASE_BYTES = 20 * 1024  # runtime, kernels, newlib-nano and driver .text (~18.7 KB measured, mcu_cnn)
 CODE_PER_STEP_BYTES = 48  # the straight-line plan: ~30 B of Thumb-2 per schedule step measured
+CODE_PER_PATCH_CALL_BYTES = 56  # a patch-by-patch node's kernel calls: ~52 B each measured (mcu_mbv2_40, 64 tiles)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class FirmwareFigures:
     steps: int = 0
     streamed_bytes: int = 0  # frozen weights kept in storage (not in flash), paged into the arena when read
     stack_bytes: int = STACK_BYTES  # the board's minimum stack
+    patch_calls: int = 0  # kernel calls of patch-by-patch nodes, beyond one per step
 
     @property
     def reserve_bytes(self) -> int:
@@ -49,7 +51,7 @@ class FirmwareFigures:
 
     @property
     def code_bytes(self) -> int:
-        return CODE_BASE_BYTES + CODE_PER_STEP_BYTES * self.steps
+        return CODE_BASE_BYTES + CODE_PER_STEP_BYTES * self.steps + CODE_PER_PATCH_CALL_BYTES * self.patch_calls
 
     @property
     def flash_bytes(self) -> int:
@@ -88,11 +90,29 @@ def applies(target) -> bool:
     return target.is_mcu
 
 
-def device_budget(target, io_bytes: int = 0) -> int | None:
-    """`--budget auto`: the RAM a microcontroller leaves for the training state and the arena; None elsewhere."""
+def device_budget(target, io_bytes: int = 0, linked: bool = False) -> int | None:
+    """`--budget auto`: the RAM a microcontroller leaves for the training state and the arena; None elsewhere.
+    `linked`: of the RAM the board's link script gives the image, where that is less than the profile's."""
     if not applies(target):
         return None
-    return target.ram_bytes - runtime_reserve_bytes(io_bytes, board_stack_bytes(target))
+    ram = linked_ram_bytes(target) if linked else target.ram_bytes
+    return ram - runtime_reserve_bytes(io_bytes, board_stack_bytes(target))
+
+
+def linked_ram_bytes(target) -> int:
+    """The RAM a firmware for `target` can use: its profile's, or less where its board's link script gives less
+    (a QEMU board linked to a smaller chip's memory map)."""
+    return min(target.ram_bytes, board_of(target).ram_bytes)
+
+
+def board_limit(target) -> str | None:
+    """Why a firmware for `target` has less RAM than its profile says, in words; None where it has all of it."""
+    board = board_of(target)
+    if board.ram_bytes >= target.ram_bytes:
+        return None
+    return (f"{target.name}'s profile gives {_kb(target.ram_bytes)} of RAM, but its firmware is built for board "
+            f"`{board.name}`, whose link script gives the image {_kb(board.ram_bytes)} (the {board.memory_map}'s "
+            f"memory map, targets/boards/{board.name}.toml)")
 
 
 def optimizer_state_bytes(config: dict, trainable_bytes: int, trainable_count: int) -> int:
@@ -135,7 +155,8 @@ def flash_room_for_frozen(target, trainable_bytes: int, steps: int) -> int:
     return target.flash_bytes - FirmwareFigures(trainable_bytes=trainable_bytes, steps=steps).flash_bytes
 
 
-def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int, ram_room: int) -> list[str]:
+def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int, ram_room: int,
+                rows: dict[str, int] | None = None) -> list[str]:
     """The frozen weights (name -> bytes) a microcontroller keeps in storage: those beyond its flash
     (compiler/graph/streaming.py's rule); none elsewhere."""
     from edgetrain.compiler.graph.streaming import choose_streamed
@@ -143,7 +164,7 @@ def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int
     if not applies(target) or target.flash_bytes is None:
         return []
     return choose_streamed(frozen, flash_room_for_frozen(target, trainable_bytes, steps), ram_room,
-                           target.storage_bytes, target.name)
+                           target.storage_bytes, target.name, rows)
 
 
 def check_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> DeviceFit:
@@ -162,7 +183,9 @@ def figures_of_model(model, optimizer, target=None) -> FirmwareFigures:
     ob = optimizer_state_bytes(optimizer.to_json(), tb, len(trainable))
     frozen = {k: p.numel() * p.element_size() for k, p in model.named_parameters() if not p.requires_grad}
     stack = board_stack_bytes(target) if target is not None else STACK_BYTES
-    streamed = streamed_of(frozen, target, tb, 0, target.ram_bytes - runtime_reserve_bytes(0, stack) - tb - ob) \
+    # Before tracing, any frozen conv weight may turn out to be read by forward convolutions alone: by blocks.
+    rows = {k: p[0].numel() * p.element_size() for k, p in model.named_parameters() if not p.requires_grad and p.dim() == 4}
+    streamed = streamed_of(frozen, target, tb, 0, target.ram_bytes - runtime_reserve_bytes(0, stack) - tb - ob, rows) \
         if target is not None else []
     kept = sum(b for k, b in frozen.items() if k not in streamed)
     return FirmwareFigures(trainable_bytes=tb, frozen_bytes=kept, optimizer_bytes=ob,
@@ -195,7 +218,7 @@ def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
                            optimizer_bytes=optimizer_state_bytes(g["optimizer"], tb, len(trainable)),
                            frozen_bytes=sum(b for k, b in sizes.items() if k not in trainable and k not in streamed),
                            io_bytes=io, steps=len(schedule["steps"]),
-                           streamed_bytes=sum(sizes[k] for k in streamed),
+                           streamed_bytes=sum(sizes[k] for k in streamed), patch_calls=manifest.get("patch_calls", 0),
                            stack_bytes=board_stack_bytes(Target(**schedule["target"])))
 
 

@@ -24,6 +24,7 @@ from safetensors.numpy import load_file
 
 from edgetrain.compiler.errors import ArenaOverflowError, UnsupportedModelError  # messages for the user, not a solver
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
+from edgetrain.compiler.graph.tiling import TILED_OP  # a frozen prefix computed patch by patch
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 from edgetrain.targets import Target
 from edgetrain.targets.boards import board_of
@@ -32,6 +33,8 @@ from edgetrain.codegen.templating import environment
 from .arena import Lifetime, Packing, pack
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
+from .patches import emit_patches
+from .weight_blocks import emit_blocked_conv
 from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
 from .ops import DROPOUT, kernel_sources  # the C op table
 
@@ -40,6 +43,7 @@ VENDORED = "et_runtime"  # the runtime's copy inside the firmware folder
 FIRMWARE_FILES = ("plan.c", "plan.h", "main_host.c", "main_qemu.c", "Makefile", "firmware.json")
 STORAGE_DIR = "storage"  # the streamed weights' blocks, to be copied onto the device's page store
 WEIGHT_PAGE_BASE = 0x10000  # page ids of streamed weights: above any activation page's
+BLOCK_PAGES = 0x100  # page ids per streamed weight: one per block of output channels where it is paged by blocks
 BLOCK_MAGIC = 0x47505445  # runtime/c/storage.h: "ETPG"
 # Runtime sources every build compiles. Both builds keep pages in files (storage_file.c); each adds the
 # raw-I/O back end under it (storage_stdio.c on the host, storage_semihost.c under QEMU).
@@ -92,7 +96,12 @@ class _Emitter:
         self.ctx = Context({**self.pident, **self.bident}, self.mident, self._struct)
         self.state = state_shapes(self.graph)
         # Streamed weights: a page id each; they have no array, a reader finds them where they were paged in.
-        self.streamed = {p: WEIGHT_PAGE_BASE + k for k, p in enumerate(self.graph.streamed_params)}
+        self.patch_calls = 0  # kernel calls emitted for patch-by-patch nodes: code the per-step estimate misses
+        self.streamed = {p: WEIGHT_PAGE_BASE + BLOCK_PAGES * k for k, p in enumerate(self.graph.streamed_params)}
+        # A weight paged in by blocks of output channels: (page, first row, end row) per block, its pages in a row.
+        rows = {p: r for n in self.graph.nodes for p, r in n.attrs.get("stream_rows", {}).items()}
+        self.blocks = {p: [(self.streamed[p] + j, r0, min(r0 + rows[p], self.params[p]["shape"][0]))
+                           for j, r0 in enumerate(range(0, self.params[p]["shape"][0], rows[p]))] for p in rows}
 
     def _struct(self, ctype: str, param: str | None, fields: dict | None) -> str:
         """One const struct per distinct shape; a backward without the shapes at hand (fields None) takes the
@@ -118,6 +127,16 @@ class _Emitter:
         node = self.node_objs[name]
         self._layer = name
         self.ctx.first, self.ctx.predict = first, predict
+        if node.attrs.get("stream_rows"):  # a weight paged in block by block: the op per block (weight_blocks.py)
+            return emit_blocked_conv(node, offsets, self.ctx, self.params, self.blocks, paged or {},
+                                     self.node_objs[node.inputs[0].name].shape)
+        if node.op == TILED_OP:  # a frozen prefix, patch by patch: its own statements (patches.py)
+            try:
+                lines = emit_patches(node, offsets, self.ctx, self.params)
+                self.patch_calls += sum(1 for line in lines if not line.startswith("/*"))
+                return lines
+            except EmitError as e:
+                raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
         cases = node_cases(node, self.node_objs, self.state, offsets)
         lines: list[str] = []
         held = {p: self.ctx.pident[p] for p in paged or {}}
@@ -171,6 +190,9 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
             raise CodegenError(f"step {k} {a}s `{c_comment(name)}`, which is not a node of the graph")
         if a in ("compute", "recompute"):
             lts = {r["t"]: current[r["t"]] for r in node["inputs"]}
+            if node["op"] == TILED_OP:  # its patch buffers, only while it runs
+                lts[f"{name}.patches"] = Lifetime(f"{name} (patches)", k, k, node["workspace_bytes"] // 4)
+                lifetimes.append(lts[f"{name}.patches"])
             for stats in (f"{node['aux_of']}.aux" if node.get("aux_of") else None, f"{name}.aux"):
                 if stats in current:  # statistics read by a backward, or rewritten by a recompute
                     lts[stats] = current[stats]
@@ -189,7 +211,7 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
                 stats = Lifetime(f"{name}.aux", k, -1, node["aux_bytes"] // 4)
                 lifetimes.append(stats)
                 current[stats.name] = lts[stats.name] = stats
-            streams = {p: Lifetime(f"{p} (streamed)", k, k, _numel(em.params[p]["shape"]))
+            streams = {p: Lifetime(f"{p} (streamed)", k, k, _stream_words(em, node, p))
                        for p in node.get("streamed", ())}
             lifetimes += streams.values()
             plan.append((st, lts, out, streams))
@@ -217,6 +239,14 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
     return plan, lifetimes
 
 
+def _stream_words(em: _Emitter, node: dict, p: str) -> int:
+    """Words a node's streamed weight takes in the arena while it runs: all of it, or its largest block."""
+    if p in em.blocks:
+        row = _numel(em.params[p]["shape"]) // em.params[p]["shape"][0]
+        return row * max(r1 - r0 for _, r0, r1 in em.blocks[p])
+    return _numel(em.params[p]["shape"])
+
+
 def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, predict: bool = False,
              streams: dict[str, Lifetime] | None = None) -> list[str]:
     """The statements that compute a node: the batch copied in, or its streamed weights paged in (stopping
@@ -227,7 +257,7 @@ def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, pre
                 f"{4 * _words(node)}u);"]
     streams = streams or {}
     lines = [f"ET_TRY(et_page_in({em.streamed[p]}u, ET_F({lt.offset}), {4 * lt.words}u)); /* {c_comment(p)} */"
-             for p, lt in streams.items()]
+             for p, lt in streams.items() if p not in em.blocks]  # a blocked one: paged in by its op, block by block
     return lines + em.call(node["name"], offsets, first, predict, {p: lt.offset for p, lt in streams.items()})
 
 
@@ -304,7 +334,9 @@ def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str,
             last[r["t"]] = max(last[r["t"]], i)
     last[logits_ref["t"]] = len(fwd)
     lts = {n["name"]: Lifetime(n["name"], i, last[n["name"]], _words(n)) for i, n in enumerate(fwd)}
-    streams = {n["name"]: {p: Lifetime(f"{p} (streamed)", i, i, _numel(em.params[p]["shape"]))
+    lts.update({f"{n['name']}.patches": Lifetime(f"{n['name']} (patches)", i, i, n["workspace_bytes"] // 4)
+                for i, n in enumerate(fwd) if n["op"] == TILED_OP})
+    streams = {n["name"]: {p: Lifetime(f"{p} (streamed)", i, i, _stream_words(em, n, p))
                            for p in n.get("streamed", ())} for i, n in enumerate(fwd)}
     packing = pack(list(lts.values()) + [lt for s in streams.values() for lt in s.values()])
     offsets = {name: lt.offset for name, lt in lts.items()}
@@ -353,8 +385,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
                            "gradient buffers); compile with --emit c for C firmware")
     g = schedule["graph"]
     em = _Emitter(schedule)
-    for n in em.nodes:  # the only workspace the C runtime has: the weights a node pages in
-        if n["workspace_bytes"] != sum(4 * _numel(em.params[p]["shape"]) for p in n.get("streamed", ())):
+    for n in em.nodes:  # the only workspace the C runtime has: the weights a node pages in, or its patches
+        if n["op"] != TILED_OP and n["workspace_bytes"] != sum(4 * _stream_words(em, n, p) for p in n.get("streamed", ())):
             raise CodegenError(f"node `{c_comment(n['name'])}` holds a workspace the C runtime does not have; "
                                "compile with --emit c")
     steps = schedule["steps"]
@@ -449,6 +481,7 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "predicted_peak_bytes": schedule["predicted"]["peak_bytes"], "paged_bytes_per_step": ctx["paged_bytes"],
         "batch": ctx["batch"], "input_floats": ctx["input_floats"], "logits_floats": ctx["logits_floats"],
         "num_classes": ctx["num_classes"], "instructions_per_tick": board.instructions_per_tick,
+        "patch_calls": em.patch_calls,
     }
     texts["firmware.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     for name, text in texts.items():
@@ -469,15 +502,18 @@ def _write_storage(out_dir: str, em: _Emitter, weights: dict[str, np.ndarray]) -
     table = []
     readers = {p: [n["name"] for n in em.nodes if p in n.get("streamed", ())] for p in em.streamed}
     for p, page in em.streamed.items():
-        data = np.ascontiguousarray(weights[p], dtype="<f4").tobytes()
-        rel = f"{STORAGE_DIR}/et_page_{page:08x}.bin"
-        path = os.path.join(out_dir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "wb") as f:
-            f.write(_block(page, data))
-        os.replace(path + ".tmp", path)
-        table.append({"param": p, "page": page, "bytes": len(data), "file": rel, "shape": em.params[p]["shape"],
-                      "readers": readers[p]})
+        shape = em.params[p]["shape"]
+        values = np.ascontiguousarray(weights[p], dtype="<f4").reshape(shape)
+        for page, r0, r1 in em.blocks.get(p, [(page, 0, shape[0])]):  # one page, or one per block of rows
+            data = values[r0:r1].tobytes()
+            rel = f"{STORAGE_DIR}/et_page_{page:08x}.bin"
+            path = os.path.join(out_dir, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "wb") as f:
+                f.write(_block(page, data))
+            os.replace(path + ".tmp", path)
+            table.append({"param": p, "page": page, "bytes": len(data), "file": rel, "shape": [r1 - r0, *shape[1:]],
+                          "rows": [r0, r1], "readers": readers[p]})
     return table
 
 

@@ -403,13 +403,15 @@ IN_PLACE_ARGS = {op: k.in_place for op, k in C_OPS.items() if k.in_place}  # wha
 ALSO = "views (flatten, reshape, channel slices at batch 1); SGD with momentum and weight decay"
 
 
+PATCH_SOURCE = "patch"  # a frozen prefix computed patch by patch (compiler/graph/tiling.py): emitted by patches.py
+
 # every parameter's update, whichever op makes its gradient: the C kernels the optimizer units name
 OPTIMIZER_SOURCES = {u.c_kernel for u in OPTIMIZERS.values() if u.c_kernel}
 
 
 def kernel_sources() -> tuple[str, ...]:
     """Every kernel source a C firmware compiles, as paths under runtime/c: each op's, and the optimizer's."""
-    stems = {s for k in C_OPS.values() for s in k.source_files} | OPTIMIZER_SOURCES
+    stems = {s for k in C_OPS.values() for s in k.source_files} | OPTIMIZER_SOURCES | {PATCH_SOURCE}
     return tuple(f"kernels/{s}.c" for s in sorted(stems))
 
 

@@ -102,7 +102,8 @@ def read_streamed(work: str, manifest: dict) -> dict[str, torch.Tensor]:
         if (magic, page, size, len(raw)) != (0x47505445, w["page"], w["bytes"], 16 + w["bytes"]) or \
                 zlib.crc32(raw[16:], zlib.crc32(raw[:12])) != crc:
             raise FirmwareError(f"{page_file(work, w['page'])}: the block of streamed weight `{w['param']}` is damaged")
-        out[w["param"]] = torch.from_numpy(np.frombuffer(raw, dtype="<f4", offset=16).copy()).reshape(w["shape"])
+        block = torch.from_numpy(np.frombuffer(raw, dtype="<f4", offset=16).copy()).reshape(w["shape"])
+        out[w["param"]] = torch.cat([out[w["param"]], block]) if w["param"] in out else block  # blocks in row order
     return out
 
 

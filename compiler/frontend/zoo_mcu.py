@@ -226,6 +226,69 @@ def mcu_wide_mlp(num_classes: int = 10) -> nn.Module:
     return _freeze_but(McuWideMLP(num_classes), WIDE_MLP_TRAINED)
 
 
+def _conv_folded(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1,
+                 act: Callable[[], nn.Module] | None = nn.ReLU6) -> nn.Sequential:
+    """A frozen layer as a deployed network holds it: its batch norm folded into the conv's bias."""
+    layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, groups=groups)]
+    return nn.Sequential(*layers, act()) if act is not None else nn.Sequential(*layers)
+
+
+class FoldedInvertedResidual(nn.Module):
+    """MobileNetV2's inverted residual with its batch norms folded into the convs (a frozen, deployed block)."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = cin * expand
+        layers = [_conv_folded(cin, hidden, 1)] if expand != 1 else []
+        layers += [_conv_folded(hidden, hidden, 3, stride, groups=hidden), _conv_folded(hidden, cout, 1, act=None)]
+        self.block = nn.Sequential(*layers)
+        self.use_residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
+        return x + out if self.use_residual else out
+
+
+class McuMbV2Finetune(nn.Module):
+    """A MobileNetV2-style network for fine-tuning on a microcontroller: a frozen backbone of inverted residuals
+    (batch norms folded into the convs, as deployed), then a 1x1 head conv whose batch norm and the linear
+    classifier train (tiny-training's setting). `config`: (expansion, channels, repeats, first stride)."""
+
+    def __init__(self, num_classes: int, stem: int, config: tuple, head: int, in_channels: int = 3) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [_conv_folded(in_channels, stem, 3, stride=2)]
+        cin = stem
+        for t, c, n, s in config:
+            for i in range(n):
+                layers.append(FoldedInvertedResidual(cin, c, s if i == 0 else 1, t))
+                cin = c
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.Conv2d(cin, head, 1, bias=False), nn.BatchNorm2d(head), nn.ReLU6())
+        self.classifier = nn.Linear(head, num_classes)
+        init_weights(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.head(self.features(x)).mean((2, 3)))
+
+
+# MobileNetV2 (ImageNet strides) at width 0.35: channels rounded to multiples of 8 as the paper does.
+MBV2_W035_CONFIG = ((1, 8, 1, 1), (6, 8, 2, 2), (6, 16, 3, 2), (6, 24, 4, 2), (6, 32, 3, 1), (6, 56, 3, 2),
+                    (6, 112, 1, 1))
+MBV2_TRAINED = ("head.1.", "classifier.")  # the last conv's batch norm and the classifier
+
+
+def mcu_mbv2_40(num_classes: int = 10) -> nn.Module:
+    """3x40x40: stem to 20x20 with 16 channels, one 8x expansion (128 channels at 20x20), then 24 and 32 channels
+    at 10x10 and 5x5; the backbone frozen."""
+    config = ((8, 16, 1, 1), (4, 24, 1, 2), (4, 32, 1, 2))
+    return _freeze_but(McuMbV2Finetune(num_classes, 16, config, 128), MBV2_TRAINED)
+
+
+def mcu_mbv2_w035(num_classes: int = 10) -> nn.Module:
+    """MbV2-w0.35 at 3x128x128 (tiny-training's setting): 16x64x64 after the stem, a 112 -> 1280 head conv."""
+    return _freeze_but(McuMbV2Finetune(num_classes, 16, MBV2_W035_CONFIG, 1280), MBV2_TRAINED)
+
+
 def mcu_entries(entry, shape: tuple[int, ...]) -> list:
     """The registry's entries for these models (`entry`: the zoo's entry class)."""
     return [
@@ -238,4 +301,8 @@ def mcu_entries(entry, shape: tuple[int, ...]) -> list:
               "Cortex-M MobileNetV3-small (hardswish, squeeze-excitation); fine-tunes its last blocks and head"),
         entry("mcu_wide_mlp", mcu_wide_mlp, shape, 10,
               "Cortex-M wide MLP: 1.2 MB of frozen weights (more than its flash), trainable conv stem and classifier"),
+        entry("mcu_mbv2_40", mcu_mbv2_40, (3, 40, 40), 10,
+              "Cortex-M MobileNetV2-style, 3x40x40, 128-channel expansion at 20x20; frozen backbone, head BN + classifier train"),
+        entry("mcu_mbv2_w035", mcu_mbv2_w035, (3, 128, 128), 10,
+              "MobileNetV2 width 0.35 at 3x128x128 (tiny-training's setting); frozen backbone, head BN + classifier train"),
     ]

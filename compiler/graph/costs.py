@@ -8,8 +8,15 @@ from .ir import Node, TrainingGraph
 
 
 def stream_in(g: TrainingGraph, n: Node, target) -> tuple[int, float, float]:
-    """Bytes, seconds and joules of paging node `n`'s streamed weights in (one page-in each), per computation."""
-    sizes = [g.params[p].bytes for p in n.streamed]
+    """Bytes, seconds and joules of paging node `n`'s streamed weights in (one page-in each, or one per block of
+    output channels), per computation."""
+    rows = n.attrs.get("stream_rows", {})
+    sizes = []
+    for p in n.streamed:
+        spec = g.params[p]
+        per = rows.get(p, spec.shape[0])
+        row = spec.bytes // spec.shape[0]
+        sizes += [row * min(per, spec.shape[0] - r) for r in range(0, spec.shape[0], per)]
     return (sum(sizes), sum(target.page_in_time_s(b) for b in sizes),
             sum(target.page_in_energy_j(b) for b in sizes))
 

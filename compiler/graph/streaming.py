@@ -15,17 +15,22 @@ from edgetrain.compiler.errors import DeviceFitError
 from .costs import costed
 from .ir import TrainingGraph
 
+CONV = "aten.convolution.default"
+
 
 def choose_streamed(frozen: dict[str, int], flash_room: int, ram_room: int, storage_bytes: int,
-                    device: str = "the device") -> list[str]:
+                    device: str = "the device", sliceable: dict[str, int] | None = None) -> list[str]:
     """The frozen weights (name -> bytes, in model order) to keep in storage so that the rest fits
-    `flash_room`: largest first (the earlier on ties), only those that fit `ram_room` once paged in."""
+    `flash_room`: largest first (the earlier on ties), only those that fit `ram_room` once paged in, or whose
+    output-channel blocks do (`sliceable`: name -> bytes of one output channel's row)."""
     over = sum(frozen.values()) - flash_room
     if over <= 0 or flash_room < 0:  # no flash left at all: the code and trainable weights overflow it (device_fit says so)
         return []
     order = {p: k for k, p in enumerate(frozen)}
+    rows = sliceable or {}
     chosen: list[str] = []
-    for p in sorted((p for p, b in frozen.items() if b <= ram_room), key=lambda p: (-frozen[p], order[p])):
+    for p in sorted((p for p, b in frozen.items() if b <= ram_room or 0 < rows.get(p, ram_room + 1) <= ram_room // 2),
+                    key=lambda p: (-frozen[p], order[p])):
         if over <= 0:
             break
         chosen.append(p)
@@ -35,8 +40,8 @@ def choose_streamed(frozen: dict[str, int], flash_room: int, ram_room: int, stor
         raise DeviceFitError(
             f"the frozen weights ({sum(frozen.values())} B) do not fit the {flash_room} B of flash left for them on "
             f"{device}, and none can be streamed from storage: a weight is paged into RAM, and the fixed state alone "
-            f"(the trainable weights, their optimizer state, the firmware's stack and runtime) exceeds the RAM by "
-            f"{-ram_room} B. Train fewer parameters (--train), or use a smaller model. No firmware was written.")
+            f"(the trainable weights, their optimizer state, the firmware's stack, runtime and batch buffers of input, "
+            f"labels and logits) exceeds the RAM by {-ram_room} B. Train fewer parameters (--train), or use a smaller model. No firmware was written.")
     if over > 0:
         largest = max(frozen, key=frozen.__getitem__)
         raise DeviceFitError(
@@ -54,17 +59,52 @@ def choose_streamed(frozen: dict[str, int], flash_room: int, ram_room: int, stor
     return chosen
 
 
-def stream_weights(g: TrainingGraph, streamed: list[str]) -> TrainingGraph:
-    """`g` with every reader of a streamed weight paging it in: the weight in its `streamed` and workspace."""
+def sliceable_weights(g: TrainingGraph) -> dict[str, int]:
+    """Frozen weights that can be paged in per block of output channels: those read only as the weight of
+    forward convolutions without groups (no backward reads them); name -> bytes of one output channel."""
+    trained = set(g.trainable_params)
+    ok: dict[str, bool] = {}
+    for n in g.nodes:
+        for p in n.params:
+            a = n.attrs.get("args", [])
+            conv = n.kind == "forward" and n.op == CONV and len(a) == 9 and a[1] == {"$p": p} and a[8] == 1 \
+                and len(g.params[p].shape) == 4 and set(n.attrs) == {"args"}
+            ok[p] = ok.get(p, True) and conv and p not in trained
+    return {p: g.params[p].bytes // g.params[p].shape[0] for p, good in ok.items() if good}
+
+
+def block_rows(row_bytes: int, rows: int, ram_room: int) -> int:
+    """Output channels per block of a weight paged in by blocks: as many as half the RAM left holds (the other
+    half for the convolution's input and output)."""
+    return max(1, min(rows, (ram_room // 2) // row_bytes))
+
+
+def stream_weights(g: TrainingGraph, streamed: list[str], ram_room: int | None = None) -> TrainingGraph:
+    """`g` with every reader of a streamed weight paging it in: the weight in its `streamed` and workspace;
+    one larger than `ram_room` paged in by blocks of output channels (attrs["stream_rows"]: channels a block)."""
     keep = set(streamed)
     if not keep:
         return g
+    rows_of = sliceable_weights(g)
+    blocked = {p: block_rows(rows_of[p], g.params[p].shape[0], ram_room) for p in keep
+               if ram_room is not None and g.params[p].bytes > ram_room and p in rows_of}
     nodes = []
     for n in g.nodes:
         mine = tuple(dict.fromkeys(p for p in n.params if p in keep))
-        nodes.append(replace(n, streamed=mine, workspace_bytes=n.workspace_bytes + sum(g.params[p].bytes for p in mine))
-                     if mine else n)
+        if not mine:
+            nodes.append(n)
+            continue
+        rows = {p: blocked[p] for p in mine if p in blocked}
+        attrs = {**n.attrs, "stream_rows": rows} if rows else n.attrs
+        nodes.append(replace(n, streamed=mine, attrs=attrs,
+                             workspace_bytes=n.workspace_bytes + streamed_workspace(g, mine, rows)))
     return replace(g, nodes=nodes)
+
+
+def streamed_workspace(g: TrainingGraph, streamed, rows: dict[str, int]) -> int:
+    """The RAM a node's streamed weights take while it runs: each whole, or one block of `rows[p]` channels."""
+    return sum(g.params[p].bytes // g.params[p].shape[0] * rows[p] if p in rows else g.params[p].bytes
+               for p in streamed)
 
 
 def restreamed(g: TrainingGraph, streamed: list[str], target, measured_s: dict[str, float] | None = None) -> TrainingGraph:
@@ -75,6 +115,7 @@ def restreamed(g: TrainingGraph, streamed: list[str], target, measured_s: dict[s
 
 def unstream(g: TrainingGraph) -> TrainingGraph:
     """`g` with every weight back in flash: no node streams, workspaces without the streamed weights."""
-    nodes = [replace(n, streamed=(), workspace_bytes=n.workspace_bytes - sum(g.params[p].bytes for p in n.streamed))
+    nodes = [replace(n, streamed=(), attrs={k: v for k, v in n.attrs.items() if k != "stream_rows"},
+                     workspace_bytes=n.workspace_bytes - streamed_workspace(g, n.streamed, n.attrs.get("stream_rows", {})))
              if n.streamed else n for n in g.nodes]
     return replace(g, nodes=nodes)

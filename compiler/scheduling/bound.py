@@ -29,6 +29,9 @@ class Bound:
     scratch_bytes: int  # its workspace while it runs (a layer's gradients before fused SGD, kernel scratch)
     other_bytes: int  # other tensors alive there (gradients and activations waiting for their readers)
     updates_params: bool  # its workspace holds gradients of parameters it updates
+    # "tiled": computed patch by patch already; "prefix": in a frozen prefix that can be; "trains": a forward node
+    # that trains or is saved for a backward; else ""
+    tiling: str = ""
     into: str | None = None  # the operand its output is written into (its bytes counted once, in the inputs)
 
     def to_json(self) -> dict:
@@ -54,7 +57,23 @@ def smallest_budget_bound(g: TrainingGraph, lv: Liveness) -> Bound:
     other = max(0, need[t] - lv.state_bytes - inputs - output - n.workspace_bytes)
     return Bound(stage=t, node=n.name, op=n.op, kind=n.kind, source=n.source, budget_bytes=need[t],
                  state_bytes=lv.state_bytes, inputs_bytes=inputs, output_bytes=output,
-                 scratch_bytes=n.workspace_bytes, other_bytes=other, updates_params=bool(n.updates), into=n.into)
+                 scratch_bytes=n.workspace_bytes, other_bytes=other, updates_params=bool(n.updates),
+                 tiling=tiling_of(g, t), into=n.into)
+
+
+def tiling_of(g: TrainingGraph, t: int) -> str:
+    """Whether stage `t` is computed patch by patch ("tiled"), lies in a frozen forward prefix that can be
+    ("prefix"), is a forward node that trains or is saved for a backward ("trains"), or none of these ("")."""
+    from edgetrain.compiler.graph.tiling import TILED_OP, tileable_stages
+
+    n = g.nodes[t]
+    if n.op == TILED_OP:
+        return "tiled"
+    if t in tileable_stages(g):
+        return "prefix"
+    trained = set(g.trainable_params)
+    saved = any(r.name == n.name for m in g.nodes if m.kind == "backward" for r in m.inputs)
+    return "trains" if n.kind == "forward" and (saved or trained & set(n.params)) else ""
 
 
 def bound_text(g: TrainingGraph, lv: Liveness | None = None) -> str:
@@ -69,6 +88,16 @@ def bound_text(g: TrainingGraph, lv: Liveness | None = None) -> str:
 def remedies(b: Bound) -> str:
     """What would lower the smallest budget, most effective first."""
     ways = []
+    if b.tiling == "prefix":
+        ways.append("computing the frozen forward prefix up to this node patch by patch (compile does so by itself "
+                    "when --budget is a size or auto below this bound and a tiling fits it)")
+    elif b.tiling == "tiled":
+        ways.append("a smaller --budget in bytes: this node is a frozen prefix computed patch by patch, and compile "
+                    "picks the tiling with the fewest added FLOPs that fits the budget asked for (a finer grid or a "
+                    "prefix that ends at a smaller tensor when asked for less)")
+    elif b.tiling == "trains":
+        ways.append("freezing the layers up to this one with --train, so that no gradient flows through them and "
+                    "compile can compute them patch by patch")
     if b.updates_params and b.scratch_bytes >= max(b.inputs_bytes, b.output_bytes):
         ways.append("freeze this layer with --train (its scratch is its parameters' gradient)")
     if b.state_bytes >= b.budget_bytes // 2:

@@ -6,6 +6,7 @@ from collections import Counter
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import analyze
 from edgetrain.compiler.schedule_file import format as schedule_format
+from edgetrain.compiler.graph.tiling import tiled_prefixes
 from edgetrain.compiler.scheduling.bound import remedies, smallest_budget_bound
 
 
@@ -36,4 +37,5 @@ def summarize(out_dir: str) -> dict:
         "recomputes": p["recomputes"], "page_ins": p["page_ins"], "page_outs": p["page_outs"],
         "paged_bytes": p["paged_bytes"], "solver": body["solver"],
         "smallest_budget_bound": {**bound.to_json(), "text": bound.text(), "remedies": remedies(bound)},
+        "tiled": tiled_prefixes(graph),
     }

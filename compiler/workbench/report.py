@@ -71,7 +71,8 @@ def print_human(cmd: str, r: dict) -> None:
         con.print(f"budget {r['budget']} = {mb(r['budget_bytes'])} (smallest feasible {mb(r['min_feasible_bytes'])}), "
                   f"peak {mb(r['peak_bytes'])} vs store-all {mb(r['store_all_peak_bytes'])}")
         con.print(f"energy {r['energy_j']:.6g} J vs store-all {r['store_all_energy_j']:.6g} J "
-                  f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s; "
+                  f"(+{100 * (r['energy_j'] / r['store_all_energy_j'] - 1):.2f}%); time {r['time_s']:.6g} s"
+                  + (f" ({r['tokens_per_s']:.4g} tokens/s)" if r.get("tokens_per_s") else "") + "; "
                   f"{r['recomputes']} recomputes, {r['page_ins']} page-ins, {r['page_outs']} page-outs")
         if r.get("train") is not None or r.get("trainable_tensors", 0) < r.get("param_tensors", 0):
             con.print(escape(selection_line(r)))
@@ -79,6 +80,9 @@ def print_human(cmd: str, r: dict) -> None:
             f = r["device_fit"]
             con.print(f"fits {f['device']}: RAM {f['ram_need_bytes']} of {f['ram_bytes']} B, flash about "
                       f"{f['flash_need_bytes']} of {f['flash_bytes']} B")
+        for t in r.get("tiled") or ():
+            con.print(escape(f"computed patch by patch: {len(t['replaces'])} frozen forward nodes ({t['replaces'][0]} "
+                             f".. {t['replaces'][-1]}) in {t['tiles']} tiles, patch buffers {t['patch_bytes']} B"))
         if r.get("emit") == "c":
             con.print(f"static arena {r['arena_bytes']} B (schedule's activation peak "
                       f"{r['peak_bytes'] - r['state_bytes']} B) + parameters and momentum {r['state_bytes']} B, "
@@ -165,6 +169,10 @@ def print_human(cmd: str, r: dict) -> None:
             b = r["smallest_budget_bound"]
             con.print(escape(f"smallest feasible budget {b['budget_bytes']} B: {b['text']}. To lower it: "
                              f"{b['remedies']}."))
+        for t in r.get("tiled") or ():
+            con.print(escape(f"computed patch by patch: {t['node']} = {len(t['replaces'])} frozen forward nodes "
+                             f"({t['replaces'][0]} .. {t['replaces'][-1]}) in {t['tiles']} tiles, patch buffers "
+                             f"{t['patch_bytes']} B, {t['flops']} FLOPs with the halos"))
         sol = r["solver"]
         seconds = "-" if sol.get("seconds") is None else f"{sol['seconds']:.2f}"
         con.print(f"solver {sol['name']}: {sol['status']}, gap {percent(sol.get('gap'))}, {seconds} s")

@@ -42,5 +42,14 @@
 #include "kernels/fill.h"
 #include "kernels/layer_norm.h"
 #include "kernels/dropout.h"
+#include "kernels/patch.h"
+#include "kernels/q8_conv2d.h"
+#include "kernels/q8_conv2d_input_grad.h"
+#include "kernels/q8_conv2d_weight_grad.h"
+#include "kernels/q8_linear.h"
+#include "kernels/q8_relu.h"
+#include "kernels/q8_relu6.h"
+#include "kernels/q8_maxpool2d.h"
+#include "kernels/q8_avgpool2d.h"
 
 #endif /* ET_RUNTIME_H */

@@ -286,7 +286,7 @@ class Runtime:
 
     def _prepare(self, first, name, op, inputs, attrs, aux_of) -> prepared.Node:
         """The node's call read once (prepared.py), kept for this node's later calls of the same kind."""
-        if not op.startswith("aten."):
+        if not op.startswith(("aten.", "edgetrain.")):  # edgetrain's own: patch_forward.py
             raise PlanError(f"{self._what}: '{op}' is not an aten op; this plan was generated for another "
                             "runtime: recompile it")
         if self.device.type != "cpu" and "_for_cpu" in op:  # torch's CPU-only kernels say so in their names

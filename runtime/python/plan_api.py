@@ -24,6 +24,8 @@ import types
 
 import torch
 
+from . import patch_forward  # noqa: F401  registers edgetrain.patch_forward, which plans may call
+
 
 
 def _lazy(name: str, find) -> types.ModuleType:

@@ -1,0 +1,77 @@
+"""The C statements of a frozen forward prefix computed patch by patch (compiler/graph/tiling.py's node).
+
+The node's plan gives, per output tile, every tensor's region and each operand's crop and zero padding; the
+patch buffers sit in the node's workspace at the plan's offsets. Per tile and op: each operand that is not
+its patch as it is gets gathered (runtime/c/kernels/patch.h), the op's kernel runs on the patches (a
+convolution with its padding made explicit), and the last patch is placed into the output.
+"""
+from __future__ import annotations
+
+import json
+
+from .emitters import EmitError
+from .names import c_comment
+
+
+def _count(shape_n: int, c: int, r) -> int:
+    return shape_n * c * (r[1] - r[0]) * (r[3] - r[2])
+
+
+def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict) -> list[str]:
+    """`node` (op edgetrain.patch_forward) as C: its input at `offsets[input]`, its output at `offsets[name]`,
+    its workspace at `offsets[name + ".patches"]` (arena words); `ctx`: parameter identifiers;
+    `param_shapes`: the schedule's parameter shapes."""
+    plan = json.loads(node.attrs["args"][2])
+    params = node.params
+    shapes, ops = plan["tensors"], plan["ops"]
+    m = len(shapes) - 1
+    base_in, base_out, ws = offsets[node.inputs[0].name], offsets[node.name], offsets[f"{node.name}.patches"]
+    buf = plan["buffers"]
+    n = shapes[0][0]
+    lines = [f"/* {len(plan['tiles'])} tiles of {c_comment(', '.join(plan['replaces']))} */"]
+    for k, tile in enumerate(plan["tiles"]):
+        reg = tile["regions"]
+        y0, y1, x0, x1 = reg[m]
+        lines.append(f"/* tile {k}: output rows {y0}..{y1 - 1}, columns {x0}..{x1 - 1} */")
+        for i, (op, gathers) in enumerate(zip(ops, tile["steps"])):
+            ptrs = []
+            for j, g in enumerate(gathers):
+                a = g["from"]
+                src = f"ET_F({base_in})" if a == 0 else f"ET_F({ws + buf[f't{a}']})"
+                if not g["copy"]:
+                    ptrs.append(src)
+                    continue
+                ra = reg[a]
+                cy, ch, cx, cw = g["crop"]
+                top, bottom, left, right = g["pad"]
+                dst = f"ET_F({ws + buf[f'g{i}.{j}']})"
+                lines.append(f"et_patch_gather({n}, {shapes[a][1]}, {ra[1] - ra[0]}, {ra[3] - ra[2]}, {src}, {cy}, {ch}, "
+                             f"{cx}, {cw}, {top}, {bottom}, {left}, {right}, {dst});")
+                ptrs.append(dst)
+            out = f"ET_F({ws + buf[f't{i + 1}']})"
+            r = reg[i + 1]
+            count = _count(n, shapes[i + 1][1], r)
+            if op["op"] == "conv":
+                g = gathers[0]
+                a = g["from"]
+                w = params[op["weight"]]
+                kh, kw = param_shapes[w]["shape"][2:]
+                fields = dict(n=n, c_in=shapes[a][1], h_in=g["pad"][0] + g["crop"][1] + g["pad"][1],
+                              w_in=g["pad"][2] + g["crop"][3] + g["pad"][3], c_out=shapes[i + 1][1], h_out=r[1] - r[0],
+                              w_out=r[3] - r[2], k_h=kh, k_w=kw, stride_h=op["stride"][0], stride_w=op["stride"][1],
+                              pad_h=0, pad_w=0, dil_h=op["dilation"][0], dil_w=op["dilation"][1], groups=op["groups"])
+                bias = "NULL" if op["bias"] is None else ctx.pident[params[op["bias"]]]
+                shape = ", ".join(f".{k} = {v}" for k, v in fields.items())  # each tile's own: a literal
+                lines.append(f"et_conv2d_forward(&(const et_conv2d_shape){{{shape}}}, {ptrs[0]}, "
+                             f"{ctx.pident[w]}, {bias}, {out});")
+            elif op["op"] == "hardtanh":
+                if [float(v) for v in op["literals"]] != [0.0, 6.0]:
+                    raise EmitError("only hardtanh(0, 6) (ReLU6) has a C kernel")
+                lines.append(f"et_relu6_forward({count}, {ptrs[0]}, {out});")
+            elif op["op"] == "relu":
+                lines.append(f"et_relu_forward({count}, {ptrs[0]}, {out});")
+            else:
+                lines.append(f"et_add_forward({count}, {ptrs[0]}, {ptrs[1]}, {out});")
+        lines.append(f"et_patch_place({n}, {shapes[m][1]}, {y1 - y0}, {x1 - x0}, ET_F({ws + buf[f't{m}']}), "
+                     f"{shapes[m][2]}, {shapes[m][3]}, {y0}, {x0}, ET_F({base_out}));")
+    return lines

@@ -1,0 +1,40 @@
+"""The C statements of a convolution whose frozen weight is paged in from storage block by block.
+
+A frozen weight larger than the RAM left is kept in storage as one page per block of output channels
+(compiler/graph/streaming.py chooses the block); the convolution pages each block into its workspace and
+computes that block's output channels, sample by sample (a block of channels is contiguous per sample).
+Each output channel is computed as the whole convolution computes it: bit-identical.
+"""
+from __future__ import annotations
+
+from math import prod
+
+from .emitters import EmitError
+
+
+def emit_blocked_conv(node, offsets: dict[str, int], ctx, params: dict, blocks: dict, paged: dict[str, int],
+                      x_shape) -> list[str]:
+    """`node` (a forward convolution without groups) with its weight paged in by `blocks[weight]`
+    ((page, first row, end row) each) at arena word `paged[weight]`; `x_shape`: its input's shape."""
+    a = node.attrs["args"]
+    if node.op != "aten.convolution.default" or a[8] != 1 or node.inputs[0].view:
+        raise EmitError("only a convolution without groups, reading its input as it is, pages its weight by blocks")
+    w, b = a[1]["$p"], a[2]["$p"] if a[2] else None
+    n, c_in, h_in, w_in = x_shape
+    _, c_out, h_out, w_out = node.shape
+    kh, kw = params[w]["shape"][2:]
+    row = prod(params[w]["shape"][1:])
+    x, y, ws = offsets[node.inputs[0].name], offsets[node.name], paged[w]
+    bias = None if b is None else (f"ET_F({paged[b]})" if b in paged else ctx.pident[b])
+    (sh, sw), (ph, pw), (dh, dw) = a[3], a[4], a[5]
+    lines = []
+    for page, r0, r1 in blocks[w]:
+        lines.append(f"ET_TRY(et_page_in({page}u, ET_F({ws}), {4 * row * (r1 - r0)}u)); /* output channels {r0}..{r1 - 1} */")
+        shape = (f"&(const et_conv2d_shape){{.n = 1, .c_in = {c_in}, .h_in = {h_in}, .w_in = {w_in}, .c_out = {r1 - r0}, "
+                 f".h_out = {h_out}, .w_out = {w_out}, .k_h = {kh}, .k_w = {kw}, .stride_h = {sh}, .stride_w = {sw}, "
+                 f".pad_h = {ph}, .pad_w = {pw}, .dil_h = {dh}, .dil_w = {dw}, .groups = 1}}")
+        for s in range(n):
+            lines.append(f"et_conv2d_forward({shape}, ET_F({x + s * c_in * h_in * w_in}), ET_F({ws}), "
+                         f"{'NULL' if bias is None else f'{bias} + {r0}'}, "
+                         f"ET_F({y + s * c_out * h_out * w_out + r0 * h_out * w_out}));")
+    return lines

@@ -1,0 +1,179 @@
+/* q8_conv2d_input_grad.c - see q8_conv2d_input_grad.h. */
+#include "q8_conv2d_input_grad.h"
+
+int et_q8_conv2d_input_grad_scratch_size(const et_conv2d_shape *s)
+{
+    const int len = s->c_out / s->groups * s->k_h * s->k_w;
+    return 2 * len + (s->c_in / s->groups * len + 1) / 2; /* two pixels' columns, then a group's weights transposed */
+}
+
+/* The output index o (of `out`) whose tap k reads input index i, or -1: i = o*stride - pad + k*dil. */
+static int source(int i, int k, int stride, int pad, int dil, int out)
+{
+    const int t = i + pad - k * dil;
+
+    if (t < 0 || t % stride != 0 || t / stride >= out)
+        return -1;
+    return t / stride;
+}
+
+void et_q8_conv2d_backward_input_ref(const et_conv2d_shape *s, const int8_t *gy, const int8_t *w,
+                                     const et_q8_requant *q, int8_t *gx)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    int n, ic, ih, iw, ocg, kh, kw;
+
+    for (n = 0; n < s->n; ++n)
+        for (ic = 0; ic < s->c_in; ++ic) {
+            const int g = ic / cin_g, icg = ic % cin_g;
+            for (ih = 0; ih < s->h_in; ++ih)
+                for (iw = 0; iw < s->w_in; ++iw) {
+                    int32_t acc = 0;
+                    for (ocg = 0; ocg < cout_g; ++ocg) {
+                        const int oc = g * cout_g + ocg;
+                        for (kh = 0; kh < s->k_h; ++kh) {
+                            const int oh = source(ih, kh, s->stride_h, s->pad_h, s->dil_h, s->h_out);
+                            if (oh < 0)
+                                continue;
+                            for (kw = 0; kw < s->k_w; ++kw) {
+                                const int ow = source(iw, kw, s->stride_w, s->pad_w, s->dil_w, s->w_out);
+                                if (ow < 0)
+                                    continue;
+                                acc += gy[(((long)n * s->c_out + oc) * s->h_out + oh) * s->w_out + ow] *
+                                       w[(((long)oc * cin_g + icg) * s->k_h + kh) * s->k_w + kw];
+                            }
+                        }
+                    }
+                    gx[(((long)n * s->c_in + ic) * s->h_in + ih) * s->w_in + iw] = et_q8_output(q, ic, acc);
+                }
+        }
+}
+
+#if ET_Q8_FAST
+/* The gradients input pixel p of group g reads, as int16 col[(ocg, kh, kw)] in w's order (0 where no output
+ * reads it through that tap), each quad stored as et_q8_col_pos says. */
+static void gather_sources(const et_conv2d_shape *s, const int8_t *gyg, long p, int16_t *col)
+{
+    const int cout_g = s->c_out / s->groups, taps = s->k_h * s->k_w, len = cout_g * taps;
+    const int ih = (int)(p / s->w_in), iw = (int)(p % s->w_in);
+    const long plane = (long)s->h_out * s->w_out;
+    int ocg, kh, kw;
+
+    for (kh = 0; kh < s->k_h; ++kh) {
+        const int oh = source(ih, kh, s->stride_h, s->pad_h, s->dil_h, s->h_out);
+        for (kw = 0; kw < s->k_w; ++kw) {
+            const int ow = oh < 0 ? -1 : source(iw, kw, s->stride_w, s->pad_w, s->dil_w, s->w_out);
+            const int8_t *src = gyg + (long)oh * s->w_out + ow;
+            for (ocg = 0; ocg < cout_g; ++ocg)
+                col[et_q8_col_pos(ocg * taps + kh * s->k_w + kw, len)] = (int16_t)(ow < 0 ? 0 : src[ocg * plane]);
+        }
+    }
+}
+
+#define DW_MAX_KH 8 /* kernel rows the depthwise path keeps packed in registers (taller kernels: the general path) */
+
+/* Depthwise (one input and one output channel per group), stride and dilation 1, 3-wide kernel rows: the input
+ * gradient is the gradient correlated with the kernel turned around, so each kernel row of a pixel is one
+ * et_q8_row3, the rows' weights packed (turned) once per channel. A pixel whose first or last source falls off
+ * the row takes the packing with that tap's weight 0 (the byte read there, inside the tensor, counts 0); other
+ * pixels go tap by tap. */
+static void depthwise3(const et_conv2d_shape *s, const int8_t *gy, const int8_t *w, const et_q8_requant *q,
+                       int8_t *gx)
+{
+    const long gy_size = (long)s->n * s->c_out * s->h_out * s->w_out;
+    uint32_t w20[3][DW_MAX_KH]; /* all taps; the first source off the row; the last one off */
+    int32_t w1[DW_MAX_KH];
+    int n, c, ih, iw, kh, kw;
+
+    for (n = 0; n < s->n; ++n)
+        for (c = 0; c < s->c_in; ++c) {
+            const long gyc = ((long)n * s->c_out + c) * s->h_out * s->w_out; /* the channel's plane */
+            const int8_t *wc = w + (long)c * s->k_h * 3;
+            int8_t *gxc = gx + ((long)n * s->c_in + c) * s->h_in * s->w_in;
+            for (kh = 0; kh < s->k_h; ++kh) {
+                w20[0][kh] = et_q8_pack_lo((uint32_t)wc[3 * kh + 2], (uint32_t)wc[3 * kh]);
+                w20[1][kh] = et_q8_pack_lo(0u, (uint32_t)wc[3 * kh]);
+                w20[2][kh] = et_q8_pack_lo((uint32_t)wc[3 * kh + 2], 0u);
+                w1[kh] = wc[3 * kh + 1];
+            }
+            for (ih = 0; ih < s->h_in; ++ih) {
+                /* the kernel rows kh whose output row oh = ih + pad_h - kh exists */
+                const int kh0 = ih + s->pad_h - (s->h_out - 1) > 0 ? ih + s->pad_h - (s->h_out - 1) : 0;
+                const int kh1 = ih + s->pad_h + 1 < s->k_h ? ih + s->pad_h + 1 : s->k_h;
+                for (iw = 0; iw < s->w_in; ++iw) {
+                    const int ow0 = iw + s->pad_w - 2; /* the output whose tap 2 reads iw */
+                    const long top = gyc + (long)(ih + s->pad_h - kh0) * s->w_out + ow0; /* gy's index, row kh0 */
+                    const long first = top - (long)(kh1 - 1 - kh0) * s->w_out; /* row kh1 - 1's: the lowest read */
+                    const int side = ow0 < 0 ? 1 : ow0 + 2 >= s->w_out ? 2 : 0;
+                    const int8_t *gr;
+                    int32_t acc = 0;
+                    if (kh0 < kh1 && ow0 >= -1 && ow0 + 1 < s->w_out && !(ow0 < 0 && ow0 + 2 >= s->w_out) &&
+                        first >= 0 && top + 3 < gy_size) {
+                        const uint32_t *wp = w20[side];
+                        gr = gy + top;
+                        for (kh = kh0; kh < kh1; ++kh, gr -= s->w_out)
+                            acc = et_q8_row3(gr, 0u, wp[kh], w1[kh], acc);
+                    } else
+                        for (kh = kh0; kh < kh1; ++kh)
+                            for (kw = 0; kw < 3; ++kw)
+                                if (ow0 + 2 - kw >= 0 && ow0 + 2 - kw < s->w_out)
+                                    acc += gy[gyc + (long)(ih + s->pad_h - kh) * s->w_out + ow0 + 2 - kw] * wc[3 * kh + kw];
+                    gxc[(long)ih * s->w_in + iw] = et_q8_output(q, c, acc);
+                }
+            }
+        }
+}
+
+/* The forward's scheme on the transposed problem: a group's weights transposed once into the scratch
+ * (row icg = w[:, icg, :, :], in the (ocg, kh, kw) order of the gathered sources), then two input pixels'
+ * sources gathered once (int16) and two input channels at a time against them (et_q8_mac_2x2). */
+void et_q8_conv2d_backward_input(const et_conv2d_shape *s, const int8_t *gy, const int8_t *w,
+                                 const et_q8_requant *q, int16_t *scratch, int8_t *gx)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups, taps = s->k_h * s->k_w;
+    const int len = cout_g * taps;
+    const long plane_in = (long)s->h_in * s->w_in;
+    int8_t *wt = (int8_t *)(scratch + 2 * len);
+    int n, g, icg, ocg, t, j;
+    long p;
+
+    if (cin_g == 1 && cout_g == 1 && s->k_w == 3 && s->k_h <= DW_MAX_KH && s->stride_h == 1 && s->stride_w == 1 && s->dil_h == 1 &&
+        s->dil_w == 1) {
+        depthwise3(s, gy, w, q, gx);
+        return;
+    }
+    for (g = 0; g < s->groups; ++g) {
+        for (icg = 0; icg < cin_g; ++icg)
+            for (ocg = 0; ocg < cout_g; ++ocg)
+                for (t = 0; t < taps; ++t)
+                    wt[(long)icg * len + ocg * taps + t] = w[(((long)g * cout_g + ocg) * cin_g + icg) * taps + t];
+        for (n = 0; n < s->n; ++n) {
+            const int8_t *gyg = gy + ((long)n * s->c_out + (long)g * cout_g) * s->h_out * s->w_out;
+            int8_t *gxg = gx + ((long)n * s->c_in + (long)g * cin_g) * plane_in;
+            for (p = 0; p < plane_in; p += 2) {
+                const int two = p + 1 < plane_in;
+                int16_t *c0 = scratch, *c1 = two ? scratch + len : scratch;
+                gather_sources(s, gyg, p, c0);
+                if (two)
+                    gather_sources(s, gyg, p + 1, c1);
+                for (icg = 0; icg < cin_g; icg += 2) {
+                    const int rows = icg + 1 < cin_g ? 2 : 1;
+                    const int8_t *w0 = wt + (long)icg * len;
+                    int32_t acc[4] = {0, 0, 0, 0};
+                    et_q8_mac_2x2(c0, c1, w0, rows == 2 ? w0 + len : w0, len, acc);
+                    for (j = 0; j < 2 * rows; ++j)
+                        if ((j & 1) == 0 || two)
+                            gxg[(icg + (j >> 1)) * plane_in + p + (j & 1)] = et_q8_output(q, g * cin_g + icg + (j >> 1), acc[j]);
+                }
+            }
+        }
+    }
+}
+#else
+void et_q8_conv2d_backward_input(const et_conv2d_shape *s, const int8_t *gy, const int8_t *w,
+                                 const et_q8_requant *q, int16_t *scratch, int8_t *gx)
+{
+    (void)scratch;
+    et_q8_conv2d_backward_input_ref(s, gy, w, q, gx);
+}
+#endif

@@ -45,7 +45,7 @@ def _probe_module():
 
 
 def child(model: str, budget: str, target: str, batch_size: int, threads: int, time_limit: float,
-          work: str) -> dict:
+          work: str, fuse: bool = False) -> dict:
     """One row, measured in this process (malloc is changed for the rest of it)."""
     probe_mod = _probe_module()
     isolated = probe_mod.isolate_malloc()
@@ -54,17 +54,16 @@ def child(model: str, budget: str, target: str, batch_size: int, threads: int, t
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
     from edgetrain.compiler.schedule_file import format as schedule_format
     from edgetrain.compiler.workbench.run import schedule_batches
-    from edgetrain.runtime.python import Runtime, load_plan
+    from edgetrain.runtime.python import load_plan, runtime_for
     from edgetrain.runtime.python.threads import PLAN_THREADS
 
     out = os.path.join(work, "plan")
     c = compile_model(CompileOptions(model=model, target=target, budget=budget, out=out, batch_size=batch_size,
-                                     time_limit=time_limit))
+                                     time_limit=time_limit, fuse=fuse))
     body = schedule_format.load(out)
-    cfg = body["graph"]["optimizer"]
-    rt = Runtime(os.path.join(out, "weights.safetensors"), os.path.join(work, "pages"), device="cpu",
-                 lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"], seed=body["seed"])
     plan = load_plan(out)
+    # As `edgetrain run` sets it up (its optimizer, seed and which tensors train: a frozen weight is no state).
+    rt = runtime_for(plan, os.path.join(work, "pages"), device="cpu")
     # The plan's own thread count (its kernel scratch was counted for it) unless one is given; set here rather
     # than through the runtime, which an older tree measured beside this one does not pin.
     threads = threads or plan.PLAN.get("threads", PLAN_THREADS)
@@ -126,10 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", default="main", help="git ref measured beside this tree, or none")
     ap.add_argument("--json", default="build/bench/memory.json", metavar="PATH", help="rows written here")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "BUDGET"), help=argparse.SUPPRESS)
+    ap.add_argument("--fuse", action="store_true", help="--child: a fused plan (compile --fuse)")
     a = ap.parse_args(argv)
     if a.child:
         with tempfile.TemporaryDirectory(prefix="edgetrain-memory-") as work:
-            row = child(a.child[0], a.child[1], a.target, a.batch_size, a.threads, a.time_limit, work)
+            row = child(a.child[0], a.child[1], a.target, a.batch_size, a.threads, a.time_limit, work, a.fuse)
         print(json.dumps(row))
         return 0
     load = os.getloadavg()

@@ -8,7 +8,8 @@
 Methods (benchmarks/peers_methods.py), each `method` or `method:setting` in --methods: eager;
 eager-optim-hook (torch's optimizer-in-backward recipe); checkpoint (torch.utils.checkpoint per block);
 compile:1.0,0.5,0.3,0.1 (torch.compile, inductor, at that activation_memory_budget); edgetrain:100%,50%,40%,25%,min
-(a plan compiled at that budget, B% of plain backprop's predicted peak, run by the runtime's Trainer). `llama` is a
+(a plan compiled at that budget, B% of plain backprop's predicted peak, run by the runtime's Trainer);
+edgetrain-fused at the same budgets (compile --fuse: pointwise chains as inductor kernels). `llama` is a
 Hugging Face LlamaForCausalLM of 4.7 M parameters (benchmarks/peers_models.py); other names are zoo models or
 path/file.py:fn.
 
@@ -36,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.output import write_json  # noqa: E402
-from benchmarks.peers_methods import METHODS, Workload  # noqa: E402
+from benchmarks.peers_methods import METHODS, PLANS, Workload  # noqa: E402
 from benchmarks.peers_models import LLAMA_SPEC  # noqa: E402
 
 ALIASES = {"llama": LLAMA_SPEC}
@@ -99,7 +100,7 @@ def child(model: str, method: str, setting: str, a) -> dict:
         reals.append(state + s.growth)
     row = {"real_peak_bytes": max(reals[1:]), "real_first_step_bytes": reals[0], "real_steps_bytes": reals,
            "state_bytes": step.state_bytes(), "malloc_isolated": isolated}
-    if method == "edgetrain":
+    if method in PLANS:
         row["ledger_peak_bytes"] = step.ledger_peak()
     step.close()
     return row
@@ -148,13 +149,13 @@ def bench_model(model: str, configs: list[tuple[str, str]], a) -> list[dict]:
     w = workload(model, a)
     rows, runnable = [], []
     for method, setting in configs:
-        row = {"model": model, "method": method, "setting": setting, "target": a.target if method == "edgetrain"
+        row = {"model": model, "method": method, "setting": setting, "target": a.target if method in PLANS
                else None, "batch_size": a.batch_size, "threads": a.threads, "real_peak_bytes": None,
                "time_ratio": None}
         rows.append(row)
-        if method == "edgetrain":
+        if method in PLANS:
             try:
-                c = compile_plan(w, setting, plan_dir(a.work, w.model, setting))
+                c = compile_plan(w, setting, plan_dir(a.work, w.model, setting, method), method)
             except EdgetrainError as e:  # a budget below the smallest feasible one is refused: a row says so
                 row["error"], row["refused"] = str(e).splitlines()[0], True
                 continue

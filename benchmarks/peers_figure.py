@@ -12,7 +12,7 @@ from edgetrain.compiler.workbench.figures import mpl, save  # noqa: E402
 
 STYLES = {"eager": dict(color="black", marker="o"), "eager-optim-hook": dict(color="tab:gray", marker="s"),
           "checkpoint": dict(color="tab:purple", marker="v"), "compile": dict(color="tab:orange", marker="D"),
-          "edgetrain": dict(color="tab:blue", marker="^")}
+          "edgetrain": dict(color="tab:blue", marker="^"), "edgetrain-fused": dict(color="tab:green", marker="P")}
 
 
 def points(rows: list[dict], model: str) -> list[dict]:

@@ -27,7 +27,9 @@ import torch.nn as nn
 from benchmarks.peers_models import block_types
 
 METHODS = {"eager": ("-",), "eager-optim-hook": ("-",), "checkpoint": ("per block",),
-           "compile": ("1.0", "0.5", "0.3", "0.1"), "edgetrain": ("100%", "50%", "40%", "25%", "min")}
+           "compile": ("1.0", "0.5", "0.3", "0.1"), "edgetrain": ("100%", "50%", "40%", "25%", "min"),
+           "edgetrain-fused": ("100%", "50%", "40%", "25%", "min")}  # compile --fuse: pointwise chains as kernels
+PLANS = ("edgetrain", "edgetrain-fused")  # the methods that compile an edgetrain plan
 
 
 @dataclass(frozen=True)
@@ -242,17 +244,19 @@ def _inductor_at(budget: float):
     return backend
 
 
-def plan_dir(work: str, model: str, budget: str) -> str:
-    return os.path.join(work, "plans", f"{os.path.basename(model).replace(':', '-')}-{budget.replace('%', 'pct')}")
+def plan_dir(work: str, model: str, budget: str, method: str = "edgetrain") -> str:
+    return os.path.join(work, "plans", f"{method}-{os.path.basename(model).replace(':', '-')}-"
+                                       f"{budget.replace('%', 'pct')}")
 
 
-def compile_plan(w: Workload, budget: str, out: str) -> dict:
-    """An edgetrain plan of the workload at `budget` (POET, Python plan) in `out`; compile's summary."""
+def compile_plan(w: Workload, budget: str, out: str, method: str = "edgetrain") -> dict:
+    """An edgetrain plan of the workload at `budget` (POET, Python plan; fused for `edgetrain-fused`) in `out`;
+    compile's summary."""
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
 
     return compile_model(CompileOptions(model=w.model, target=w.target, budget=budget, out=out,
                                         batch_size=w.batch_size, time_limit=w.time_limit, loss=w.loss,
-                                        seed=w.seed))
+                                        seed=w.seed, fuse=method == "edgetrain-fused"))
 
 
 class EdgetrainStep:
@@ -282,6 +286,6 @@ STEPS = {"eager": TorchStep, "eager-optim-hook": OptimHookStep, "checkpoint": Ch
 
 
 def make_step(w: Workload, method: str, setting: str, work: str):
-    if method == "edgetrain":
-        return EdgetrainStep(w, setting, plan_dir(work, w.model, setting))
+    if method in PLANS:
+        return EdgetrainStep(w, setting, plan_dir(work, w.model, setting, method))
     return STEPS[method](w, setting)

@@ -51,6 +51,7 @@ class Backend(Protocol):
 
     name: str  # `--emit NAME`; the schedule's "backend"
     widen_fusion: bool  # fuse wide elementwise chains (a microcontroller's small graph keeps every byte instead)
+    generates_kernels: bool  # runs fused pointwise chains as generated kernels (`compile --fuse`)
     overlaps_paging: bool  # pages ahead and behind in the background (a runtime that pages synchronously: False)
     # op -> the arguments (by position) its kernel may write its output into (compiler/graph/inplace.py)
     in_place: Mapping[str, tuple[int, ...]]

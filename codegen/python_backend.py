@@ -16,6 +16,7 @@ from .python_plan import render_python_plan, write_weights
 class PythonBackend:
     name = "python"
     widen_fusion = True
+    generates_kernels = True  # torch's inductor compiles a fused chain at its first call (fused_kernels.py)
     overlaps_paging = True  # the page store's threads read ahead and write behind (scheduling/overlap.py)
     in_place = IN_PLACE_ARGS  # torch's out= overloads and in-place twins (runtime/python/inplace.py)
 

@@ -11,12 +11,13 @@ import json
 import keyword
 import re
 
+from edgetrain.runtime.python.fused_kernels import FUSED_OP
 from edgetrain.runtime.python.plan_api import NODE_KEYWORDS
 
 from .py_layout import Chain, Group, flat
 
 # Names the plan itself uses: its globals, its imports and the builtins it calls.
-_RESERVED = frozenset({"rt", "aten", "torch", "param", "buffer", "out", "held", "fused", "empty", "PLAN",
+_RESERVED = frozenset({"rt", "aten", "torch", "param", "buffer", "out", "held", "fused", "empty", "kernel", "PLAN",
                        "train_step", "float"}) | frozenset(keyword.kwlist)
 
 
@@ -54,6 +55,12 @@ class Names:
     def buffer(self, name: str) -> str:
         self.used.add(("buffer", name))
         return self.declare("buffer", name)
+
+    def kernel(self, name: str) -> str:
+        """The fused kernel of node `name`, bound at the plan's top."""
+        self.used.add(("kernel", name))
+        self.used.add("kernel")
+        return self.declare("kernel", "k_" + name)
 
     def marker(self, word: str) -> str:
         self.used.add(word)
@@ -160,8 +167,12 @@ class CallWriter:
     def call(self, head: str, dying: list[int]) -> Group:
         """`head` (`rt.call(` or `rt.recompute(`) with the node's name, op, arguments and keywords."""
         node, attrs = self.node, self.node["attrs"]
-        items = [literal(node["name"]), op_expr(node["op"]), *self.arguments(attrs)]
-        known = {"args", "kwargs", "keep", "aux", "scratch", "updates", "then", "seed_key", "loss_item", "dying", "into"}
+        op = self.names.kernel(node["name"]) if node["op"] == FUSED_OP else op_expr(node["op"])
+        items = [literal(node["name"]), op, *self.arguments(attrs)]
+        known = {"args", "kwargs", "keep", "aux", "scratch", "updates", "then", "seed_key", "loss_item", "dying",
+                 "into"}
+        if node["op"] == FUSED_OP:
+            known = {"args", "chain"}
         unknown = sorted(set(attrs) - known)
         if unknown:
             raise ValueError(f"node {node['name']}: attrs {unknown} have no Python form")

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format, not a solver
+from edgetrain.runtime.python.fused_kernels import FUSED_OP
 from edgetrain.runtime.python.inplace import INPLACE
 from edgetrain.targets import Target
 
@@ -137,6 +138,10 @@ def render_plan_text(schedule: dict, schedule_file: str = "schedule.json") -> st
             "budget_bytes": s["budget"]["bytes"],
             "predicted_peak_bytes": s["predicted"]["peak_bytes"],
             "threads": Target(**s["target"]).cpu_threads}  # the profile's, or the field's own default
+    kernels = []  # each fused node's chain, bound once
+    by_kernel = {names.kernel(n["name"]): n for n in nodes if n["op"] == FUSED_OP}
+    for ident, n in by_kernel.items():
+        kernels += statement(f"{ident} = ", Group("kernel(", (_layout(n["attrs"]["chain"]),), ")"), indent=0)
     plan_lines = []
     for k, v in plan.items():
         lines = statement(f'"{k}": ', _layout(v))
@@ -146,9 +151,9 @@ def render_plan_text(schedule: dict, schedule_file: str = "schedule.json") -> st
         plan_lines += lines
     return _ENV.get_template("plan.py.j2").render(
         s=s, schedule_file=schedule_file, content=plan["schedule_content"], plan_lines=plan_lines,
-        params=names.bound("param"), buffers=names.bound("buffer"), body=body,
+        params=names.bound("param"), buffers=names.bound("buffer"), body=body, kernels=kernels,
         imports=", ".join(sorted({"aten", *(w for w in ("buffer", "param") if names.bound(w))}
-                                 | (names.used & {"empty", "fused", "held", "out"}))),
+                                 | (names.used & {"empty", "fused", "held", "kernel", "out"}))),
         uses_torch="torch" in names.used)
 
 

@@ -14,6 +14,7 @@ from .errors import BudgetError, UnsupportedModelError
 from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
 from .graph.costs import costed
+from .graph.fuse_chains import fuse_pointwise_chains
 from .graph.inplace import mark_in_place
 from .graph.streaming import choose_streamed, sliceable_weights, stream_weights
 from .graph.workspace import applies as scratch_applies, scratch_threads
@@ -45,9 +46,12 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
     graph = capture_graph(opts, resolved, model, example,
                           scratch_threads(target) if scratch_applies(target) else 0, gpu=target.gpu,
                           widen_fusion=backend.widen_fusion)
-    graph = mark_in_place(backend.lower(graph), backend.in_place)
+    graph = backend.lower(graph)
     if device_check:
         graph = stream_beyond_flash(graph, target, backend)
+    if opts.fuse:  # before profiling: a measured target times each chain as its kernel runs it
+        graph, _ = fuse_pointwise_chains(graph)
+    graph = mark_in_place(graph, backend.in_place)  # on the graph's final nodes (a fused chain is not marked)
     measured = None
     if getattr(target, "measured", False):
         from .graph.profiler import profile_nodes

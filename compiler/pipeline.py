@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 
 from edgetrain.codegen.backends import backend_for
+from edgetrain.runtime.python.fused_kernels import FUSED_OP
 
-from .errors import OutputDirError
+from .errors import EdgetrainError, OutputDirError
 from .graph.tiling import tiled_prefixes
 from .graph.workspace import scratch_threads
 from .model_graph import trace_model
@@ -46,6 +47,9 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
 
     budget = parse_budget(opts.budget)
     backend = backend_for(opts.emit)  # an unknown --emit fails before any work
+    if opts.fuse and not backend.generates_kernels:
+        raise EdgetrainError(f"--fuse generates kernels with torch's inductor, for the Python runtime; --emit "
+                             f"{opts.emit} plans run every op as written: drop --fuse")
     target = load_target(opts.target)
     check_budget_size(budget, target)  # `--budget 100GB` fails before tracing
     with StagedOutput(opts.out) as stage, deadline(opts.time_limit):  # the old output stays whole until the end
@@ -75,6 +79,8 @@ def summary(req: Request, done: Compiled) -> dict:
                                                        "objective", "bound", "variables", "constraints")},
         "interrupted": r.result.solver.get("status") == "interrupted",  # Ctrl-C: the best schedule found by then
         "emit": opts.emit,
+        "fused_kernels": sum(n.op == FUSED_OP for n in p.graph.nodes),  # --fuse: chains run as generated kernels
+        "fused_ops": sum(len(n.attrs["chain"]) for n in p.graph.nodes if n.op == FUSED_OP),
         "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }
     if p.graph.input_dtype == "int64" and rep.time_s:  # token ids: a language model's throughput

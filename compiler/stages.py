@@ -30,6 +30,7 @@ class CompileOptions:
     lns: float = 0.0  # share of time_limit for neighbourhood search when its first 20% does not prove the gap
     cuts: float = 0.0  # most share of time_limit for window and memory cuts before the last solve (with lns)
     overlap_paging: bool = True  # Python plans: read ahead, write behind, within the peak (scheduling/overlap.py)
+    fuse: bool = False  # `--fuse`: pointwise chains as generated kernels (graph/fuse_chains.py); False: exact plans
     train: str | None = None  # `--train`: which parameters train (compiler/frontend/train_select.py); None: the model's flags
 
 

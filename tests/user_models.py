@@ -357,6 +357,28 @@ def bias_only():
     return Backbone(bias_only=True)
 
 
+class GatedMLP(nn.Module):
+    """A transformer's feed-forward half as Llama writes it: RMSNorm by hand (pow, mean, rsqrt, scale), a SwiGLU
+    (silu(a) * b) and a residual: chains of pointwise ops forward and backward (`compile --fuse`)."""
+
+    input_shape, num_classes = (16, 32), 5
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.Parameter(torch.ones(32))
+        self.gate, self.up, self.down = nn.Linear(32, 64, bias=False), nn.Linear(32, 64, bias=False), nn.Linear(64, 32)
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return self.head(torch.tanh(x) * 0.5 + x).mean(1)
+
+
+def gated_mlp():
+    return GatedMLP()
+
+
 def smoothed_cross_entropy(output, labels):
     """A user's own loss (`--loss tests/user_models.py:smoothed_cross_entropy`)."""
     return F.cross_entropy(output, labels, label_smoothing=0.1) + 1e-3 * output.pow(2).mean()

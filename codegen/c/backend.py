@@ -29,6 +29,7 @@ def io_bytes(graph: TrainingGraph) -> int:
 class CBackend:
     name = "c"
     widen_fusion = False  # microcontroller graphs are small: every byte counts
+    generates_kernels = False  # each op is a hand-written C kernel
     overlaps_paging = False  # the C runtime pages synchronously: overlap would only hold RAM
     in_place = IN_PLACE_ARGS  # kernels whose loops read each element before writing it (ops.py)
 

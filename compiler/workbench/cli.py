@@ -164,6 +164,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--emit", default="python", choices=list(EMITS),
                    help="python: a plan for the torch runtime (Jetson, Pi, host); c: C training firmware for "
                         "runtime/c (Cortex-M: plan.c/plan.h, drivers, Makefile)")
+    exact = c.add_mutually_exclusive_group()
+    exact.add_argument("--fuse", action="store_true",
+                       help="Python plans: run chains of pointwise ops as kernels torch's inductor generates (compiled "
+                            "at the plan's first step, kept for the process); checked within a tolerance, not bitwise")
+    exact.add_argument("--exact", action="store_true",
+                       help="every op torch's own eager kernel, bitwise as autograd (the default)")
     c.add_argument("--out", required=True)
     c.add_argument("--json", action="store_true")
     add_compile_options(c)
@@ -264,7 +270,7 @@ def _cmd_compile(a) -> dict:
     opts = CompileOptions(model=a.model, target=a.target, budget=a.budget, out=a.out, scheduler=a.scheduler,
                           deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
                           time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
-                          lns=a.lns, cuts=a.cuts, train=a.train,
+                          lns=a.lns, cuts=a.cuts, train=a.train, fuse=a.fuse,
                           optimizer=_optimizer(a))
     if a.json or not sys.stderr.isatty():  # a log or a pipe: one line per step, as it happens
         return compile_model(opts, progress=_progress_line)

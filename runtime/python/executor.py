@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .integrity import read_weights
-from . import aten_call, cuda_memory, heap, inplace, plan_api, prepared
+from . import aten_call, cuda_memory, fused_kernels, heap, inplace, plan_api, prepared
 from .ledger import Ledger
 from .optim import Optimizer
 from .storage import FileStore, PendingRead
@@ -286,7 +286,7 @@ class Runtime:
 
     def _prepare(self, first, name, op, inputs, attrs, aux_of) -> prepared.Node:
         """The node's call read once (prepared.py), kept for this node's later calls of the same kind."""
-        if not op.startswith(("aten.", "edgetrain.")):  # edgetrain's own: patch_forward.py
+        if not op.startswith(("aten.", "edgetrain.")) and op != fused_kernels.FUSED_OP:  # edgetrain's own: patch_forward.py
             raise PlanError(f"{self._what}: '{op}' is not an aten op; this plan was generated for another "
                             "runtime: recompile it")
         if self.device.type != "cpu" and "_for_cpu" in op:  # torch's CPU-only kernels say so in their names

@@ -25,7 +25,7 @@ import types
 import torch
 
 from . import patch_forward  # noqa: F401  registers edgetrain.patch_forward, which plans may call
-
+from .fused_kernels import FUSED_OP
 
 
 def _lazy(name: str, find) -> types.ModuleType:
@@ -214,6 +214,22 @@ def fused(op, *args, **keywords) -> Fused:
     return Fused((op, args, keywords))
 
 
+class Kernel:
+    """A fused node's kernel (`kernel(chain)`): its chain of pointwise aten ops in the schedule's form
+    (runtime/python/fused_kernels.py), called like an op on the node's operands. Bound once, at import."""
+    __slots__ = ("chain",)
+
+    def __init__(self, chain: list) -> None:
+        self.chain = chain
+
+    def __repr__(self) -> str:
+        return "kernel(" + ", ".join(s["op"] for s in self.chain) + ")"
+
+
+def kernel(chain: list) -> Kernel:
+    return Kernel(chain)
+
+
 # -- a call back into the schedule node's form ---------------------------------------------------------------
 
 def op_name(op) -> str:
@@ -324,6 +340,11 @@ def node_of(op, args: tuple, keywords: dict) -> tuple[str, list, dict, str | Non
     node = _Node()
     meta = {k: keywords[k] for k in keywords if k in NODE_KEYWORDS}
     attrs = node.call(args, {k: v for k, v in keywords.items() if k not in NODE_KEYWORDS})
+    if type(op) is Kernel:
+        if meta:
+            raise TypeError(f"a fused kernel's call takes its operands only, not {sorted(meta)}")
+        attrs["chain"] = op.chain
+        return FUSED_OP, node.inputs, attrs, node.aux_of
     if "keep" in meta:
         attrs["keep"] = meta["keep"]
     if "aux" in meta:

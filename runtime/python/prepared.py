@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from . import aten_call, inplace
+from . import aten_call, fused_kernels, inplace
 
 
 @dataclass(slots=True, eq=False)
@@ -141,7 +141,8 @@ def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: 
                                for r in inputs),
                 plain=[isinstance(r, str) for r in inputs],
                 aux_name=f"{aux_of}.aux" if aux_of is not None else None,
-                call=aten_call.Call(op, attrs, params, buffers, device),
+                call=fused_kernels.Call(attrs, params, buffers, device) if op == fused_kernels.FUSED_OP
+                else aten_call.Call(op, attrs, params, buffers, device),
                 buffer_call=buffer_call, buffer_outs=buffer_outs, dying="dying" in attrs,
                 keep_list=isinstance(keep, list), held_items=held, aux_items=aux_items, kept=kept,
                 updates=_updates(specs, kept, first, params, buffers, optim), then=then,

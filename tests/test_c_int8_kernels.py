@@ -78,10 +78,12 @@ _SIGNATURES = {
     "et_q8_linear_backward_input_ref": [c_int, c_int, c_int, _P, _P, POINTER(Requant), _P],
     "et_q8_linear_backward_input": [c_int, c_int, c_int, _P, _P, POINTER(Requant), _P],
     "et_q8_linear_backward_weight": [c_int, c_int, c_int, _P, _P, c_int32, _P, _P],
+    "et_q8_linear_backward_weight_ref": [c_int, c_int, c_int, _P, _P, c_int32, _P, _P],
     "et_q8_maxpool2d_forward": [POINTER(PoolShape), _P, _P, _P],
     "et_q8_maxpool2d_backward": [POINTER(PoolShape), _P, _P, _P],
     "et_q8_avgpool2d_forward": [POINTER(PoolShape), _P, c_int32, _P],
     "et_q8_avgpool2d_backward": [POINTER(PoolShape), _P, _P],
+    "et_q8_avgpool2d_backward_ref": [POINTER(PoolShape), _P, _P],
     **{f"et_q8_{op}_forward{v}": [c_int, _P, c_int32, _P] for op in ("relu",) for v in ("", "_ref")},
     **{f"et_q8_{op}_backward{v}": [c_int, _P, _P, c_int32, _P] for op in ("relu",) for v in ("", "_ref")},
     **{f"et_q8_relu6_forward{v}": [c_int, _P, c_int32, c_int32, _P] for v in ("", "_ref")},
@@ -304,9 +306,10 @@ def test_linear_kernels_equal_the_reference_and_torch(libs, n, fin, fout):
             getattr(lib, f"et_q8_linear_forward{suffix}")(n, fin, fout, p(x), x_zp, p(w), p(bias), cq, p(y))
             getattr(lib, f"et_q8_linear_backward_input{suffix}")(n, fin, fout, p(gy), p(w), cgq, p(gx))
             assert np.array_equal(y, want_y) and np.array_equal(gx, want_gx), (name, suffix)
-        gw, gb = np.zeros((fout, fin), np.int32), np.zeros(fout, np.int32)
-        lib.et_q8_linear_backward_weight(n, fin, fout, p(gy), p(x), x_zp, p(gw), p(gb))
-        assert np.array_equal(gw, want_gw) and np.array_equal(gb, want_gb), name
+        for suffix in ("", "_ref"):
+            gw, gb = np.full((fout, fin), 7, np.int32), np.full(fout, 7, np.int32)  # every element written
+            getattr(lib, f"et_q8_linear_backward_weight{suffix}")(n, fin, fout, p(gy), p(x), x_zp, p(gw), p(gb))
+            assert np.array_equal(gw, want_gw) and np.array_equal(gb, want_gb), (name, suffix)
 
 
 def test_an_int32_overflow_is_refused_by_the_reference():
@@ -327,6 +330,10 @@ POOLS = [  # kernel, stride, padding, dilation, count_include_pad, input (n, c, 
     ((2, 4), (1, 2), (0, 1), (1, 1), True, (1, 2, 6, 9)),
     ((3, 3), (1, 1), (1, 1), (1, 1), False, (1, 2, 5, 5)),
     ((3, 3), (3, 3), (1, 1), (1, 1), True, (2, 3, 8, 7)),  # windows apart: the max-pool backward scatters
+    ((3, 3), (3, 3), (1, 1), (1, 1), False, (1, 2, 8, 7)),  # and the avg-pool backward, inside divisors
+    ((2, 2), (3, 3), (0, 0), (1, 1), True, (1, 2, 8, 7)),  # gaps no window covers
+    ((2, 2), (2, 2), (0, 0), (1, 1), True, (2, 3, 7, 9)),  # an odd edge no window covers
+    ((6, 5), (6, 5), (0, 0), (1, 1), True, (2, 4, 6, 5)),  # a global average pool
 ]
 
 
@@ -354,9 +361,11 @@ def test_pools_equal_the_reference_and_torch(libs, kernel, stride, pad, dil, inc
         assert np.array_equal(y, want)
         ideal = F.avg_pool2d(torch.tensor(x, dtype=torch.float64) - zp, kernel, stride, pad, count_include_pad=incl)
         assert np.abs(want - zp - ideal.numpy()).max() <= 0.5 + 1e-9  # rounded to the nearest integer
-        lib.et_q8_avgpool2d_backward(s, p(gy), p(gx))
         want_gx = ref.avgpool2d_backward(gy, (h, w), kernel, stride, pad, incl)
-        assert np.array_equal(gx, want_gx)
+        for backward in (lib.et_q8_avgpool2d_backward, lib.et_q8_avgpool2d_backward_ref):
+            gx[...] = 99  # every element written, the uncovered ones too
+            backward(s, p(gy), p(gx))
+            assert np.array_equal(gx, want_gx)
         xt = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
         (ideal_gx,) = torch.autograd.grad(F.avg_pool2d(xt, kernel, stride, pad, count_include_pad=incl), [xt],
                                           torch.tensor(gy, dtype=torch.float64))

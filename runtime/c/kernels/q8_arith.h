@@ -32,6 +32,14 @@
 #define ET_Q8_DSP 0
 #endif
 
+/* A hot loop kept a function of its own: gcc inlines a static function called once, and inside a large loop nest
+ * the loop's accumulators and pointers then spill to the stack (a load and a store more per step). */
+#if defined(__GNUC__)
+#define ET_Q8_NOINLINE __attribute__((noinline))
+#else
+#define ET_Q8_NOINLINE
+#endif
+
 /* How an int32 accumulator becomes an int8 output, per output channel. */
 typedef struct et_q8_requant {
     const int32_t *mult;  /* [channels] Q31 multipliers, each in [2^30, 2^31) */
@@ -58,19 +66,28 @@ static inline int32_t et_q8_rounding_rshift(int32_t v, int exponent)
 
 /* (v * 2^left) saturated to int32, times mult / 2^31 rounded with halves up (SQRDMULH: gemmlowp's and
  * CMSIS-NN's nudge, then a division that truncates), then rounded right by -shift with halves away from
- * zero: CMSIS-NN's arm_nn_requantize, with the left shift saturating. */
+ * zero: CMSIS-NN's arm_nn_requantize, with the left shift saturating.
+ * With mult > 0 the nudge-and-truncate is floor((v * mult + 2^30) / 2^31) for either sign of v (for v < 0,
+ * truncating (p + 1 - 2^30) / 2^31 toward zero is its ceiling, which is that floor), so it is computed as
+ * one multiply-accumulate and a 64-bit shift: no sign test, no branch. */
 static inline int32_t et_q8_requantize(int32_t v, int32_t mult, int32_t shift)
 {
-    int64_t p;
+    int32_t h;
 
+    if (shift < 0 && v > -(1 << 30) && v < (1 << 30)) {
+        /* The usual case, in fewer instructions, same bits: with |v| < 2^30, floor((v * mult + 2^30) / 2^31) is the
+         * high word of 2v * mult + 2^31 (SMMULR's form), |h| < 2^30, and rounding right by e >= 1 with halves away
+         * from zero is adding 2^(e-1), less 1 for a negative h, then shifting (no overflow at that size). */
+        h = (int32_t)(((int64_t)(v * 2) * mult + ((int64_t)1 << 31)) >> 32);
+        return (h + (1 << (-shift - 1)) - (int32_t)((uint32_t)h >> 31)) >> -shift;
+    }
     if (shift > 0) { /* saturating left shift: |v| * 2^shift beyond int32 sticks at its end */
         const int32_t lim = INT32_MAX >> shift;
         v = v > lim ? INT32_MAX : v < -lim - 1 ? INT32_MIN : (int32_t)((uint32_t)v << shift);
     }
-    p = (int64_t)v * mult + (v < 0 ? 1 - ((int64_t)1 << 30) : ((int64_t)1 << 30)); /* mult > 0: v's sign is p's */
-    /* p / 2^31 truncated toward zero, as shifts (a 64-bit division would be a library call on the M4) */
-    p = (p < 0 ? p + (((int64_t)1 << 31) - 1) : p) >> 31;
-    return shift < 0 ? et_q8_rounding_rshift((int32_t)p, (int)-shift) : (int32_t)p;
+    /* >> of a negative int64 is arithmetic on every compiler this runtime supports (gcc documents it) */
+    h = (int32_t)(((int64_t)v * mult + ((int64_t)1 << 30)) >> 31);
+    return shift < 0 ? et_q8_rounding_rshift(h, (int)-shift) : h;
 }
 
 /* An accumulator of output channel c as the int8 output. */
@@ -87,6 +104,17 @@ static inline int8_t et_q8_sat8(int32_t v)
 }
 
 /* -- packed helpers: two signed 16-bit halves in one uint32 ------------------------------------------- */
+
+/* The low and the high half, signed (a product of one with a 16-bit value compiles to SMULBB / SMULTB). */
+static inline int32_t et_q8_lo(uint32_t v)
+{
+    return (int32_t)(int16_t)(v & 0xFFFFu);
+}
+
+static inline int32_t et_q8_hi(uint32_t v)
+{
+    return (int32_t)(int16_t)(v >> 16);
+}
 
 /* Four int8 from any address (an unaligned LDR on the M4/M7; memcpy keeps it legal C). */
 static inline uint32_t et_q8_load4(const int8_t *p)
@@ -124,16 +152,6 @@ static inline uint32_t et_q8_half(int32_t v)
     return (uint32_t)v & 0xFFFFu;
 }
 
-static inline int32_t et_q8_lo(uint32_t v)
-{
-    return (int32_t)(int16_t)(v & 0xFFFFu);
-}
-
-static inline int32_t et_q8_hi(uint32_t v)
-{
-    return (int32_t)(int16_t)(v >> 16);
-}
-
 static inline uint32_t et_q8_sxtab16(uint32_t off, uint32_t v)
 {
     return et_q8_half(et_q8_lo(off) + (int8_t)(v & 0xFFu)) | et_q8_half(et_q8_hi(off) + (int8_t)((v >> 16) & 0xFFu)) << 16;
@@ -165,7 +183,23 @@ static inline uint32_t et_q8_sxtab16_ror8(uint32_t off, uint32_t v)
 }
 #endif
 
-/* (lo(a), lo(b)) and (hi(a), hi(b)): the halves of two registers regrouped (PKHBT / PKHTB). */
+/* (lo(a), lo(b)) and (hi(a), hi(b)): the halves of two registers regrouped (PKHBT / PKHTB; gcc 12 makes two
+ * instructions of the C expression, so the DSP build names the instruction). */
+#if ET_Q8_DSP
+static inline uint32_t et_q8_pack_lo(uint32_t a, uint32_t b)
+{
+    uint32_t r;
+    __asm__("pkhbt %0, %1, %2, lsl #16" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+static inline uint32_t et_q8_pack_hi(uint32_t a, uint32_t b)
+{
+    uint32_t r;
+    __asm__("pkhtb %0, %2, %1, asr #16" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+#else
 static inline uint32_t et_q8_pack_lo(uint32_t a, uint32_t b)
 {
     return (a & 0xFFFFu) | (b << 16);
@@ -175,6 +209,7 @@ static inline uint32_t et_q8_pack_hi(uint32_t a, uint32_t b)
 {
     return (a >> 16) | (b & 0xFFFF0000u);
 }
+#endif
 
 /* An offset in both halves, for SXTAB16. */
 static inline uint32_t et_q8_dup16(int32_t v)

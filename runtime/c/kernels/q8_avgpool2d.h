@@ -7,7 +7,9 @@
  * Backward (gy, gx symmetric, one scale): each output spreads gy * r over its window's inside, with
  * r = round(2^15 / divisor) the divisor's Q15 reciprocal; per input element the int32 sum is rounded
  * right by 15 (halves away from zero) and saturated.
- * Plain loops only.
+ * et_q8_avgpool2d_backward_ref is the plain loop (per input element, the outputs whose window covers it);
+ * et_q8_avgpool2d_backward writes each output's one rounded term over its window where windows cannot overlap
+ * (stride >= kernel: the usual 2x2 stride-2 pool, a global pool), the plain loop elsewhere. Same bits.
  */
 #ifndef ET_Q8_AVGPOOL2D_H
 #define ET_Q8_AVGPOOL2D_H
@@ -17,6 +19,7 @@
 #include "pool2d.h"
 
 void et_q8_avgpool2d_forward(const et_pool2d_shape *s, const int8_t *x, int32_t zp, int8_t *y);
+void et_q8_avgpool2d_backward_ref(const et_pool2d_shape *s, const int8_t *gy, int8_t *gx);
 void et_q8_avgpool2d_backward(const et_pool2d_shape *s, const int8_t *gy, int8_t *gx);
 
 #endif /* ET_Q8_AVGPOOL2D_H */

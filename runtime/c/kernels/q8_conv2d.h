@@ -10,7 +10,7 @@
  *
  * et_q8_conv2d_forward_ref is the plain loop, the definition. et_q8_conv2d_forward is the fast one where
  * the DSP extension exists (ET_Q8_FAST, q8_arith.h) and the plain one elsewhere; its scratch holds two output
- * pixels' windows as int16 (im2col), et_q8_conv2d_scratch_size(s) elements, unused by a depthwise 3-wide
+ * pixels' windows as int16 (im2col) and one window's bytes, et_q8_conv2d_scratch_size(s) elements, unused by a depthwise 3-wide
  * kernel and by the plain build. Both give the same bits: integer sums do not depend on their order.
  */
 #ifndef ET_Q8_CONV2D_H

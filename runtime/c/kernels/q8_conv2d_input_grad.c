@@ -50,22 +50,38 @@ void et_q8_conv2d_backward_input_ref(const et_conv2d_shape *s, const int8_t *gy,
 }
 
 #if ET_Q8_FAST
-/* The gradients input pixel p of group g reads, as int16 col[(ocg, kh, kw)] in w's order (0 where no output
- * reads it through that tap), each quad stored as et_q8_col_pos says. */
-static void gather_sources(const et_conv2d_shape *s, const int8_t *gyg, long p, int16_t *col)
+/* Whether kernel tap k reads input index i through some output (ignoring the borders): (i + pad - k*dil) a multiple
+ * of the stride. It depends on i only modulo the stride: the input's stride phase. */
+static int tap_in_phase(int i, int k, int stride, int pad, int dil)
 {
-    const int cout_g = s->c_out / s->groups, taps = s->k_h * s->k_w, len = cout_g * taps;
-    const int ih = (int)(p / s->w_in), iw = (int)(p % s->w_in);
-    const long plane = (long)s->h_out * s->w_out;
-    int ocg, kh, kw;
+    return (i + pad - k * dil) % stride == 0;
+}
 
-    for (kh = 0; kh < s->k_h; ++kh) {
-        const int oh = source(ih, kh, s->stride_h, s->pad_h, s->dil_h, s->h_out);
-        for (kw = 0; kw < s->k_w; ++kw) {
-            const int ow = oh < 0 ? -1 : source(iw, kw, s->stride_w, s->pad_w, s->dil_w, s->w_out);
-            const int8_t *src = gyg + (long)oh * s->w_out + ow;
-            for (ocg = 0; ocg < cout_g; ++ocg)
-                col[et_q8_col_pos(ocg * taps + kh * s->k_w + kw, len)] = (int16_t)(ow < 0 ? 0 : src[ocg * plane]);
+/* The gradients input pixel (ih, iw) reads, as int16 col[(tap, ocg)], tap-major over the taps of the pixel's stride
+ * phase (0 where the tap's output is off the map): the weights of the phase are laid out to match (wt below). */
+static void gather_sources(const et_conv2d_shape *s, const int8_t *gyg, int ih, int iw, int16_t *col)
+{
+    /* the shape in locals: the stores below may alias *s for the compiler */
+    const int cout_g = s->c_out / s->groups, k_h = s->k_h, k_w = s->k_w, h_out = s->h_out, w_out = s->w_out;
+    const int sh = s->stride_h, sw = s->stride_w, ph = s->pad_h, pw = s->pad_w, dh = s->dil_h, dw = s->dil_w;
+    const long plane = (long)h_out * w_out;
+    int kh, kw, ocg;
+
+    for (kh = 0; kh < k_h; ++kh) {
+        const int th = ih + ph - kh * dh, oh = th / sh;
+        if (th % sh != 0)
+            continue;
+        for (kw = 0; kw < k_w; ++kw) {
+            const int tw = iw + pw - kw * dw, ow = tw / sw;
+            if (tw % sw != 0)
+                continue;
+            if (th >= 0 && oh < h_out && tw >= 0 && ow < w_out) {
+                const int8_t *src = gyg + (long)oh * w_out + ow;
+                for (ocg = 0; ocg < cout_g; ++ocg, src += plane)
+                    *col++ = *src;
+            } else
+                for (ocg = 0; ocg < cout_g; ++ocg)
+                    *col++ = 0;
         }
     }
 }
@@ -124,50 +140,86 @@ static void depthwise3(const et_conv2d_shape *s, const int8_t *gy, const int8_t 
         }
 }
 
-/* The forward's scheme on the transposed problem: a group's weights transposed once into the scratch
- * (row icg = w[:, icg, :, :], in the (ocg, kh, kw) order of the gathered sources), then two input pixels'
- * sources gathered once (int16) and two input channels at a time against them (et_q8_mac_2x2). */
+/* The weights of stride phase (a, b) of group g, transposed: row icg holds w[:, icg, kh, kw] over the phase's taps,
+ * tap-major as gather_sources lays the column out, each whole quad's bytes stored (0, 2, 1, 3) (et_q8_col_pos) so
+ * that SXTB16 of a word gives the weights of the column's first int16 pair and its rotation the second. Returns
+ * the row length. */
+static int phase_weights(const et_conv2d_shape *s, const int8_t *w, int g, int a, int b, int8_t *wt)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups, taps = s->k_h * s->k_w;
+    int kh, kw, ocg, icg, len = 0, j;
+
+    for (kh = 0; kh < s->k_h; ++kh)
+        for (kw = 0; kw < s->k_w; ++kw)
+            len += tap_in_phase(a, kh, s->stride_h, s->pad_h, s->dil_h) && tap_in_phase(b, kw, s->stride_w, s->pad_w, s->dil_w)
+                       ? cout_g : 0;
+    for (icg = 0; icg < cin_g; ++icg) {
+        j = 0;
+        for (kh = 0; kh < s->k_h; ++kh)
+            for (kw = 0; kw < s->k_w; ++kw) {
+                if (!tap_in_phase(a, kh, s->stride_h, s->pad_h, s->dil_h) || !tap_in_phase(b, kw, s->stride_w, s->pad_w, s->dil_w))
+                    continue;
+                for (ocg = 0; ocg < cout_g; ++ocg, ++j)
+                    wt[(long)icg * len + et_q8_col_pos(j, len)] =
+                        w[(((long)g * cout_g + ocg) * cin_g + icg) * taps + kh * s->k_w + kw];
+            }
+    }
+    return len;
+}
+
+/* The forward's scheme on the transposed problem, one stride phase at a time: an input pixel reads only the taps
+ * of its phase (a stride-2 kernel: a quarter of them), so the pixels of a phase share one transposed weight matrix
+ * (phase_weights, in the scratch) and gather only those taps' gradients. Two pixels of the phase are gathered
+ * (int16), then two input channels at a time run against them (et_q8_mac_2x2). Stride 1 is one phase. */
 void et_q8_conv2d_backward_input(const et_conv2d_shape *s, const int8_t *gy, const int8_t *w,
                                  const et_q8_requant *q, int16_t *scratch, int8_t *gx)
 {
-    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups, taps = s->k_h * s->k_w;
-    const int len = cout_g * taps;
-    const long plane_in = (long)s->h_in * s->w_in;
-    int8_t *wt = (int8_t *)(scratch + 2 * len);
-    int n, g, icg, ocg, t, j;
-    long p;
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    const int w_in = s->w_in, sh = s->stride_h, sw = s->stride_w;
+    const int len_max = cout_g * s->k_h * s->k_w;
+    const long plane_in = (long)s->h_in * w_in;
+    const et_q8_requant qq = *q; /* a local copy: the int8 stores below may alias *q for the compiler */
+    int8_t *wt = (int8_t *)(scratch + 2 * len_max);
+    int n, g, icg, a, b, j;
 
-    if (cin_g == 1 && cout_g == 1 && s->k_w == 3 && s->k_h <= DW_MAX_KH && s->stride_h == 1 && s->stride_w == 1 && s->dil_h == 1 &&
+    if (cin_g == 1 && cout_g == 1 && s->k_w == 3 && s->k_h <= DW_MAX_KH && sh == 1 && sw == 1 && s->dil_h == 1 &&
         s->dil_w == 1) {
         depthwise3(s, gy, w, q, gx);
         return;
     }
-    for (g = 0; g < s->groups; ++g) {
-        for (icg = 0; icg < cin_g; ++icg)
-            for (ocg = 0; ocg < cout_g; ++ocg)
-                for (t = 0; t < taps; ++t)
-                    wt[(long)icg * len + ocg * taps + t] = w[(((long)g * cout_g + ocg) * cin_g + icg) * taps + t];
-        for (n = 0; n < s->n; ++n) {
-            const int8_t *gyg = gy + ((long)n * s->c_out + (long)g * cout_g) * s->h_out * s->w_out;
-            int8_t *gxg = gx + ((long)n * s->c_in + (long)g * cin_g) * plane_in;
-            for (p = 0; p < plane_in; p += 2) {
-                const int two = p + 1 < plane_in;
-                int16_t *c0 = scratch, *c1 = two ? scratch + len : scratch;
-                gather_sources(s, gyg, p, c0);
-                if (two)
-                    gather_sources(s, gyg, p + 1, c1);
-                for (icg = 0; icg < cin_g; icg += 2) {
-                    const int rows = icg + 1 < cin_g ? 2 : 1;
-                    const int8_t *w0 = wt + (long)icg * len;
-                    int32_t acc[4] = {0, 0, 0, 0};
-                    et_q8_mac_2x2(c0, c1, w0, rows == 2 ? w0 + len : w0, len, acc);
-                    for (j = 0; j < 2 * rows; ++j)
-                        if ((j & 1) == 0 || two)
-                            gxg[(icg + (j >> 1)) * plane_in + p + (j & 1)] = et_q8_output(q, g * cin_g + icg + (j >> 1), acc[j]);
+    for (g = 0; g < s->groups; ++g)
+        for (a = 0; a < sh && a < s->h_in; ++a)
+            for (b = 0; b < sw && b < w_in; ++b) {
+                const int len = phase_weights(s, w, g, a, b, wt);
+                const int rows = (s->h_in - a + sh - 1) / sh, cols = (w_in - b + sw - 1) / sw; /* the phase's pixels */
+                const long count = (long)rows * cols;
+                long k;
+                for (n = 0; n < s->n; ++n) {
+                    const int8_t *gyg = gy + ((long)n * s->c_out + (long)g * cout_g) * s->h_out * s->w_out;
+                    int8_t *gxg = gx + ((long)n * s->c_in + (long)g * cin_g) * plane_in;
+                    for (k = 0; k < count; k += 2) {
+                        const int two = k + 1 < count;
+                        const long p0 = (long)(a + (int)(k / cols) * sh) * w_in + b + (int)(k % cols) * sw;
+                        const long p1 = two ? (long)(a + (int)((k + 1) / cols) * sh) * w_in + b + (int)((k + 1) % cols) * sw : p0;
+                        int16_t *c0 = scratch, *c1 = two ? scratch + len_max : scratch;
+                        gather_sources(s, gyg, (int)(p0 / w_in), (int)(p0 % w_in), c0);
+                        if (two)
+                            gather_sources(s, gyg, (int)(p1 / w_in), (int)(p1 % w_in), c1);
+                        for (icg = 0; icg < cin_g; icg += 2) {
+                            const int pair = icg + 1 < cin_g ? 2 : 1;
+                            const int8_t *w0 = wt + (long)icg * len;
+                            int32_t acc[4] = {0, 0, 0, 0};
+                            int8_t *g0 = gxg + icg * plane_in;
+                            et_q8_mac_2x2(c0, c1, w0, pair == 2 ? w0 + len : w0, len, acc);
+                            for (j = 0; j < pair; ++j, g0 += plane_in) {
+                                g0[p0] = et_q8_output(&qq, g * cin_g + icg + j, acc[2 * j]);
+                                if (two)
+                                    g0[p1] = et_q8_output(&qq, g * cin_g + icg + j, acc[2 * j + 1]);
+                            }
+                        }
+                    }
                 }
             }
-        }
-    }
 }
 #else
 void et_q8_conv2d_backward_input(const et_conv2d_shape *s, const int8_t *gy, const int8_t *w,

@@ -7,9 +7,10 @@
  * nothing. The sum is exact while n * h_out * w_out * 128 * 255 < 2^31 (n * h_out * w_out < 65794).
  *
  * et_q8_conv2d_backward_weight_ref is the plain loop; et_q8_conv2d_backward_weight the fast one where
- * ET_Q8_FAST (q8_arith.h), else the plain one. With stride 1 along w the fast one runs each kernel tap's sum
- * along contiguous rows of gy and x; with other strides it sums outer products of four output pixels at a time,
- * whose windows its scratch holds (et_q8_conv2d_weight_grad_scratch_size(s) int16 elements; unused otherwise).
+ * ET_Q8_FAST (q8_arith.h), else the plain one. Where a group has 8 or more output channels (or 4, with a stride
+ * along w above 1) it sums outer products of four output pixels at a time, whose windows its scratch holds
+ * (et_q8_conv2d_weight_grad_scratch_size(s) int16 elements: interleaved int16, then bytes; unused otherwise);
+ * other layers with stride 1 along w run each kernel tap's sum along contiguous rows of gy and x.
  */
 #ifndef ET_Q8_CONV2D_WEIGHT_GRAD_H
 #define ET_Q8_CONV2D_WEIGHT_GRAD_H

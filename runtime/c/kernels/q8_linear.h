@@ -9,8 +9,8 @@
  * Sums are exact int32 (q8_arith.h for the requantisation and the per-channel gradient scales).
  *
  * The _ref functions are the plain loops; the others are the fast ones where ET_Q8_FAST (q8_arith.h),
- * else the plain ones. The weight gradient has no fast variant: at batch 1 it is an outer product, one
- * multiply per output, with nothing for SMLAD to pair.
+ * else the plain ones. The fast weight gradient (an outer product at batch 1: one multiply per output, nothing for
+ * SMLAD to pair) unpacks four features of x - x_zp per SXTAB16 pair and multiplies halves (SMULBB/SMULTB).
  */
 #ifndef ET_Q8_LINEAR_H
 #define ET_Q8_LINEAR_H
@@ -27,6 +27,8 @@ void et_q8_linear_backward_input_ref(int n, int in, int out, const int8_t *gy, c
                                      const et_q8_requant *q, int8_t *gx);
 void et_q8_linear_backward_input(int n, int in, int out, const int8_t *gy, const int8_t *w,
                                  const et_q8_requant *q, int8_t *gx);
+void et_q8_linear_backward_weight_ref(int n, int in, int out, const int8_t *gy, const int8_t *x, int32_t x_zp,
+                                      int32_t *gw, int32_t *gb);
 void et_q8_linear_backward_weight(int n, int in, int out, const int8_t *gy, const int8_t *x, int32_t x_zp,
                                   int32_t *gw, int32_t *gb);
 

@@ -233,8 +233,8 @@ static void linear_case(int n, int in, int out)
     TIME(T_FWD + 1, et_q8_linear_forward(n, in, out, x8, x_zp, w8, bias, &q, y8f));
     TIME(T_BIN + 0, et_q8_linear_backward_input_ref(n, in, out, gy8, w8, &gq, gx8));
     TIME(T_BIN + 1, et_q8_linear_backward_input(n, in, out, gy8, w8, &gq, gx8f));
-    TIME(T_BW + 0, et_q8_linear_backward_weight(n, in, out, gy8, x8, x_zp, gw, gb));
-    TIME(T_BW + 1, et_q8_linear_backward_weight(n, in, out, gy8, x8, x_zp, gwf, gbf)); /* no fast variant */
+    TIME(T_BW + 0, et_q8_linear_backward_weight_ref(n, in, out, gy8, x8, x_zp, gw, gb));
+    TIME(T_BW + 1, et_q8_linear_backward_weight(n, in, out, gy8, x8, x_zp, gwf, gbf));
     to_float(x8, n * in, xf);
     to_float(w8, out * in, wf);
     to_float(gy8, n * out, gyf);
@@ -262,7 +262,9 @@ static void linear_case(int n, int in, int out)
     put(S_GX, gx8, (long)n * in);
     put(S_GX_FAST, gx8f, (long)n * in);
     put(S_GW, gw, 4L * out * in);
+    put(S_GW_FAST, gwf, 4L * out * in);
     put(S_GB, gb, 4L * out);
+    put(S_GB_FAST, gbf, 4L * out);
     put_ticks();
     ++g_case;
 }
@@ -285,7 +287,9 @@ static void pool_case(int kind, et_pool2d_shape s)
         et_q8_maxpool2d_forward(&s, x8, y8, idx); /* the int8 argmax again, for the page */
     } else {
         TIME(T_FWD + 0, et_q8_avgpool2d_forward(&s, x8, zp, y8));
-        TIME(T_BIN + 0, et_q8_avgpool2d_backward(&s, gy8, gx8));
+        memset(gx8f, 99, sizeof gx8f); /* the fast backward writes every element, uncovered ones too */
+        TIME(T_BIN + 0, et_q8_avgpool2d_backward_ref(&s, gy8, gx8));
+        TIME(T_BIN + 1, et_q8_avgpool2d_backward(&s, gy8, gx8f));
         TIME(T_FWD + 2, et_avgpool2d_forward(&s, xf, yf));
         TIME(T_BIN + 2, et_avgpool2d_backward(&s, gyf, gxf));
     }
@@ -297,6 +301,8 @@ static void pool_case(int kind, et_pool2d_shape s)
     put(S_GY, gy8, ny);
     put(S_Y, y8, ny);
     put(S_GX, gx8, nx);
+    if (kind == KIND_AVGPOOL)
+        put(S_GX_FAST, gx8f, nx);
     if (kind == KIND_MAXPOOL)
         put(S_IDX, idx, 4 * ny);
     put_ticks();

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from edgetrain.codegen.backend import DeviceRoom, Rendered, WeightRoom
 from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.runtime.python.inplace import IN_PLACE_ARGS
 
 from .c.backend import CBackend
 from .python_plan import render_python_plan, write_weights
@@ -18,6 +19,7 @@ class PythonBackend:
     generates_kernels = True  # torch's inductor compiles a fused chain at its first call (fused_kernels.py)
     overlaps_paging = True  # the page store's threads read ahead and write behind (scheduling/overlap.py)
     streams_from_storage = True  # frozen weights read from weights.safetensors by each op that reads them
+    in_place = IN_PLACE_ARGS  # torch's out= overloads and in-place twins (runtime/python/inplace.py)
 
     def check_model(self, model, target, optimizer, name: str) -> None:
         return None

@@ -66,7 +66,7 @@ def _same_call(a: dict | None, b: dict) -> bool:
     """Whether two nodes hold different outputs of one call of their op (the runtime runs it once)."""
     if a is None or a["op"] != b["op"] or a["inputs"] != b["inputs"]:
         return False
-    strip = ("keep", "aux", "updates", "then", "scratch", "dying", "loss_item")
+    strip = ("keep", "aux", "updates", "then", "scratch", "dying", "loss_item", "into")
 
     def call(n: dict) -> dict:
         return {k: v for k, v in n["attrs"].items() if k not in strip}
@@ -87,7 +87,7 @@ def _step_lines(steps: list[dict], i: int, node: dict | None, names: Names, befo
     if node["kind"] in ("input", "labels"):
         return statement(f"{names.tensor(tensor)} = ", f"rt.load_{node['kind']}()")
     first = action == "compute"
-    dying = dying_operands(steps, i, node) if node["op"] in INPLACE else []
+    dying = dying_operands(steps, i, node) if node["op"] in INPLACE and "into" not in node["attrs"] else []
     call = CallWriter(names, node).call("rt.call(" if first else "rt.recompute(", dying)
     keep = node["attrs"].get("keep")
     if keep in ("none", []):

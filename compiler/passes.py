@@ -76,7 +76,7 @@ def stream_to_fit(req: Request, m: Measured) -> Measured:
     above the bytes asked for: frozen weights streamed, largest first, until it is not (graph/streaming.py)."""
     graph, target = m.traced.graph, m.target
     want = req.budget.nbytes
-    if not getattr(req.backend, "streams_from_storage", False) or want is None or target.storage_bytes <= 0:
+    if not req.backend.streams_from_storage or want is None or target.storage_bytes <= 0:
         return m
     chosen = stream_until(graph, lambda g: min_budget(analyze(g)) <= want, target.storage_bytes)
     if not chosen:

@@ -89,6 +89,12 @@ class Node:
         return n * DTYPE_BYTES[self.dtype]
 
     @property
+    def into(self) -> str | None:
+        """The operand whose bytes this node's output takes (it dies here: graph/inplace.py), or None."""
+        k = self.attrs.get("into")
+        return None if k is None else self.inputs[k].name
+
+    @property
     def recomputable(self) -> bool:
         return self.kind in ("forward", "loss")
 

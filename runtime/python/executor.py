@@ -342,6 +342,8 @@ class Runtime:
                                     self.device, self.optim)
         except KeyError as e:
             raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
+        except ValueError as e:  # an output the plan writes into an operand the op's kernel cannot
+            raise PlanError(f"{self._what}: {e}") from None
         self._prepared[(name, first)] = node
         return node
 
@@ -363,7 +365,7 @@ class Runtime:
         """One aten op: operands in, the outputs the plan keeps held, updates applied, the rest dropped."""
         ins = self._operands(node)
         aux = self._require(node.aux_name) if node.aux_name is not None else None
-        spot = self._inplace_spot(node, ins) if node.dying else None
+        spot = self._inplace_spot(node, ins) if node.dying and node.into is None else None
         ledger = self.ledger
         grad_was = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # torch.no_grad() without its context object, once per op
@@ -412,9 +414,11 @@ class Runtime:
         `spot`: run the op's in-place twin into that operand (`inplace.plan`)."""
         updates = node.updates
         twin, self._twin = self._twin, None  # (key, operands, outputs) of the call just before, of this node's op
-        if spot is not None:
+        if spot is not None or node.into is not None:
             twin = None  # an in-place twin runs instead
-        if spot is None and node.buffer_call is not None:
+        if node.into is not None:
+            outs = self._into(name, node, ins, aux)
+        elif spot is None and node.buffer_call is not None:
             outs = aten_call.run(node.buffer_call, ins, aux, self.seed, self.step)
             new = node.buffer_outs  # the new values, in place already
             try:
@@ -441,7 +445,14 @@ class Runtime:
             held = tuple(outs[k] for k in items)
         else:
             held = outs[items[0]]
-        if held is not None and spot is None:
+        if node.into is not None:  # counted in the operand's bytes, as the schedule counts it
+            if held is not None:
+                x = node.operands[node.into][0]
+                self.ledger.hand_over(x, name)
+                self._live[name] = held
+                self._live[x] = _Overwritten(self._op, name)
+                self.in_place_ops += 1
+        elif held is not None and spot is None:
             held_items = held if node.keep_list else (held,)
             if _aliases(held_items, ins):
                 raise PlanError(f"{self._what}: the op's output aliases an operand")
@@ -461,6 +472,23 @@ class Runtime:
         elif updates:  # nothing dropped: the updates add nothing to the count
             self._apply_updates(outs, updates)
         return held, outs
+
+    def _into(self, name, node, ins, aux) -> list:
+        """Run the node's op writing its output into operand `node.into`, which the schedule counts it in."""
+        k = node.into
+        x, t = node.operands[k][0], ins[k]
+        if node.operands[k][1] is not None or not isinstance(t, Tensor) or not inplace.sole_owner(t):
+            raise PlanError(f"{self._what}: cannot write into '{x}': another tensor shares its bytes")
+        if t.nbytes != self.ledger.bytes_of(x) or any(
+                j != k and isinstance(o, Tensor) and o.numel() and o.untyped_storage().data_ptr() ==
+                t.untyped_storage().data_ptr() for j, o in enumerate(ins)):
+            raise PlanError(f"{self._what}: cannot write into '{x}': another operand shares its bytes")
+        if self.store.writing(x):  # never for a tensor with a fixed life; a page-out would be reading it
+            self._waited(lambda: self.store.wait(x))
+        outs = aten_call.run(node.into_call, ins, aux, self.seed, self.step)
+        if outs[0] is not t and (not isinstance(outs[0], Tensor) or outs[0].data_ptr() != t.data_ptr()):
+            raise PlanError(f"{self._what}: {node.into_call.op} did not write into '{x}'")
+        return outs
 
     @staticmethod
     def _apply_updates(outs: list, updates) -> None:

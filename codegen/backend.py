@@ -8,6 +8,7 @@ table of backends by `--emit` name is `backends.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Protocol
 
 from edgetrain.compiler.graph.ir import OptimizerConfig, TrainingGraph  # the graph a backend lowers
@@ -52,6 +53,9 @@ class Backend(Protocol):
     widen_fusion: bool  # fuse wide elementwise chains (a microcontroller's small graph keeps every byte instead)
     generates_kernels: bool  # runs fused pointwise chains as generated kernels (`compile --fuse`)
     overlaps_paging: bool  # pages ahead and behind in the background (a runtime that pages synchronously: False)
+    # op -> the arguments (by position) its kernel may write its output into (compiler/graph/inplace.py)
+    in_place: Mapping[str, tuple[int, ...]]
+    streams_from_storage: bool  # reads frozen weights from its weights file per op when the budget asks it
 
     def check_model(self, model, target, optimizer: OptimizerConfig, name: str) -> None:
         """Refuse, before any tracing, a model the device cannot hold (its weights alone)."""

@@ -88,7 +88,7 @@ def statement(head: str, e, indent: int = 4, note: str = "", width: int = WIDTH)
     lines = _fill(" " * indent + head, e, "", width) if isinstance(e, Group) else [" " * indent + head + e]
     if not note:
         return lines
-    if len(lines) == 1 and len(lines[0]) + 3 + len(note) <= width:
+    if len(lines) == 1 and len(lines[0]) + 4 + len(note) <= width:  # "  # " before it
         return [f"{lines[0]}  # {note}"]
     return comment(note, indent, width) + lines
 

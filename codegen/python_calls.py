@@ -169,7 +169,8 @@ class CallWriter:
         node, attrs = self.node, self.node["attrs"]
         op = self.names.kernel(node["name"]) if node["op"] == FUSED_OP else op_expr(node["op"])
         items = [literal(node["name"]), op, *self.arguments(attrs)]
-        known = {"args", "kwargs", "keep", "aux", "scratch", "updates", "then", "seed_key", "loss_item", "dying"}
+        known = {"args", "kwargs", "keep", "aux", "scratch", "updates", "then", "seed_key", "loss_item", "dying",
+                 "into"}
         if node["op"] == FUSED_OP:
             known = {"args", "chain"}
         unknown = sorted(set(attrs) - known)
@@ -184,6 +185,8 @@ class CallWriter:
             items.append(self.updates(attrs["updates"]))
         if attrs.get("then"):
             items.append(Group("then=[", tuple(self.fused(sub) for sub in attrs["then"]), "]"))
+        if "into" in attrs:
+            items.append(f"into={self.operand(node['inputs'][attrs['into']])}")
         if dying:
             refs = [self.operand(node["inputs"][k]) for k in dying]
             items.append(f"overwrite={refs[0]}" if len(refs) == 1 else f"overwrite=[{', '.join(refs)}]")

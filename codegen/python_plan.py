@@ -66,7 +66,7 @@ def _same_call(a: dict | None, b: dict) -> bool:
     """Whether two nodes hold different outputs of one call of their op (the runtime runs it once)."""
     if a is None or a["op"] != b["op"] or a["inputs"] != b["inputs"]:
         return False
-    strip = ("keep", "aux", "updates", "then", "scratch", "dying", "loss_item")
+    strip = ("keep", "aux", "updates", "then", "scratch", "dying", "loss_item", "into")
 
     def call(n: dict) -> dict:
         return {k: v for k, v in n["attrs"].items() if k not in strip}
@@ -87,7 +87,7 @@ def _step_lines(steps: list[dict], i: int, node: dict | None, names: Names, befo
     if node["kind"] in ("input", "labels"):
         return statement(f"{names.tensor(tensor)} = ", f"rt.load_{node['kind']}()")
     first = action == "compute"
-    dying = dying_operands(steps, i, node) if node["op"] in INPLACE else []
+    dying = dying_operands(steps, i, node) if node["op"] in INPLACE and "into" not in node["attrs"] else []
     call = CallWriter(names, node).call("rt.call(" if first else "rt.recompute(", dying)
     keep = node["attrs"].get("keep")
     if keep in ("none", []):
@@ -138,6 +138,9 @@ def render_plan_text(schedule: dict, schedule_file: str = "schedule.json") -> st
             "budget_bytes": s["budget"]["bytes"],
             "predicted_peak_bytes": s["predicted"]["peak_bytes"],
             "threads": Target(**s["target"]).cpu_threads}  # the profile's, or the field's own default
+    streamed = {n["name"]: n["streamed"] for n in nodes if n.get("streamed")}
+    if streamed:  # node -> the frozen weights it reads from weights.safetensors each time it runs
+        plan["streamed"] = streamed
     kernels = []  # each fused node's chain, bound once
     by_kernel = {names.kernel(n["name"]): n for n in nodes if n["op"] == FUSED_OP}
     for ident, n in by_kernel.items():

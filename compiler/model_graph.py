@@ -15,15 +15,16 @@ from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
 from .graph.costs import costed
 from .graph.fuse_chains import fuse_pointwise_chains
+from .graph.inplace import mark_in_place
 from .graph.streaming import choose_streamed, sliceable_weights, stream_weights
 from .graph.workspace import applies as scratch_applies, scratch_threads
 from .stages import CompileOptions, Traced
 
 
 def trace_model(opts: CompileOptions, target, backend, device_check: bool = True) -> Traced:
-    """Resolve, trace and lower the model for `backend`; place the frozen weights the device cannot hold in
-    storage (by the largest-first rule; `device_check`: against the device's limits at all); cost the graph
-    on `target`."""
+    """Resolve, trace and lower the model for `backend`, with the outputs its kernels write into dying operands
+    (graph/inplace.py); place the frozen weights the device cannot hold in storage (by the largest-first rule;
+    `device_check`: against the device's limits at all); cost the graph on `target`."""
     torch.manual_seed(opts.seed)  # zoo models initialize deterministically from the seed
     resolved = resolve(opts.model, **opts.model_kwargs)
     shape = opts.input_shape or resolved.input_shape
@@ -50,6 +51,7 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
         graph = stream_beyond_flash(graph, target, backend)
     if opts.fuse:  # before profiling: a measured target times each chain as its kernel runs it
         graph, _ = fuse_pointwise_chains(graph)
+    graph = mark_in_place(graph, backend.in_place)  # on the graph's final nodes (a fused chain is not marked)
     measured = None
     if getattr(target, "measured", False):
         from .graph.profiler import profile_nodes

@@ -199,6 +199,25 @@ class WideConvs(nn.Module, _Facts):
         return self.head(self.features(x).mean((2, 3)))
 
 
+class ConvBnReluPool(nn.Module):
+    """conv-BN-ReLU-pool twice over 3x32x32 images (16 and 32 channels), global average pool, a linear head: the
+    README's kind of CNN, whose backward chains ReLU's, batch norm's and the convolution's backward per block."""
+
+    input_shape, num_classes = (3, 32, 32), 10
+
+    def __init__(self) -> None:
+        super().__init__()
+
+        def block(cin, cout):
+            return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+
+        self.net = nn.Sequential(*block(3, 16), nn.MaxPool2d(2), *block(16, 32), nn.MaxPool2d(2),
+                                 nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
 # -- written as users write them: no num_classes anywhere; the class count is read from the output ----------
 
 def image_classifier():
@@ -363,3 +382,7 @@ def gated_mlp():
 def smoothed_cross_entropy(output, labels):
     """A user's own loss (`--loss tests/user_models.py:smoothed_cross_entropy`)."""
     return F.cross_entropy(output, labels, label_smoothing=0.1) + 1e-3 * output.pow(2).mean()
+
+
+def conv_bn_relu_pool():
+    return ConvBnReluPool()

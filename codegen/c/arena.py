@@ -2,7 +2,8 @@
 
 Every compute, recompute or page-in of a tensor opens a lifetime at its step index; the free step closes
 it. Two lifetimes may share bytes only if they never overlap in time (a kernel's output is allocated
-while its operands are alive, so an output never aliases an input). The live bytes at the busiest step
+while its operands are alive, so an output never aliases an input, except an output the graph writes over a
+dying operand: firmware.py gives the two one lifetime, so one offset). The live bytes at the busiest step
 are a lower bound on any arena - and exactly the schedule's activation peak, which the validator
 predicted. Fragmentation can make a packing larger; the planner tries a few orderings of greedy
 best-fit placement (largest first as in TFLite Micro's greedy planner, earliest first, longest first),

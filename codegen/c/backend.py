@@ -14,6 +14,7 @@ from .device_fit import (applies, board_limit, check_fit, check_model_fits, devi
                          flash_room_for_frozen, runtime_reserve_bytes, board_stack_bytes)
 from .firmware import render_c_firmware
 from .lower import lower_for_c
+from .ops import IN_PLACE_ARGS
 
 CODE_STEPS_PER_NODE = 3  # code estimated at 3 steps a node (computed, freed, sometimes recomputed); the image is checked
 
@@ -30,6 +31,8 @@ class CBackend:
     widen_fusion = False  # microcontroller graphs are small: every byte counts
     generates_kernels = False  # each op is a hand-written C kernel
     overlaps_paging = False  # the C runtime pages synchronously: overlap would only hold RAM
+    in_place = IN_PLACE_ARGS  # kernels whose loops read each element before writing it (ops.py)
+    streams_from_storage = False  # frozen weights beyond flash stream by the device's own rule (weight_room)
 
     def check_model(self, model, target, optimizer, name: str) -> None:
         check_model_fits(model, target, optimizer, name)  # a model whose weights alone overflow fails before tracing

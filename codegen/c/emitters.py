@@ -376,18 +376,18 @@ def _batch_norm_bwd(c: OpCase, ctx: Context, out) -> list[str]:
     gyp, xp = ctx.contiguous(gy, "the output gradient"), ctx.contiguous(x, "the input")
     gx = ctx.ptr(out) if a["output_mask"][0] and out is not None else "NULL"
     wname, bname = _updated(c, 1), _updated(c, 2)
-    lines = []
     if not (wname or bname):  # frozen affine parameters: the input gradient alone
         return [f"et_batch_norm_backward({n}, {ch}, {hw}, {gyp}, {xp}, {ctx.param(w)}, {mean}, {invstd}, {gx}, "
                 "NULL, NULL);"]
-    if w is not None and not wname and gx != "NULL":  # a frozen weight: its input gradient reads it first
-        lines.append(f"et_batch_norm_backward({n}, {ch}, {hw}, {gyp}, {xp}, {ctx.param(w)}, {mean}, {invstd}, {gx}, "
-                     "NULL, NULL);")
-        gx = "NULL"
-    lines.append(f"et_batch_norm_backward_sgd({n}, {ch}, {hw}, {gyp}, {xp}, {mean}, {invstd}, &et_sgd, {gx}, "
-                 f"{ctx.pident[wname] if wname else 'NULL'}, {ctx.mom(wname)}, "
-                 f"{ctx.pident[bname] if bname else 'NULL'}, {ctx.mom(bname)});")
-    return lines
+    sgd = (f"et_batch_norm_backward_sgd({n}, {ch}, {hw}, {gyp}, {xp}, {mean}, {invstd}, &et_sgd, "
+           + "{}" + f", {ctx.pident[wname] if wname else 'NULL'}, {ctx.mom(wname)}, "
+           f"{ctx.pident[bname] if bname else 'NULL'}, {ctx.mom(bname)});")
+    if w is not None and not wname and gx != "NULL":
+        # A frozen weight with a trained bias: the bias's update first, then the input gradient (which reads the
+        # frozen weight, never the bias), so an input gradient written over its operand is written last.
+        return [sgd.format("NULL"), f"et_batch_norm_backward({n}, {ch}, {hw}, {gyp}, {xp}, {ctx.param(w)}, {mean}, "
+                                    f"{invstd}, {gx}, NULL, NULL);"]
+    return [sgd.format(gx)]
 
 
 # -- layer norm ----------------------------------------------------------------------------------------------

@@ -180,6 +180,7 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
     by_name = em.by_name
     lifetimes: list[Lifetime] = []
     current: dict[str, Lifetime] = {}
+    handed: set[str] = set()  # operands an output was written over: their free ends nothing
     # step, operand lifetimes, output lifetime, the streamed weights' lifetimes (only while the node runs)
     plan: list[tuple[dict, dict, Lifetime | None, dict[str, Lifetime]]] = []
     for k, st in enumerate(steps):
@@ -196,7 +197,13 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
                 if stats in current:  # statistics read by a backward, or rewritten by a recompute
                     lts[stats] = current[stats]
             out = None
-            if _words(node):
+            into = node["attrs"].get("into")
+            if into is not None:  # the output is written over a dying operand: its bytes, its offset
+                x = node["inputs"][into]["t"]
+                out = current[name] = lts[x]
+                out.name = f"{out.name} -> {name}"
+                handed.add(x)
+            elif _words(node):
                 out = Lifetime(name, k, -1, _words(node))
                 lifetimes.append(out)
                 current[name] = out
@@ -219,7 +226,11 @@ def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifet
             plan.append((st, {}, current[name], {}))
         elif a == "free":
             lt = current.pop(name)
-            lt.end = k
+            if name in handed:  # its bytes live on as the output written over it
+                handed.discard(name)
+                lt = None
+            else:
+                lt.end = k
             plan.append((st, {}, lt, {}))
         else:
             raise CodegenError(f"unknown step action {a!r}")
@@ -292,6 +303,9 @@ def _render_train(em: _Emitter, plan) -> tuple[list[Block], list[dict]]:
             comments.append(f"page in {node['name']} (page {pid}, {4 * lt.words} B): "
                             f"{_why(st, 'page in ' + node['name'] + ': ')}")
             blocks.append(Block(comments, [f"ET_TRY(et_page_in({pid}u, ET_F({lt.offset}), {4 * lt.words}u));"]))
+        elif lt is None:  # free of an operand an output was written over: its floats are that output's
+            comments.append(f"free {node['name']}: {st['reason']} (its floats hold the output written over it)")
+            blocks.append(Block(comments, []))
         else:  # free: nothing to do at run time but the arena slot is reusable from the next step on
             comments.append(f"free {node['name']} (floats {lt.offset}..{lt.offset + lt.words - 1}): {st['reason']}")
             blocks.append(Block(comments, []))

@@ -45,6 +45,9 @@ class CKernel:
     reads: Callable[[dict], set[str]] | None = None  # bound arguments -> names of the arguments read
     refuse: Callable[["OpCase"], str | None] = lambda case: None
     sources: tuple[str, ...] = ()
+    # Arguments (by position) the output may share its bytes with: the kernel's loops read each element of them
+    # before they write that element (elementwise at one index, or a channel's sums before its writes).
+    in_place: tuple[int, ...] = ()
 
     @property
     def source_files(self) -> tuple[str, ...]:
@@ -317,6 +320,13 @@ def _both(*checks):
     return check
 
 
+# Arguments an output may share its bytes with (CKernel.in_place): the first (an activation, its input), the
+# first two (a backward's gradient and the forward value it reads; a binary op's operands). Not listed: kernels
+# that read other elements after writing one (convolutions, linear layers, pooling; layer norm's backward, whose
+# weight gradient reads the output gradient after the input gradient is written; a slice's backward, a fill then
+# a copy), ops whose outputs have other shapes (sums, means, cat), and log_softmax (the logits are small).
+_X, _GY_X, _A_B = (0,), (0, 1), (0, 1)
+
 # The table: every aten op of a training graph the C runtime runs.
 C_OPS: dict[str, CKernel] = {
     "aten.convolution.default": CKernel("conv2d", "2-D convolution: stride, padding, dilation, groups, bias",
@@ -326,31 +336,33 @@ C_OPS: dict[str, CKernel] = {
     "aten.addmm.default": CKernel("linear", "linear layers", refuse=_both(_linear_fwd_refuse, _no_update)),
     "aten.mm.default": CKernel("linear", refuse=_mm_refuse),
     "aten.sum.dim_IntList": CKernel("sum", "sums over H and W", refuse=_sum_refuse),
-    "aten.relu.default": CKernel("relu", "ReLU", refuse=_no_update),
-    "aten.threshold_backward.default": CKernel("relu", refuse=_both(_threshold_refuse, _no_update)),
-    "aten.hardtanh.default": CKernel("relu6", "ReLU6", refuse=_both(_hardtanh_refuse, _no_update)),
-    "aten.hardtanh_backward.default": CKernel("relu6", refuse=_both(_hardtanh_refuse, _no_update)),
+    "aten.relu.default": CKernel("relu", "ReLU", refuse=_no_update, in_place=_X),
+    "aten.threshold_backward.default": CKernel("relu", refuse=_both(_threshold_refuse, _no_update), in_place=_GY_X),
+    "aten.hardtanh.default": CKernel("relu6", "ReLU6", refuse=_both(_hardtanh_refuse, _no_update), in_place=_X),
+    "aten.hardtanh_backward.default": CKernel("relu6", refuse=_both(_hardtanh_refuse, _no_update),
+                                                in_place=_GY_X),
     BATCH_NORM: CKernel("batch_norm", "batch norm (training; running statistics)", reads=lambda a: {"input"},
-                        refuse=_both(_bn_refuse, _no_update)),
+                        refuse=_both(_bn_refuse, _no_update), in_place=_X),
     "aten.native_batch_norm_backward.default": CKernel("batch_norm", reads=lambda a: {"grad_out", "input"},
-                                                       refuse=_bn_refuse),
+                                                       refuse=_bn_refuse, in_place=_GY_X),
     LAYER_NORM: CKernel("layer_norm", "layer norm", refuse=_both(_layer_norm_refuse, _no_update)),
     "aten.native_layer_norm_backward.default": CKernel("layer_norm", refuse=_layer_norm_refuse),
-    "aten.sigmoid.default": CKernel("sigmoid", "sigmoid", refuse=_no_update),
-    "aten.sigmoid_backward.default": CKernel("sigmoid", refuse=_no_update),
-    "aten.hardsigmoid.default": CKernel("hardsigmoid", "hardsigmoid", refuse=_no_update),
-    "aten.hardsigmoid_backward.default": CKernel("hardsigmoid", refuse=_no_update),
-    "aten.hardswish.default": CKernel("hardswish", "hardswish", refuse=_no_update),
-    "aten.hardswish_backward.default": CKernel("hardswish", refuse=_no_update),
-    "aten.leaky_relu.default": CKernel("leaky_relu", "LeakyReLU", refuse=_no_update),
-    "aten.leaky_relu_backward.default": CKernel("leaky_relu", refuse=_both(_leaky_refuse, _no_update)),
-    "aten.gelu.default": CKernel("gelu", "GELU", refuse=_both(_gelu_refuse, _no_update)),
-    "aten.gelu_backward.default": CKernel("gelu", refuse=_both(_gelu_refuse, _no_update)),
+    "aten.sigmoid.default": CKernel("sigmoid", "sigmoid", refuse=_no_update, in_place=_X),
+    "aten.sigmoid_backward.default": CKernel("sigmoid", refuse=_no_update, in_place=_GY_X),
+    "aten.hardsigmoid.default": CKernel("hardsigmoid", "hardsigmoid", refuse=_no_update, in_place=_X),
+    "aten.hardsigmoid_backward.default": CKernel("hardsigmoid", refuse=_no_update, in_place=_GY_X),
+    "aten.hardswish.default": CKernel("hardswish", "hardswish", refuse=_no_update, in_place=_X),
+    "aten.hardswish_backward.default": CKernel("hardswish", refuse=_no_update, in_place=_GY_X),
+    "aten.leaky_relu.default": CKernel("leaky_relu", "LeakyReLU", refuse=_no_update, in_place=_X),
+    "aten.leaky_relu_backward.default": CKernel("leaky_relu", refuse=_both(_leaky_refuse, _no_update),
+                                                 in_place=_GY_X),
+    "aten.gelu.default": CKernel("gelu", "GELU", refuse=_both(_gelu_refuse, _no_update), in_place=_X),
+    "aten.gelu_backward.default": CKernel("gelu", refuse=_both(_gelu_refuse, _no_update), in_place=_GY_X),
     DROPOUT: CKernel("dropout", "dropout (nn.Dropout; its mask redrawn from a hash)", reads=lambda a: {"input"},
-                     refuse=_both(_dropout_refuse, _no_update)),
-    DROPOUT_BACKWARD: CKernel("dropout", refuse=_both(_dropout_refuse, _no_update)),  # its mask: see lower.py
+                     refuse=_both(_dropout_refuse, _no_update), in_place=_X),
+    DROPOUT_BACKWARD: CKernel("dropout", refuse=_both(_dropout_refuse, _no_update), in_place=_X),  # its mask: see lower.py
     "aten.mul.Tensor": CKernel("mul", "mul of same-shape tensors or by a per-channel scale (squeeze-excitation)",
-                               refuse=_both(_mul_refuse, _no_update)),
+                               refuse=_both(_mul_refuse, _no_update), in_place=_A_B),
     "aten.max_pool2d_with_indices.default": CKernel("maxpool2d", "max-pool", refuse=_no_update),
     "aten.max_pool2d_with_indices_backward.default": CKernel(
         "maxpool2d", reads=lambda a: {"grad_output", "indices"}, refuse=_no_update),
@@ -362,12 +374,12 @@ C_OPS: dict[str, CKernel] = {
                              refuse=_both(_mean_refuse, _no_update)),
     "aten.div.Scalar": CKernel("global_avgpool", refuse=_both(_div_refuse, _no_update)),
     "aten.div.Tensor": CKernel("div", "division by a number or a same-shape tensor",
-                               refuse=_both(_div_tensor_refuse, _no_update)),
+                               refuse=_both(_div_tensor_refuse, _no_update), in_place=_A_B),
     # A channel slice's backward (GhostNet's `out[:, :c]`): zeros, and the gradient into its channels.
     "aten.slice_backward.default": CKernel("concat", "channel slices (their backward)", sources=("concat", "fill"),
                                            refuse=_both(_slice_bwd_refuse, _no_update)),
     "aten.add.Tensor": CKernel("add", "add of same-shape tensors (residuals)",
-                               refuse=_both(_same_shape_refuse, _no_update)),
+                               refuse=_both(_same_shape_refuse, _no_update), in_place=_A_B),
     "aten.cat.default": CKernel("concat", "cat along channels (dim 1)", refuse=_both(_cat_refuse, _no_update)),
     "aten._log_softmax.default": CKernel("log_softmax", "log_softmax over classes",
                                          refuse=_both(_log_softmax_refuse, _no_update)),
@@ -379,14 +391,15 @@ C_OPS: dict[str, CKernel] = {
                                               refuse=_both(_nll_refuse, _no_update)),
     "aten.ones_like.default": CKernel("", reads=lambda a: set(), refuse=_no_update),  # the loss's seed gradient
     # SiLU's backward, as torch's joint graph spells it: sigmoid(x) * (1 + x * (1 - sigmoid(x))).
-    "aten.silu.default": CKernel("silu", "SiLU", refuse=_no_update),
-    "aten.silu_backward.default": CKernel("silu", refuse=_no_update),
+    "aten.silu.default": CKernel("silu", "SiLU", refuse=_no_update, in_place=_X),
+    "aten.silu_backward.default": CKernel("silu", refuse=_no_update, in_place=_GY_X),
     "aten.empty_like.default": CKernel("", reads=lambda a: set(), refuse=_no_update),
     "aten.clone.default": CKernel("", "copies of contiguous tensors (Dropout(p=0))", refuse=_both(_clone_refuse, _no_update)),
     "aten.fill.Scalar": CKernel("fill", reads=lambda a: set(), refuse=_no_update),
-    "aten.sub.Tensor": CKernel("sub", refuse=_both(_same_shape_refuse, _no_update)),
-    "aten.add.Scalar": CKernel("add", refuse=_both(_scalar_refuse, _no_update)),
+    "aten.sub.Tensor": CKernel("sub", refuse=_both(_same_shape_refuse, _no_update), in_place=_A_B),
+    "aten.add.Scalar": CKernel("add", refuse=_both(_scalar_refuse, _no_update), in_place=_X),
 }
+IN_PLACE_ARGS = {op: k.in_place for op, k in C_OPS.items() if k.in_place}  # what the compiler's graph pass reads
 ALSO = "views (flatten, reshape, channel slices at batch 1); SGD with momentum and weight decay"
 
 

@@ -15,7 +15,20 @@ def _holds_nothing(n: Node) -> bool:
             and "loss_item" not in a and "then" not in a)
 
 
-def fuse_updates(nodes: list[Node], widen: bool = True) -> list[Node]:
+def _costs_memory(prev: Node, n: Node, sizes: dict[str, int], dies: set[str]) -> bool:
+    """Whether running `n` fused after `prev` holds more at once than running them apart would: fused, every
+    operand of both is held with prev's output and the larger workspace; apart, `n` runs after prev's operands
+    that nobody reads later (`dies`) are freed (a first layer's weight gradient, whose convolution scratch would
+    otherwise stand beside the batch norm's operands above it)."""
+    mine = {r.name for r in prev.inputs}
+    theirs = {r.name for r in n.inputs if r.name != prev.name}
+    held = lambda names: sum(sizes.get(x, 0) for x in names)  # noqa: E731
+    fused = held(mine | theirs) + max(prev.workspace_bytes, n.workspace_bytes)
+    apart = max(held(mine) + prev.workspace_bytes, held((mine - dies) | theirs) + n.workspace_bytes)
+    return fused > apart
+
+
+def fuse_updates(nodes: list[Node], widen: bool = True, sizes: dict[str, int] | None = None) -> list[Node]:
     """A backward node that holds nothing (a weight gradient applied at once) runs right after the node before
     it, as one schedulable node: the scheduler sees about one backward stage per layer. A forward node that
     holds nothing (a running-statistics update, which reads only buffers) runs after the first backward node:
@@ -25,18 +38,25 @@ def fuse_updates(nodes: list[Node], widen: bool = True) -> list[Node]:
     then each fused op; its workspace is the largest transient of the ops, counted beside its held output.
     `widen` False fuses a backward op only when it reads nothing its neighbour does not (a first layer's weight
     gradient would otherwise keep the input batch alive through the layer above's backward): for small graphs,
-    where every byte counts and the scheduler's model is small anyway.
+    where every byte counts and the scheduler's model is small anyway. Either way a fused op would not hold more
+    at once than the two apart (`_costs_memory`; `sizes`: bytes of tensors made outside `nodes`, the batch).
     """
+    sizes = {**(sizes or {}), **{n.name: n.bytes for n in nodes}}
+    last_read: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for r in n.inputs:
+            last_read[r.name] = i
     out: list[Node] = []
     deferred: list[Node] = []
-    for n in nodes:
+    for i, n in enumerate(nodes):
         prev = out[-1] if out else None
         if _holds_nothing(n) and n.kind == "forward" and not any(r.name for r in n.inputs):
             deferred.append(n)
             continue
         if (prev is not None and _holds_nothing(n) and n.kind == prev.kind == "backward"
                 and "seed_key" not in prev.attrs
-                and (widen or all(r in prev.inputs or r.name == prev.name for r in n.inputs))):
+                and (widen or all(r in prev.inputs or r.name == prev.name for r in n.inputs))
+                and not _costs_memory(prev, n, sizes, {x for x, k in last_read.items() if k < i})):
             out[-1] = _merge(prev, n)
             continue
         out.append(n)

@@ -225,15 +225,15 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
                                                           key=b.order.index))
     ordered = fwd_names + [loss_ref.node] + bwd_names
 
-    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}, scratch_threads),
-                         widen=widen_fusion)
-    # input first; labels right before the first node that reads them.
     x_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[0]).meta["val"]
     y_val = next(n for n in cap.gm.graph.nodes if n.name == cap.inputs[1]).meta["val"]
     input_node = Node(name="input", kind="input", op="input", shape=spec_of(x_val).shape, dtype=dtype_name(x_val),
                       source="the data batch")
     labels_node = Node(name="labels", kind="labels", op="labels", shape=spec_of(y_val).shape, dtype=dtype_name(y_val),
                        source="the data batch")
+    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}, scratch_threads),
+                         widen=widen_fusion, sizes={"input": input_node.bytes, "labels": labels_node.bytes})
+    # input first; labels right before the first node that reads them.
     first_label = next((i for i, n in enumerate(nodes) if any(r.name == "labels" for r in n.inputs)), len(nodes))
     nodes = [input_node] + nodes[:first_label] + [labels_node] + nodes[first_label:]
 

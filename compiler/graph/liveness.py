@@ -5,7 +5,8 @@ directly or to recompute something it needs. Everything else has a fixed life: f
 produces it to the stage of its last reader (gradients, labels, batch-norm statistics, forward tensors
 used only in the forward pass). The memory model: a tensor is resident from the step that makes it
 (compute, recompute, page-in) to the end of the stage that frees it; the peak of stage t is reached while
-node t runs: everything resident, plus node t's output and workspace.
+node t runs: everything resident, plus node t's output and workspace. A node that writes its output into an
+operand dying there (graph/inplace.py) adds no bytes for it: the output takes the operand's (`shared`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Liveness:
     static: list[int] = field(default_factory=list)  # bytes fixed at each stage's peak
     state_bytes: int = 0
     max_workspace_bytes: int = 0  # the largest transient: a layer's gradients while fused SGD applies them
+    shared: dict[int, int] = field(default_factory=dict)  # stage -> bytes its output takes from a dying operand
 
     @property
     def fixed_bytes(self) -> int:
@@ -37,8 +39,8 @@ class Liveness:
 
     def before_node(self, g, t: int) -> int:
         """Fixed bytes during stage t before node t runs (its output and workspace do not exist yet):
-        what recomputes and page-ins of the stage stand on."""
-        return self.static[t] - g.nodes[t].workspace_bytes - g.nodes[t].bytes
+        what recomputes and page-ins of the stage stand on (an operand the node writes into is still its own)."""
+        return self.static[t] - g.nodes[t].workspace_bytes - g.nodes[t].bytes + self.shared.get(t, 0)
 
     @property
     def B0(self) -> int:
@@ -117,6 +119,14 @@ def analyze(g: TrainingGraph) -> Liveness:
         lo, hi = prod[name], end[name]
         for t in range(lo, hi + 1):
             static[t] += s
+    # The output written into an operand that dies with the stage: one tensor's bytes there, not two.
+    shared = {t: size[n.into] for t, n in enumerate(g.nodes) if n.into is not None}
+    for t, s in shared.items():
+        x = g.nodes[t].into  # only a tensor with a fixed life that ends here can be written over
+        if x in dset or end[x] != t:
+            why = "a schedule decides about" if x in dset else f"is read until stage {end[x]}"
+            raise ValueError(f"node {g.nodes[t].name} writes into {x}, which {why}")
+        static[t] -= s
     return Liveness(T=T, L=L, size=size, prod=prod, end=end, decision=decision, window_end=window_end,
                     recompute_until=recompute_until, needs=needs, inputs_of=inputs_of, static=static,
-                    state_bytes=state, max_workspace_bytes=max(n.workspace_bytes for n in g.nodes))
+                    state_bytes=state, max_workspace_bytes=max(n.workspace_bytes for n in g.nodes), shared=shared)

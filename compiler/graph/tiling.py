@@ -47,7 +47,7 @@ def _p(a) -> bool:
 def _op_of(n: Node, frozen: set[str]) -> dict | None:
     """The prefix op `n` is, as the plan writes it; None when it cannot be tiled."""
     if n.kind != "forward" or n.shape is None or len(n.shape) != 4 or n.streamed or not {"args"} <= set(n.attrs) \
-            or not set(n.attrs) <= {"args", "scratch"} \
+            or not set(n.attrs) <= {"args", "scratch", "into"} \
             or any(r.view for r in n.inputs) or n.dtype != "float32" or not set(n.params) <= frozen:
         return None
     a = n.attrs["args"]

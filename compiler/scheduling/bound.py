@@ -32,14 +32,16 @@ class Bound:
     # "tiled": computed patch by patch already; "prefix": in a frozen prefix that can be; "trains": a forward node
     # that trains or is saved for a backward; else ""
     tiling: str = ""
+    into: str | None = None  # the operand its output is written into (its bytes counted once, in the inputs)
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     def text(self) -> str:
         where = f" ({self.source})" if self.source else ""
+        into = f" (written into its operand `{self.into}`)" if self.into else ""
         return (f"the smallest budget is bounded by node `{self.node}` ({self.op}, {self.kind}){where}: its inputs "
-                f"{self.inputs_bytes} B + outputs {self.output_bytes} B + scratch {self.scratch_bytes} B, beside "
+                f"{self.inputs_bytes} B + outputs {self.output_bytes} B{into} + scratch {self.scratch_bytes} B, beside "
                 f"{self.state_bytes} B of parameters, optimizer state and buffers and {self.other_bytes} B of other "
                 "tensors alive there")
 
@@ -51,12 +53,12 @@ def smallest_budget_bound(g: TrainingGraph, lv: Liveness) -> Bound:
     n = g.nodes[t]
     read = list(dict.fromkeys(r.name for r in n.inputs)) + ([f"{n.aux_of}.aux"] if n.aux_of else [])
     inputs = sum(lv.size.get(r, 0) for r in read)
-    output = n.bytes + n.aux_bytes
+    output = n.bytes + n.aux_bytes - lv.shared.get(t, 0)
     other = max(0, need[t] - lv.state_bytes - inputs - output - n.workspace_bytes)
     return Bound(stage=t, node=n.name, op=n.op, kind=n.kind, source=n.source, budget_bytes=need[t],
                  state_bytes=lv.state_bytes, inputs_bytes=inputs, output_bytes=output,
                  scratch_bytes=n.workspace_bytes, other_bytes=other, updates_params=bool(n.updates),
-                 tiling=tiling_of(g, t))
+                 tiling=tiling_of(g, t), into=n.into)
 
 
 def tiling_of(g: TrainingGraph, t: int) -> str:

@@ -5,7 +5,9 @@ must come before the SGD update of the node's own parameters (else it would use 
 needs a stored copy (and, strict, every stored copy is paged in), memory (state + resident tensors + the
 running node's output and workspace) must never exceed the budget, and every tensor must be freed by the
 end. It returns peak, time and energy. A node's streamed weights are its workspace, and their page-in is
-in its time and energy and in the paged bytes.
+in its time and energy and in the paged bytes. A node that writes its output into an operand (`Node.into`)
+takes that operand's bytes: the operand must be resident with as many bytes, is never read or paged again,
+and is freed (releasing nothing) within the same stage.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
     stored: set[str] = set()
     paged_in: set[str] = set()
     computed: set[str] = set()
+    overwritten: dict[str, str] = {}  # operand -> the node that wrote its output into it (within this stage)
     updated_params: set[str] = set()  # parameters the optimizer has changed (a graph captured from torch)
     live = g.state_bytes
     peak, peak_stage = live, 0
@@ -60,7 +63,12 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
     for k, st in enumerate(steps):
         if st.stage < last_stage:
             raise fail(k, st, "stages out of order")
+        if st.stage > last_stage and overwritten:
+            x, by = next(iter(overwritten.items()))
+            raise fail(k, st, f"{x}, which {by} wrote its output into, was not freed within its stage")
         last_stage = st.stage
+        if st.tensor in overwritten and st.action != "free":
+            raise fail(k, st, f"{st.tensor} was overwritten by {overwritten[st.tensor]}'s output")
         if st.action in ("compute", "recompute"):
             if st.tensor not in index:
                 raise fail(k, st, "unknown node")
@@ -82,7 +90,11 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
                     raise fail(k, st, f"operand {r.name} is not resident")
             if n.aux_of and f"{n.aux_of}.aux" not in resident:
                 raise fail(k, st, f"statistics {n.aux_of}.aux are not resident")
-            new = n.bytes + (n.aux_bytes if st.action == "compute" else 0)
+            into = n.into
+            if into is not None and resident[into] != n.bytes:
+                raise fail(k, st, f"its output ({n.bytes} B) cannot take the {resident[into]} B of {into}")
+            shared = n.bytes if into is not None else 0
+            new = n.bytes - shared + (n.aux_bytes if st.action == "compute" else 0)
             at_node = live + new + n.workspace_bytes
             if budget_bytes is not None and at_node > budget_bytes:
                 raise fail(k, st, f"memory {at_node} B exceeds the budget of {budget_bytes} B", OverBudgetError)
@@ -91,6 +103,9 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
             stage_peaks[st.stage] = max(stage_peaks[st.stage], at_node)
             if n.bytes:
                 resident[n.name] = n.bytes
+            if into is not None:  # its bytes are the output's now
+                resident[into] = 0
+                overwritten[into] = n.name
             if st.action == "compute" and n.aux_bytes:
                 resident[f"{n.name}.aux"] = n.aux_bytes
             live += new
@@ -137,6 +152,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
             if st.tensor not in resident:
                 raise fail(k, st, "free of a tensor that is not resident")
             live -= resident.pop(st.tensor)
+            overwritten.pop(st.tensor, None)
         else:
             raise fail(k, st, f"unknown action {st.action!r}")
     missing = [n.name for n in g.nodes if n.name not in computed]

@@ -1,4 +1,12 @@
-"""Elementwise ops run in place where the plan frees their operand right after them.
+"""Elementwise ops run in place: where the schedule counts it (`into=`), and where the plan frees the operand next.
+
+Counted (`COUNTED`): a node whose graph says its output takes a dying operand's bytes (`attrs["into"]`,
+compiler/graph/inplace.py) runs the op's variant that writes into that operand: its out= overload (a structured
+kernel: TensorIterator reads each element before it writes it, so an output that is exactly an input gives the
+values the functional op gives) or, for relu, whose out= overload allocates, its in-place twin. The ledger
+counts the output in the operand's bytes, as the schedule does; a node that cannot run so fails, naming why.
+
+Opportunistic (below):
 
 A plan marks a node's operands that it frees right after the node's op, nothing in between (`attrs["dying"]`,
 operand indices; `codegen/python_plan.py`). Where the op has an in-place twin that runs the same kernel
@@ -36,6 +44,54 @@ COMMUTATIVE = frozenset({"aten.add.Tensor", "aten.mul.Tensor"})
 BUFFER_UPDATES = {
     "aten._native_batch_norm_legit_functional.default": ("aten._native_batch_norm_legit.default", {3: 3, 4: 4}),
 }
+
+# op -> (the overload that writes its output into an operand, the keyword naming that operand: None where it
+# writes into its first argument), and the arguments (by position) it may write into. Checked against the
+# functional op bit for bit in tests/test_runtime_inplace.py.
+_GRAD = "grad_input"
+COUNTED: dict[str, tuple[str, str | None, tuple[int, ...]]] = {
+    "aten.relu.default": ("aten.relu_.default", None, (0,)),  # relu.out has no kernel of its own
+    "aten.hardtanh.default": ("aten.hardtanh.out", "out", (0,)),
+    "aten.leaky_relu.default": ("aten.leaky_relu.out", "out", (0,)),
+    "aten.hardswish.default": ("aten.hardswish.out", "out", (0,)),
+    "aten.hardsigmoid.default": ("aten.hardsigmoid.out", "out", (0,)),
+    "aten.silu.default": ("aten.silu.out", "out", (0,)),
+    "aten.sigmoid.default": ("aten.sigmoid.out", "out", (0,)),
+    "aten.tanh.default": ("aten.tanh.out", "out", (0,)),
+    "aten.gelu.default": ("aten.gelu.out", "out", (0,)),
+    "aten.add.Tensor": ("aten.add.out", "out", (0, 1)),
+    "aten.sub.Tensor": ("aten.sub.out", "out", (0, 1)),
+    "aten.mul.Tensor": ("aten.mul.out", "out", (0, 1)),
+    "aten.div.Tensor": ("aten.div.out", "out", (0, 1)),
+    "aten.threshold_backward.default": ("aten.threshold_backward.grad_input", _GRAD, (0, 1)),
+    "aten.hardtanh_backward.default": ("aten.hardtanh_backward.grad_input", _GRAD, (0, 1)),
+    "aten.leaky_relu_backward.default": ("aten.leaky_relu_backward.grad_input", _GRAD, (0, 1)),
+    "aten.hardsigmoid_backward.default": ("aten.hardsigmoid_backward.grad_input", _GRAD, (0, 1)),
+    "aten.sigmoid_backward.default": ("aten.sigmoid_backward.grad_input", _GRAD, (0, 1)),
+    "aten.tanh_backward.default": ("aten.tanh_backward.grad_input", _GRAD, (0, 1)),
+    "aten.silu_backward.default": ("aten.silu_backward.grad_input", _GRAD, (0, 1)),
+    "aten.gelu_backward.default": ("aten.gelu_backward.grad_input", _GRAD, (0, 1)),
+}
+IN_PLACE_ARGS = {op: spec[2] for op, spec in COUNTED.items()}  # what the compiler's graph pass reads
+
+
+def counted_attrs(op: str, attrs: dict) -> tuple[str, dict]:
+    """The overload and attrs of node `op` writing into its operand `attrs["into"]` (at an argument `COUNTED`
+    allows). ValueError where it does not."""
+    if op not in COUNTED:
+        raise ValueError(f"{op} has no kernel here that writes its output into an operand")
+    variant, keyword, positions = COUNTED[op]
+    k, args = attrs["into"], attrs.get("args", [])
+    at = [j for j in positions if j < len(args) and args[j] == {"$t": k}]
+    if not at:
+        raise ValueError(f"{op} writes into its argument {' or '.join(map(str, positions))}, and operand {k} is "
+                         "not one of them as it is")
+    if keyword is None:
+        if at[0] != 0:
+            raise ValueError(f"{variant} writes into its first argument only")
+        return variant, attrs
+    return variant, dict(attrs, kwargs={**(attrs.get("kwargs") or {}), keyword: {"$t": k}})
+
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 

@@ -37,6 +37,14 @@ class Ledger:
         self._live -= nbytes
         return nbytes
 
+    def hand_over(self, name: str, to: str) -> None:
+        """`to` takes `name`'s bytes (an output written into that operand): `name` holds none until its release."""
+        if name not in self._held:
+            raise LedgerError(f"ledger: hand-over of '{name}', which is not allocated")
+        if to in self._held:
+            raise LedgerError(f"ledger: '{to}' is already allocated ({self._held[to]} bytes)")
+        self._held[to], self._held[name] = self._held[name], 0
+
     @contextmanager
     def transient(self, nbytes: int, label: str = "transient") -> Iterator[None]:
         """Workspace held only for the duration of the `with` block (counted in the peak)."""

@@ -48,7 +48,7 @@ def _lazy(name: str, find) -> types.ModuleType:
 aten = _lazy("aten", lambda op: _lazy(f"aten.{op}", lambda overload: getattr(getattr(torch.ops.aten, op), overload)))
 
 # Keywords of `rt.call` that describe the node, not the op (no aten op has an argument of these names).
-NODE_KEYWORDS = frozenset({"keep", "aux", "updates", "then", "scratch", "overwrite", "loss_item", "seed_key"})
+NODE_KEYWORDS = frozenset({"keep", "aux", "updates", "then", "scratch", "overwrite", "into", "loss_item", "seed_key"})
 
 
 def _view(seen: dict, prefix: tuple, op, args: tuple) -> "View":
@@ -381,4 +381,9 @@ def node_of(op, args: tuple, keywords: dict) -> tuple[str, list, dict, str | Non
         if any(type(r) is not Ref or r.name not in node.inputs for r in dying):
             raise ValueError(f"overwrite= names operands of the call as they are, not {dying!r}")
         attrs["dying"] = [node.inputs.index(r.name) for r in dying]
+    if "into" in meta:
+        r = meta["into"]
+        if type(r) is not Ref or r.name not in node.inputs:
+            raise ValueError(f"into= names an operand of the call as it is, not {r!r}")
+        attrs["into"] = node.inputs.index(r.name)
     return op_name(op), node.inputs, attrs, node.aux_of

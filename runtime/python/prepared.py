@@ -70,6 +70,9 @@ class Node:
     # what it keeps, shared by the op's other nodes, so the one computed right after it takes its outputs.
     twin: str | None
     inplace_calls: dict  # operand index -> the op's in-place twin writing into it, prepared on first use
+    # The schedule counts the output in this operand's bytes (`into`): the call that writes it there.
+    into: int | None
+    into_call: aten_call.Call | None
     # A node prepared from a plan's call (plan_api.py): that call's op, arguments and keywords, compared with
     # each later call's (the plan's own objects: tensor handles, parameters and markers compare as themselves),
     # and what the call returns (its tensor's handle, and its aux's).
@@ -105,7 +108,7 @@ def _updates(specs, kept, first: bool, params: dict, buffers: dict, optim) -> tu
 
 
 # What a node's attrs say beyond the op's call: how its outputs are held and counted, what follows it.
-_NOT_THE_CALL = frozenset({"keep", "aux", "scratch", "updates", "then", "dying", "loss_item"})
+_NOT_THE_CALL = frozenset({"keep", "aux", "scratch", "updates", "then", "dying", "loss_item", "into"})
 
 
 def _twin(op: str, inputs: list, attrs: dict) -> str:
@@ -125,6 +128,10 @@ def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: 
     if first and specs and inplace.updates_buffers_in_place(op, attrs):
         buffer_call = aten_call.Call(inplace.BUFFER_UPDATES[op][0], attrs, params, buffers, device)
         buffer_outs = {u["item"]: buffers[u["buffer"]] for u in specs}
+    into, into_call = attrs.get("into"), None
+    if into is not None:
+        variant, into_attrs = inplace.counted_attrs(op, attrs)
+        into_call = aten_call.Call(variant, into_attrs, params, buffers, device)
     then = tuple(Fused(aten_call.Call(sub["op"], sub, params, buffers, device), sub.get("scratch", 0),
                        f"{name} (then {sub['op']}, kernel scratch)", f"{name} (then {sub['op']})",
                        _updates(sub.get("updates", ()), (), first, params, buffers, optim))
@@ -143,4 +150,4 @@ def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: 
                 drop_label=f"{name} (dropped outputs)",
                 loss_item=(attrs["loss_item"],) if first and "loss_item" in attrs else None,
                 multi_out=keep is not None, twin=_twin(op, inputs, attrs) if isinstance(keep, int) else None,
-                inplace_calls={})
+                inplace_calls={}, into=into, into_call=into_call)

@@ -17,6 +17,7 @@ from .milp.registry import solve_with
 
 STREAM_SHARE = 0.25  # of the time the compile has left, for each of the two streaming solves
 from .poet import build as build_poet
+from .repeats import choose as choose_repeats
 
 
 def choose_streamed(g: TrainingGraph, target, budget_bytes: int, candidates: dict[str, int], need_bytes: int,
@@ -27,14 +28,17 @@ def choose_streamed(g: TrainingGraph, target, budget_bytes: int, candidates: dic
     finds no solution at all. Also the solver's reports."""
     lv = analyze(g)
     time_limit = STREAM_SHARE * clamp(time_limit)  # each of its two solves: the schedule's solve comes after them
-    model = build_poet(g, lv, target, budget_bytes, deadline_s, stream=candidates, stream_need=need_bytes)
+    shape = choose_repeats(g, lv, "auto")  # repeated decoder layers: the flat model would not fit in memory
+    model = build_poet(g, lv, target, budget_bytes, deadline_s, stream=candidates, stream_need=need_bytes,
+                       repeats=shape)
     res = solve_with(solver, model.milp, time_limit=time_limit)
     if res.values is None:
         return None, {"free": res.to_json()}
     chosen = [w for w, j in model.F.items() if res.values[j] > 0.5]
     if set(chosen) == set(proposed) or not set(proposed) <= set(model.F):
         return chosen, {"free": res.to_json()}
-    fixed = build_poet(g, lv, target, budget_bytes, deadline_s, stream=candidates, stream_need=need_bytes)
+    fixed = build_poet(g, lv, target, budget_bytes, deadline_s, stream=candidates, stream_need=need_bytes,
+                       repeats=shape)
     for w, j in fixed.F.items():  # the rule's choice, the rest of the schedule optimal for it
         fixed.milp.lower[j] = fixed.milp.upper[j] = float(w in proposed)
     ref = solve_with(solver, fixed.milp, time_limit=time_limit)

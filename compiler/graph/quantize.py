@@ -25,11 +25,12 @@ from edgetrain.runtime.python.int8_reference import quantize_multiplier
 from .ir import Node, TensorRef, TensorSpec, TrainingGraph
 
 CONV = "aten.convolution.default"
-HARDTANH, RELU = "aten.hardtanh.default", "aten.relu.default"
+HARDTANH, RELU, ADD = "aten.hardtanh.default", "aten.relu.default", "aten.add.Tensor"
 Q8_QUANTIZE = "edgetrain.q8_quantize.default"
 Q8_CONV = "edgetrain.q8_conv2d.default"
 Q8_RELU = "edgetrain.q8_relu.default"
 Q8_RELU6 = "edgetrain.q8_relu6.default"
+Q8_ADD = "edgetrain.q8_add.default"
 Q8_DEQUANTIZE = "edgetrain.q8_dequantize.default"
 
 
@@ -47,13 +48,16 @@ def _t(a) -> bool:
 
 
 def _supported(n: Node, frozen: set[str]) -> bool:
+    if n.op == ADD:  # a residual add: two tensors, no alpha
+        return n.kind == "forward" and n.dtype == "float32" and len(n.inputs) == 2 \
+            and not any(r.view for r in n.inputs) and n.attrs.get("args") == [{"$t": 0}, {"$t": 1}] \
+            and n.shape is not None
     if n.kind != "forward" or n.dtype != "float32" or n.shape is None or len(n.inputs) != 1 \
             or any(r.view for r in n.inputs) or n.streamed or not set(n.params) <= frozen or "args" not in n.attrs:
         return False
     a = n.attrs["args"]
-    if n.op == CONV:  # 2-d, not transposed, no output padding, weights and bias both frozen parameters
-        return len(a) == 9 and _t(a[0]) and not a[6] and list(a[7]) == [0, 0] and len(a[3]) == 2 \
-            and a[1] is not None and a[2] is not None
+    if n.op == CONV:  # 2-d, not transposed, no output padding
+        return len(a) == 9 and _t(a[0]) and not a[6] and list(a[7]) == [0, 0] and len(a[3]) == 2
     if n.op == HARDTANH:
         return _t(a[0]) and list(a[1:]) == [0.0, 6.0]
     return n.op == RELU and len(a) == 1
@@ -68,8 +72,8 @@ def _readers(g: TrainingGraph) -> dict[str, list[str]]:
 
 
 def frozen_prefix(g: TrainingGraph) -> tuple[str, ...]:
-    """The nodes from the input up to the first that cannot run in int8, each reading the input or one of them
-    (residual adds and everything after stay float). The float nodes read its boundary tensors, dequantised."""
+    """The nodes from the input up to the first that cannot run in int8 (convolutions, ReLU/ReLU6 and residual adds
+    over frozen weights), each reading the input or them. The float nodes read its boundary tensors, dequantised."""
     if g.input_dtype != "float32":
         return ()
     frozen = set(g.params) - set(g.trainable_params)
@@ -78,7 +82,8 @@ def frozen_prefix(g: TrainingGraph) -> tuple[str, ...]:
     for n in g.nodes:
         if n.kind in ("input", "labels"):
             continue
-        if not _supported(n, frozen) or n.inputs[0].name not in region:
+        if not _supported(n, frozen) or any(r.name not in region for r in n.inputs) \
+                or (n.op == ADD and any(g.node(r.name).shape != n.shape for r in n.inputs)):  # no broadcasting
             break
         chain.append(n.name)
         region.add(n.name)
@@ -91,10 +96,12 @@ def boundary(g: TrainingGraph, prefix: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p for p in prefix if any(r not in inside for r in readers.get(p, [])))
 
 
-def _run_float(n: Node, x: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
-    a = n.attrs["args"]
+def _run_float(n: Node, xs: list[torch.Tensor], weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    a, x = n.attrs["args"], xs[0]
+    if n.op == ADD:
+        return xs[0] + xs[1]
     if n.op == CONV:
-        return torch.ops.aten.convolution(x, weights[a[1]["$p"]], weights[a[2]["$p"]], *a[3:])
+        return torch.ops.aten.convolution(x, weights[a[1]["$p"]], weights[a[2]["$p"]] if a[2] else None, *a[3:])
     if n.op == HARDTANH:
         return torch.clamp(x, 0.0, 6.0)
     return torch.relu(x)
@@ -111,7 +118,7 @@ def calibrate(g: TrainingGraph, prefix: tuple[str, ...], weights: dict[str, torc
             seen = {src: x}
             for name in prefix:
                 n = g.node(name)
-                seen[name] = _run_float(n, seen[n.inputs[0].name], weights)
+                seen[name] = _run_float(n, [seen[r.name] for r in n.inputs], weights)
             for name, t in seen.items():
                 lo[name] = min(lo.get(name, 0.0), float(t.min()))  # 0 in range: zero padding is exact
                 hi[name] = max(hi.get(name, 0.0), float(t.max()))
@@ -148,20 +155,30 @@ def quantize_frozen(g: TrainingGraph, prefix: tuple[str, ...], ranges: dict[str,
                                       flops=int(np.prod(src.shape)))}
     for name in prefix:
         n = g.node(name)
-        prev = qin if n.inputs[0].name == src.name else n.inputs[0].name
+        ins = tuple(qin if r.name == src.name else r.name for r in n.inputs)
+        prev = ins[0]
         s_x, zp_x = quant[prev]
+        if n.op == ADD:  # each operand dequantised in float32, summed, quantised to the add's own scale
+            s_y, zp_y = activation_quant(*ranges[name])
+            q8 = {"a": list(quant[ins[0]]), "b": list(quant[ins[1]]), "scale": s_y, "zp": zp_y}
+            quant[name] = (s_y, zp_y)
+            new[name] = replace(n, op=Q8_ADD, inputs=tuple(TensorRef(i) for i in ins), dtype="int8",
+                                attrs={"q8": q8})
+            continue
         if n.op == CONV:
             a = n.attrs["args"]
-            wname, bname = a[1]["$p"], a[2]["$p"]
+            wname, bname = a[1]["$p"], a[2]["$p"] if a[2] else None
             qw, s_w = weight_quant(weights[wname].detach().double().numpy())
             s_y, zp_y = activation_quant(*ranges[name])
-            bias = np.round(weights[bname].detach().double().numpy() / (s_x * s_w)).astype(np.int64)
-            if np.abs(bias).max(initial=0) >= 1 << 31:
-                raise ValueError(f"{bname} does not fit int32 at its input's and weights' scales")
             ms = [quantize_multiplier(float(s_x * sw / s_y)) for sw in s_w]
-            values[wname], values[bname] = qw, bias.astype(np.int32)
+            values[wname] = qw
             params[wname] = TensorSpec(params[wname].shape, "int8")
-            params[bname] = TensorSpec(params[bname].shape, "int32")
+            if bname:
+                bias = np.round(weights[bname].detach().double().numpy() / (s_x * s_w)).astype(np.int64)
+                if np.abs(bias).max(initial=0) >= 1 << 31:
+                    raise ValueError(f"{bname} does not fit int32 at its input's and weights' scales")
+                values[bname] = bias.astype(np.int32)
+                params[bname] = TensorSpec(params[bname].shape, "int32")
             q8 = {"x_zp": zp_x, "scale": s_y, "zp": zp_y, "w_scales": [float(v) for v in s_w],
                   "mult": [m for m, _ in ms], "shift": [s for _, s in ms],
                   "stride": list(a[3]), "padding": list(a[4]), "dilation": list(a[5]), "groups": a[8],
@@ -198,5 +215,5 @@ def quantize_frozen(g: TrainingGraph, prefix: tuple[str, ...], ranges: dict[str,
 def prefix_program(q: Quantized) -> str:
     """The int8 nodes as the runtime reference reads them (JSON: name, op, operand and attrs["q8"], in order)."""
     ops = [n for n in q.graph.nodes if n.op.startswith("edgetrain.q8_")]
-    return json.dumps([{"name": n.name, "op": n.op.split(".")[1], "input": n.inputs[0].name, "q8": n.attrs["q8"]}
-                       for n in ops])
+    return json.dumps([{"name": n.name, "op": n.op.split(".")[1], "inputs": [r.name for r in n.inputs],
+                        "q8": n.attrs["q8"]} for n in ops])

@@ -55,6 +55,7 @@ class Backend(Protocol):
     overlaps_paging: bool  # pages ahead and behind in the background (a runtime that pages synchronously: False)
     # op -> the arguments (by position) its kernel may write its output into (compiler/graph/inplace.py)
     in_place: Mapping[str, tuple[int, ...]]
+    streams_from_storage: bool  # reads frozen weights from its weights file per op when the budget asks it
 
     def check_model(self, model, target, optimizer: OptimizerConfig, name: str) -> None:
         """Refuse, before any tracing, a model the device cannot hold (its weights alone)."""

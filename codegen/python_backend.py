@@ -18,6 +18,7 @@ class PythonBackend:
     widen_fusion = True
     generates_kernels = True  # torch's inductor compiles a fused chain at its first call (fused_kernels.py)
     overlaps_paging = True  # the page store's threads read ahead and write behind (scheduling/overlap.py)
+    streams_from_storage = True  # frozen weights read from weights.safetensors by each op that reads them
     in_place = IN_PLACE_ARGS  # torch's out= overloads and in-place twins (runtime/python/inplace.py)
 
     def check_model(self, model, target, optimizer, name: str) -> None:
@@ -40,5 +41,10 @@ class PythonBackend:
 
     def render(self, schedule: dict, model, out_dir: str, target) -> Rendered:
         render_python_plan(schedule, out_dir)
-        write_weights(dict(model.named_parameters()), dict(model.named_buffers()), out_dir)
-        return Rendered()
+        params = dict(model.named_parameters())
+        write_weights(params, dict(model.named_buffers()), out_dir)
+        streamed = list(dict.fromkeys(p for n in schedule["graph"]["nodes"] for p in n.get("streamed", ())))
+        if not streamed:
+            return Rendered()
+        return Rendered(summary={"streamed": streamed, "streamed_bytes": sum(params[p].nbytes for p in streamed),
+                                 "paged_bytes_per_step": schedule["predicted"]["paged_bytes"]})

@@ -138,6 +138,9 @@ def render_plan_text(schedule: dict, schedule_file: str = "schedule.json") -> st
             "budget_bytes": s["budget"]["bytes"],
             "predicted_peak_bytes": s["predicted"]["peak_bytes"],
             "threads": Target(**s["target"]).cpu_threads}  # the profile's, or the field's own default
+    streamed = {n["name"]: n["streamed"] for n in nodes if n.get("streamed")}
+    if streamed:  # node -> the frozen weights it reads from weights.safetensors each time it runs
+        plan["streamed"] = streamed
     kernels = []  # each fused node's chain, bound once
     by_kernel = {names.kernel(n["name"]): n for n in nodes if n["op"] == FUSED_OP}
     for ident, n in by_kernel.items():

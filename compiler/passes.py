@@ -1,6 +1,7 @@
 """The compile pipeline as an ordered list of passes, each from one stage result to the next (stages.py).
 
     trace (Request -> Traced) -> measure_paging (-> Measured) -> tile_to_fit (-> Measured)
+    -> stream_to_fit (-> Measured)
     -> resolve_budget (-> Budgeted)
     -> place_weights (-> Placed) -> compare_selection (-> Selected) -> solve_and_render (-> Rendered)
     -> write_schedule (-> Compiled)
@@ -20,7 +21,7 @@ from .errors import ArenaOverflowError, DeviceFitError
 from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
 from .graph.costs import costed
-from .graph.streaming import restreamed
+from .graph.streaming import restreamed, stream_until
 from .graph.tiling import tile_frozen_prefix
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
@@ -70,6 +71,22 @@ def tile_to_fit(req: Request, m: Measured) -> Measured:
     return dataclasses.replace(m, traced=dataclasses.replace(m.traced, graph=tiled))
 
 
+def stream_to_fit(req: Request, m: Measured) -> Measured:
+    """A runtime that reads frozen weights from storage (`streams_from_storage`) whose smallest feasible budget is
+    above the bytes asked for: frozen weights streamed, largest first, until it is not (graph/streaming.py)."""
+    graph, target = m.traced.graph, m.target
+    want = req.budget.nbytes
+    if not req.backend.streams_from_storage or want is None or target.storage_bytes <= 0:
+        return m
+    chosen = stream_until(graph, lambda g: min_budget(analyze(g)) <= want, target.storage_bytes)
+    if not chosen:
+        return m
+    streamed = restreamed(graph, chosen, target, m.traced.measured_s)
+    req.say(f"streaming {len(chosen)} frozen weights ({sum(graph.params[p].bytes for p in chosen)} B) from storage: "
+            f"smallest budget {min_budget(analyze(graph))} -> {min_budget(analyze(streamed))} B")
+    return dataclasses.replace(m, traced=dataclasses.replace(m.traced, graph=streamed))
+
+
 def resolve_budget(req: Request, m: Measured) -> Budgeted:
     """The budget in bytes: from the anchors, or (`auto`) what the device's RAM leaves, refused when training
     cannot fit it."""
@@ -115,11 +132,16 @@ def place_weights(req: Request, b: Budgeted) -> Placed:
     rule = list(graph.streamed_params)
     plain = restreamed(graph, [], target, traced.measured_s)
     room = req.backend.weight_room(plain, target)
-    candidates = {p: n for p, n in room.frozen.items() if n <= room.ram_bytes}
+    if room is None:  # frozen weights held in memory (a Python plan): any may stream, the budget says how many
+        trained, read = set(plain.trainable_params), {p for n in plain.nodes for p in n.params}
+        candidates = {p: s.bytes for p, s in plain.params.items() if p not in trained and p in read and s.bytes}
+        need = 0
+    else:
+        candidates = {p: n for p, n in room.frozen.items() if n <= room.ram_bytes}
+        need = sum(room.frozen.values()) - room.flash_bytes
     req.say(f"choosing which of {len(candidates)} frozen weights to stream from storage")
     with stoppable():  # Ctrl-C stops the solves, and the compile goes on with what they found
-        chosen, solver = choose_streamed(plain, target, b.budget_bytes, candidates,
-                                         sum(room.frozen.values()) - room.flash_bytes, rule,
+        chosen, solver = choose_streamed(plain, target, b.budget_bytes, candidates, need, rule,
                                          time_limit=req.opts.time_limit, solver=req.opts.solver)
     info = {"rule": rule, "milp": chosen, "solver_status": solver["free"].get("status"),
             "objective_j": solver["free"].get("objective"),
@@ -189,7 +211,7 @@ def write_schedule(req: Request, r: Rendered) -> Compiled:
     return Compiled(r)
 
 
-PASSES = (measure_paging, tile_to_fit, resolve_budget, place_weights, compare_selection, solve_and_render, write_schedule)
+PASSES = (measure_paging, tile_to_fit, stream_to_fit, resolve_budget, place_weights, compare_selection, solve_and_render, write_schedule)
 
 
 def run_passes(req: Request) -> Compiled:

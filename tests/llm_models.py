@@ -77,3 +77,28 @@ def llama_1b(layers: int = 16, vocab: int = 128256, seq: int = 1024):
     base = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
     model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
     return CausalLM(model, seq, vocab)
+
+
+def llama_7b(layers: int = 32, vocab: int = 32000, seq: int = 512):
+    """LLaMA-2-7B's shape (32 layers, hidden 4096, MLP 11008, 32 heads, untied head, vocabulary 32,000; `layers`
+    takes a slice) at sequence `seq`, bf16 base built in bf16 (never a float32 copy), LoRA r=16 on q and v."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=4096, intermediate_size=11008, num_hidden_layers=layers,
+                      num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=seq,
+                      tie_word_embeddings=False, attention_dropout=0.0)
+    base = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+    model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    return CausalLM(model, seq, vocab)
+
+
+def llama_7b_4():
+    """Four layers of LLaMA-2-7B's shape (the rest as llama_7b)."""
+    return llama_7b(layers=4)
+
+
+def llama_7b_8():
+    """Eight layers of LLaMA-2-7B's shape (the rest as llama_7b)."""
+    return llama_7b(layers=8)

@@ -32,6 +32,7 @@ class CBackend:
     generates_kernels = False  # each op is a hand-written C kernel
     overlaps_paging = False  # the C runtime pages synchronously: overlap would only hold RAM
     in_place = IN_PLACE_ARGS  # kernels whose loops read each element before writing it (ops.py)
+    streams_from_storage = False  # frozen weights beyond flash stream by the device's own rule (weight_room)
 
     def check_model(self, model, target, optimizer, name: str) -> None:
         check_model_fits(model, target, optimizer, name)  # a model whose weights alone overflow fails before tracing

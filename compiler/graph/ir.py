@@ -216,9 +216,11 @@ class TrainingGraph:
 
     @property
     def param_bytes(self) -> int:
-        """Parameter bytes the budget holds: all of them, or the trainable ones where frozen ones stay in flash."""
-        trained = set(self.trainable_params)
-        return sum(s.bytes for p, s in self.params.items() if not self.frozen_in_flash or p in trained)
+        """Parameter bytes the budget holds: all of them, or the trainable ones where frozen ones stay in flash;
+        never a streamed one (its readers' workspace while they run)."""
+        trained, streamed = set(self.trainable_params), set(self.streamed_params)
+        return sum(s.bytes for p, s in self.params.items()
+                   if p in trained or not (self.frozen_in_flash or p in streamed))
 
     @property
     def streamed_params(self) -> tuple[str, ...]:

@@ -119,3 +119,32 @@ def unstream(g: TrainingGraph) -> TrainingGraph:
                      workspace_bytes=n.workspace_bytes - streamed_workspace(g, n.streamed, n.attrs.get("stream_rows", {})))
              if n.streamed else n for n in g.nodes]
     return replace(g, nodes=nodes)
+
+
+def stream_until(g: TrainingGraph, fits, storage_bytes: int) -> list[str]:
+    """The shortest run of `g`'s frozen weights (all in memory), largest first (the earlier on ties), whose
+    streaming makes `fits(graph)` hold; all that storage holds when none does (the budget check then refuses with
+    the figures). A weight is paged in whole by each reader; none past `storage_bytes`."""
+    trained = set(g.trainable_params)
+    order = {p: k for k, p in enumerate(g.params)}
+    read = {p for n in g.nodes for p in n.params}
+    frozen = sorted((p for p in g.params if p not in trained and p in read and g.params[p].bytes),
+                    key=lambda p: (-g.params[p].bytes, order[p]))
+    if not frozen or fits(g):
+        return []
+    prefix, held = [], 0
+    for p in frozen:
+        if held + g.params[p].bytes > storage_bytes:
+            break
+        prefix.append(p)
+        held += g.params[p].bytes
+    # Streaming a weight frees its bytes at every stage but its readers', where it is their workspace: no stage
+    # needs more, so fits() is monotone in the prefix and a bisection finds the shortest.
+    lo, hi = 1, len(prefix)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(stream_weights(g, prefix[:mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    return prefix[:lo]

@@ -151,8 +151,16 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
             Z[t, i, w] = m.add_var(f"Z[{t},{i},{w}]", cost=target.page_in_energy_j(stream[w]))
             m.add_row([(Z[t, i, w], 1.0), (r, -1.0), (F[w], -1.0)], lo=-1.0)
 
+    # Weights the budget holds while they stay (a Python plan's; a microcontroller's stay in flash): one streamed
+    # instead frees its bytes at every instant but its readers'.
+    resident = not g.frozen_in_flash
+    unheld = [(F[w], -float(stream[w])) for w in F] if resident else []
+
     def streamed(t: int) -> list[tuple[int, float]]:
-        """Node t's weights in storage: its workspace while it runs."""
+        """Node t's weights in storage: its workspace while it runs (where they were held anyway: no change);
+        the others' bytes out of memory."""
+        if resident:
+            return [(F[w], -float(stream[w])) for w in F if w not in reads_of[t]]
         return [(F[w], float(stream[w])) for w in reads_of[t]]
 
     def held(t: int, i: str) -> list[tuple[int, float]]:
@@ -211,10 +219,10 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
     order = {name: k for k, name in enumerate(lv.decision)}
     for (t, i), r in R.items():
         w = node[i].workspace_bytes
-        pulled = [(z, float(stream[v])) for (s, k, v), z in Z.items() if s == t and k == i]
+        pulled = [(Z[t, i, v], float(stream[v])) for v in reads_of[g.index(i)] if (t, i, v) in Z]
         if not w and not pulled:
             continue
-        terms = [(r, float(w))] + pulled
+        terms = [(r, float(w))] + pulled + unheld
         for k in lv.decision:
             if t <= lv.window_end[k]:
                 terms += [(j, float(lv.size[k])) for j, v in held(t, k)

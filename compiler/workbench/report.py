@@ -96,6 +96,10 @@ def print_human(cmd: str, r: dict) -> None:
             con.print(f"wrote {r['out']}/schedule.json, plan.c, plan.h, main_host.c, main_qemu.c, Makefile, "
                       f"firmware.json, {'storage/, ' if r.get('streamed') else ''}et_runtime/")
         else:
+            if r.get("streamed"):
+                con.print(f"{len(r['streamed'])} frozen weights ({r['streamed_bytes']} B) streamed from "
+                          f"weights.safetensors, read before each reader and freed after; {r['paged_bytes_per_step']} "
+                          "B read or paged per step")
             con.print(f"wrote {r['out']}/schedule.json, plan.py, weights.safetensors")
     elif cmd == "run" and "build" in r:  # C firmware
         con.print(f"{r.get('steps_done', 0)}/{r['steps']} steps ({r['build']}), losses "

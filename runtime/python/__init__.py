@@ -55,7 +55,8 @@ def runtime_for(plan: ModuleType, storage_dir=None, device=None) -> Runtime:
     outputs = getattr(plan, "OUTPUTS", None)
     return Runtime(plan_dir / p["weights"], storage_dir if storage_dir is not None else plan_dir / "pages",
                    device=device, optimizer=opt, trainable=p.get("trainable"), seed=p["seed"],
-                   expected_tensors=outputs["tensors"] if outputs else None, threads=p.get("threads", PLAN_THREADS))
+                   expected_tensors=outputs["tensors"] if outputs else None, threads=p.get("threads", PLAN_THREADS),
+                   streamed=p.get("streamed"))
 
 
 from .device_api import Trainer  # noqa: E402  (it builds on load_plan and runtime_for above)

@@ -20,6 +20,7 @@ from torch import Tensor
 from .integrity import read_weights
 from . import aten_call, cuda_memory, fused_kernels, heap, inplace, plan_api, prepared
 from .ledger import Ledger
+from .streamed_weights import StreamedWeights
 from .optim import Optimizer
 from .storage import FileStore, PendingRead
 
@@ -65,8 +66,10 @@ class Runtime:
     def __init__(self, weights_file: str | PathLike, storage_dir: str | PathLike, *, device=None,
                  optimizer: dict | None = None, trainable=None, lr: float | None = None,
                  momentum: float | None = None, weight_decay: float | None = None, seed: int = 0,
-                 expected_tensors: dict | None = None, threads: int | None = None) -> None:
-        """`threads`: torch's intra-op thread count while a step trains on the CPU (the plan's: its kernel scratch
+                 expected_tensors: dict | None = None, threads: int | None = None,
+                 streamed: dict | None = None) -> None:
+        """`streamed`: node name -> the frozen parameters it reads from the weights file each time it runs
+        (streamed_weights.py), held only while it runs. `threads`: torch's intra-op thread count while a step trains on the CPU (the plan's: its kernel scratch
         was counted for it; `runtime_for` passes it), set back after the step; None leaves torch's own."""
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
@@ -90,13 +93,18 @@ class Runtime:
         self._buffers: dict[str, Tensor] = {}
         self._momentum: dict[str, Tensor] = {}
         # Weights are bound to the schedule: names, shapes and dtypes as compiled, or a clear error.
-        for key, t in read_weights(weights_file, expected_tensors).items():
+        self._streams = {n: tuple(ps) for n, ps in (streamed or {}).items() if ps}
+        names = list(dict.fromkeys(p for ps in self._streams.values() for p in ps))
+        self.streamed = StreamedWeights(weights_file, names, self.device)
+        self._params.update(self.streamed.tensors)  # empty until a reader runs; never in the ledger's state
+        for key, t in read_weights(weights_file, expected_tensors, streamed=self.streamed.tensors).items():
             kind, _, name = key.partition("/")
             if kind not in ("param", "buffer") or not name:
                 raise ValueError(f"{weights_file}: unexpected key '{key}' (want param/<name> or buffer/<name>)")
             t = t.to(self.device, copy=True)  # own the memory (load_file maps the file)
             (self._params if kind == "param" else self._buffers)[name] = t
             self.ledger.alloc(key, nbytes(t))
+        self._resident_params = MappingProxyType({k: t for k, t in self._params.items() if k not in self.streamed.tensors})
         self.trainable = tuple(self._params) if trainable is None else tuple(trainable)
         missing = [p for p in self.trainable if p not in self._params]
         if missing:
@@ -131,8 +139,9 @@ class Runtime:
     # -- properties -----------------------------------------------------------------------------------
     @property
     def params(self) -> Mapping[str, Tensor]:
-        """Read-only: prepared calls hold these tensors, so they are updated in place, never replaced."""
-        return MappingProxyType(self._params)
+        """Read-only: prepared calls hold these tensors, so they are updated in place, never replaced. A streamed
+        weight is not here (it is empty between its reads): `streamed_copy` reads one."""
+        return self._resident_params
 
     @property
     def buffers(self) -> Mapping[str, Tensor]:
@@ -144,8 +153,8 @@ class Runtime:
 
     @property
     def paged_bytes(self) -> int:
-        """Bytes moved to and from storage (out + in) since the runtime was created."""
-        return self.store.bytes_out + self.store.bytes_in
+        """Bytes moved to and from storage (out + in, streamed weights' reads) since the runtime was created."""
+        return self.store.bytes_out + self.store.bytes_in + self.streamed.read_bytes
 
     @property
     def cuda_max_memory_allocated(self) -> int | None:
@@ -234,6 +243,11 @@ class Runtime:
         return self._call(False, name, op, args, keywords)
 
     def _call(self, first, name, op, args, keywords):
+        if name in self._streams:
+            return self._streaming(name, self._call_here, first, name, op, args, keywords)
+        return self._call_here(first, name, op, args, keywords)
+
+    def _call_here(self, first, name, op, args, keywords):
         twin = self._twin  # what the call just before made, for this node if it holds another output of that call
         self._begin_op(("{} '{}' ({})", "compute" if first else "recompute", name, op))
         if name in self._live:
@@ -269,6 +283,11 @@ class Runtime:
         return self._node(True, name, op, inputs, params, buffers, attrs, aux_of)
 
     def _node(self, first, name, op, inputs, params=(), buffers=(), attrs=None, aux_of=None):
+        if name in self._streams:
+            return self._streaming(name, self._node_here, first, name, op, inputs, params, buffers, attrs, aux_of)
+        return self._node_here(first, name, op, inputs, params, buffers, attrs, aux_of)
+
+    def _node_here(self, first, name, op, inputs, params=(), buffers=(), attrs=None, aux_of=None):
         twin = self._twin
         self._begin_op(("{} '{}' ({})", "compute" if first else "recompute", name, op))
         if name in self._live:
@@ -283,6 +302,31 @@ class Runtime:
             self._twin = twin  # for `_own_op`; anything else goes before this op's operands are read
         del twin
         return self._run_aten(first, name, node)
+
+    def streamed_copy(self, name: str) -> Tensor:
+        """A copy of streamed weight `name` as its file holds it (it is frozen: what every step read)."""
+        self.streamed.read(name)
+        self.streamed.read_bytes -= self.streamed.nbytes(name)  # not a step's read
+        try:
+            return self.streamed.tensors[name].clone()
+        finally:
+            self.streamed.drop(name)
+
+    def _streaming(self, name, run, *args):
+        """`run(*args)` for a node that reads streamed weights: each read from storage before the node's call is
+        prepared and run (prepared views of it stay valid: the storage object is the same), counted as its
+        workspace while it runs (as the compiler counted it), and freed after."""
+        ws = self._streams[name]
+        size = sum(self.streamed.nbytes(p) for p in ws)
+        self.ledger.enter(size, f"streamed weights of '{name}'")
+        try:
+            for p in ws:
+                self.streamed.read(p)
+            return run(*args)
+        finally:
+            for p in ws:
+                self.streamed.drop(p)
+            self.ledger.leave(size)
 
     def _prepare(self, first, name, op, inputs, attrs, aux_of) -> prepared.Node:
         """The node's call read once (prepared.py), kept for this node's later calls of the same kind."""

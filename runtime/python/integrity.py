@@ -119,19 +119,26 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, dict], s
                                "or use the weights compile wrote")
 
 
-def read_weights(path: str | os.PathLike, expected: dict[str, dict] | None = None) -> dict[str, torch.Tensor]:
-    """A weights file's tensors, refused with a clear error when missing, unreadable or not as expected."""
-    from safetensors import SafetensorError
+def read_weights(path: str | os.PathLike, expected: dict[str, dict] | None = None,
+                 streamed: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """A weights file's tensors, refused with a clear error when missing, unreadable or not as expected;
+    `streamed` (parameter name -> its empty tensor) are not read, only checked against `expected`."""
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
+    skip = {f"param/{p}" for p in streamed or {}}
     try:
-        tensors = load_file(str(path), device="cpu")
+        if skip:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                tensors = {k: f.get_tensor(k) for k in f.keys() if k not in skip}
+        else:
+            tensors = load_file(str(path), device="cpu")
     except FileNotFoundError:
         raise WeightsError(f"{path} is missing; recompile the model (compile writes it)") from None
     except (SafetensorError, OSError, ValueError) as e:
         raise WeightsError(f"{path} is corrupt or not a safetensors file ({e}); recompile the model") from None
     if expected is not None:
-        check_tensors(tensors, expected, str(path))
+        check_tensors({**tensors, **{f"param/{p}": t for p, t in (streamed or {}).items()}}, expected, str(path))
     return tensors
 
 

@@ -50,7 +50,7 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
     graph = backend.lower(graph)
     if device_check:
         graph = stream_beyond_flash(graph, target, backend)
-    if backend.name == "python":  # its kernels are torch's: a ReLU6's backward reads the ReLU6's output
+    if backend.clamp_grad_from_output:  # a ReLU6's backward reads the ReLU6's output, bitwise the same
         graph, _ = read_clamp_output(graph)
     if opts.fuse:  # before profiling: a measured target times each chain as its kernel runs it
         graph, _ = fuse_pointwise_chains(graph)

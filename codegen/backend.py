@@ -56,6 +56,8 @@ class Backend(Protocol):
     # op -> the arguments (by position) its kernel may write its output into (compiler/graph/inplace.py)
     in_place: Mapping[str, tuple[int, ...]]
     streams_from_storage: bool  # reads frozen weights from its weights file per op when the budget asks it
+    # its ReLU6 backward is torch's hardtanh_backward, exact on the ReLU6's output (graph/clamp_backward.py)
+    clamp_grad_from_output: bool
 
     def check_model(self, model, target, optimizer: OptimizerConfig, name: str) -> None:
         """Refuse, before any tracing, a model the device cannot hold (its weights alone)."""

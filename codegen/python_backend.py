@@ -19,6 +19,7 @@ class PythonBackend:
     generates_kernels = True  # torch's inductor compiles a fused chain at its first call (fused_kernels.py)
     overlaps_paging = True  # the page store's threads read ahead and write behind (scheduling/overlap.py)
     streams_from_storage = True  # frozen weights read from weights.safetensors by each op that reads them
+    clamp_grad_from_output = True  # torch's kernels run the graph's ops
     in_place = IN_PLACE_ARGS  # torch's out= overloads and in-place twins (runtime/python/inplace.py)
 
     def check_model(self, model, target, optimizer, name: str) -> None:

@@ -13,6 +13,7 @@ from edgetrain.runtime.python.threads import PLAN_THREADS
 from .errors import BudgetError, UnsupportedModelError
 from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
+from .graph.clamp_backward import read_clamp_output
 from .graph.costs import costed
 from .graph.fuse_chains import fuse_pointwise_chains
 from .graph.inplace import mark_in_place
@@ -49,6 +50,8 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
     graph = backend.lower(graph)
     if device_check:
         graph = stream_beyond_flash(graph, target, backend)
+    if backend.clamp_grad_from_output:  # a ReLU6's backward reads the ReLU6's output, bitwise the same
+        graph, _ = read_clamp_output(graph)
     if opts.fuse:  # before profiling: a measured target times each chain as its kernel runs it
         graph, _ = fuse_pointwise_chains(graph)
     graph = mark_in_place(graph, backend.in_place)  # on the graph's final nodes (a fused chain is not marked)

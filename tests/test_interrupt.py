@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,7 +147,7 @@ def test_ctrl_c_in_the_solve_keeps_the_best_schedule(tmp_path):
         p.kill()
     ended = time.perf_counter()
     stderr = "".join(seen) + stderr
-    assert "solving 308 stages" in stderr and "Traceback" not in stderr, stderr
+    assert re.search(r"solving \d+ stages", stderr) and "Traceback" not in stderr, stderr
     assert ended - sent <= 5.0, f"exited {ended - sent:.1f} s after Ctrl-C"  # the plan's files written in that time
     r = json.loads(stdout)
     if p.returncode == 130:  # no schedule within the budget found by then: said so, nothing written

@@ -33,6 +33,7 @@ class CBackend:
     overlaps_paging = False  # the C runtime pages synchronously: overlap would only hold RAM
     in_place = IN_PLACE_ARGS  # kernels whose loops read each element before writing it (ops.py)
     streams_from_storage = False  # frozen weights beyond flash stream by the device's own rule (weight_room)
+    clamp_grad_from_output = False  # its int8 ReLU6 kernels read quantised values: kept as captured
 
     def check_model(self, model, target, optimizer, name: str) -> None:
         check_model_fits(model, target, optimizer, name)  # a model whose weights alone overflow fails before tracing

@@ -1,0 +1,219 @@
+"""A frozen forward prefix in int8: the first milestone of quantized training (a float head on an int8 backbone).
+
+The prefix is the graph's leading chain of convolutions and ReLU/ReLU6 over frozen weights whose intermediates no
+other node reads (no gradient flows through a frozen prefix, so nothing of it is saved). This pass replaces its
+nodes by int8 nodes of the same names whose byte sizes are real (1 byte an activation element; int8 weights, int32
+biases in `params`), adds a node quantising the float input and one dequantising the boundary, which the float head
+reads. Scheduling, the MILP and the arena then count int8 sizes without knowing about quantisation.
+
+The arithmetic is CMSIS-NN's (docs/int8-kernels.md): weights symmetric per output channel, activations one scale and
+a zero point each, calibrated from the float prefix's ranges over a few batches (`calibrate`); biases int32 at
+`s_x * s_w[oc]`; each conv output requantised with a Q31 multiplier and a shift per channel. A node's attrs["q8"]
+holds all of it; runtime/python/int8_prefix.py runs the same integer arithmetic with int8_reference.
+Pure functions: nothing here solves, reads files or touches the graph it is given.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from edgetrain.runtime.python.int8_reference import quantize_multiplier
+
+from .ir import Node, TensorRef, TensorSpec, TrainingGraph
+
+CONV = "aten.convolution.default"
+HARDTANH, RELU, ADD = "aten.hardtanh.default", "aten.relu.default", "aten.add.Tensor"
+Q8_QUANTIZE = "edgetrain.q8_quantize.default"
+Q8_CONV = "edgetrain.q8_conv2d.default"
+Q8_RELU = "edgetrain.q8_relu.default"
+Q8_RELU6 = "edgetrain.q8_relu6.default"
+Q8_ADD = "edgetrain.q8_add.default"
+Q8_DEQUANTIZE = "edgetrain.q8_dequantize.default"
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """The rewrite: the nodes made int8 (by name), the new graph and the integer parameter values it reads."""
+
+    nodes: tuple[str, ...]
+    graph: TrainingGraph
+    values: dict[str, np.ndarray]  # int8 weights, int32 biases, by parameter name
+
+
+def _t(a) -> bool:
+    return isinstance(a, dict) and set(a) == {"$t"}
+
+
+def _supported(n: Node, frozen: set[str]) -> bool:
+    if n.op == ADD:  # a residual add: two tensors, no alpha
+        return n.kind == "forward" and n.dtype == "float32" and len(n.inputs) == 2 \
+            and not any(r.view for r in n.inputs) and n.attrs.get("args") == [{"$t": 0}, {"$t": 1}] \
+            and n.shape is not None
+    if n.kind != "forward" or n.dtype != "float32" or n.shape is None or len(n.inputs) != 1 \
+            or any(r.view for r in n.inputs) or n.streamed or not set(n.params) <= frozen or "args" not in n.attrs:
+        return False
+    a = n.attrs["args"]
+    if n.op == CONV:  # 2-d, not transposed, no output padding
+        return len(a) == 9 and _t(a[0]) and not a[6] and list(a[7]) == [0, 0] and len(a[3]) == 2
+    if n.op == HARDTANH:
+        return _t(a[0]) and list(a[1:]) == [0.0, 6.0]
+    return n.op == RELU and len(a) == 1
+
+
+def _readers(g: TrainingGraph) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for n in g.nodes:
+        for r in n.inputs:
+            out.setdefault(r.name, []).append(n.name)
+    return out
+
+
+def frozen_prefix(g: TrainingGraph) -> tuple[str, ...]:
+    """The nodes from the input up to the first that cannot run in int8 (convolutions, ReLU/ReLU6 and residual adds
+    over frozen weights), each reading the input or them. The float nodes read its boundary tensors, dequantised."""
+    if g.input_dtype != "float32":
+        return ()
+    frozen = set(g.params) - set(g.trainable_params)
+    region = {next(n.name for n in g.nodes if n.kind == "input")}
+    chain: list[str] = []
+    for n in g.nodes:
+        if n.kind in ("input", "labels"):
+            continue
+        if not _supported(n, frozen) or any(r.name not in region for r in n.inputs) \
+                or (n.op == ADD and any(g.node(r.name).shape != n.shape for r in n.inputs)):  # no broadcasting
+            break
+        chain.append(n.name)
+        region.add(n.name)
+    return tuple(chain)
+
+
+def boundary(g: TrainingGraph, prefix: tuple[str, ...]) -> tuple[str, ...]:
+    """The prefix's tensors that a node outside it reads."""
+    inside, readers = set(prefix), _readers(g)
+    return tuple(p for p in prefix if any(r not in inside for r in readers.get(p, [])))
+
+
+def _run_float(n: Node, xs: list[torch.Tensor], weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    a, x = n.attrs["args"], xs[0]
+    if n.op == ADD:
+        return xs[0] + xs[1]
+    if n.op == CONV:
+        return torch.ops.aten.convolution(x, weights[a[1]["$p"]], weights[a[2]["$p"]] if a[2] else None, *a[3:])
+    if n.op == HARDTANH:
+        return torch.clamp(x, 0.0, 6.0)
+    return torch.relu(x)
+
+
+def calibrate(g: TrainingGraph, prefix: tuple[str, ...], weights: dict[str, torch.Tensor],
+              batches: list[torch.Tensor]) -> dict[str, tuple[float, float]]:
+    """Each prefix tensor's (min, max) over `batches` in float, the input's under the input node's name."""
+    src = next(n.name for n in g.nodes if n.kind == "input")
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+    with torch.no_grad():
+        for x in batches:
+            seen = {src: x}
+            for name in prefix:
+                n = g.node(name)
+                seen[name] = _run_float(n, [seen[r.name] for r in n.inputs], weights)
+            for name, t in seen.items():
+                lo[name] = min(lo.get(name, 0.0), float(t.min()))  # 0 in range: zero padding is exact
+                hi[name] = max(hi.get(name, 0.0), float(t.max()))
+    return {k: (lo[k], hi[k]) for k in lo}
+
+
+def activation_quant(lo: float, hi: float) -> tuple[float, int]:
+    """(scale, zero point) mapping [lo, hi] (which holds 0) onto -128..127."""
+    scale = max(hi - lo, 1e-8) / 255.0
+    zp = int(np.clip(round(-128 - lo / scale), -128, 127))
+    return scale, zp
+
+
+def weight_quant(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 weights, per-output-channel scales): symmetric, each channel's largest magnitude at 127."""
+    amax = np.abs(w.reshape(w.shape[0], -1)).max(axis=1).astype(np.float64)
+    scales = np.where(amax > 0, amax / 127.0, 1.0)
+    q = np.clip(np.round(w / scales.reshape((-1,) + (1,) * (w.ndim - 1))), -127, 127).astype(np.int8)
+    return q, scales
+
+
+def quantize_frozen(g: TrainingGraph, prefix: tuple[str, ...], ranges: dict[str, tuple[float, float]],
+                    weights: dict[str, torch.Tensor]) -> Quantized:
+    """`g` with `prefix` in int8 (module docstring); `ranges` from `calibrate`."""
+    if not prefix:
+        raise ValueError("no frozen prefix to quantise")
+    src = next(n for n in g.nodes if n.kind == "input")
+    qin = f"{src.name}_q8"
+    in_scale, in_zp = activation_quant(*ranges[src.name])
+    quant: dict[str, tuple[float, int]] = {qin: (in_scale, in_zp)}
+    params, values = dict(g.params), {}
+    new: dict[str, Node] = {qin: Node(qin, "forward", Q8_QUANTIZE, (TensorRef(src.name),), shape=src.shape,
+                                      dtype="int8", attrs={"q8": {"scale": in_scale, "zp": in_zp}},
+                                      flops=int(np.prod(src.shape)))}
+    for name in prefix:
+        n = g.node(name)
+        ins = tuple(qin if r.name == src.name else r.name for r in n.inputs)
+        prev = ins[0]
+        s_x, zp_x = quant[prev]
+        if n.op == ADD:  # each operand dequantised in float32, summed, quantised to the add's own scale
+            s_y, zp_y = activation_quant(*ranges[name])
+            q8 = {"a": list(quant[ins[0]]), "b": list(quant[ins[1]]), "scale": s_y, "zp": zp_y}
+            quant[name] = (s_y, zp_y)
+            new[name] = replace(n, op=Q8_ADD, inputs=tuple(TensorRef(i) for i in ins), dtype="int8",
+                                attrs={"q8": q8})
+            continue
+        if n.op == CONV:
+            a = n.attrs["args"]
+            wname, bname = a[1]["$p"], a[2]["$p"] if a[2] else None
+            qw, s_w = weight_quant(weights[wname].detach().double().numpy())
+            s_y, zp_y = activation_quant(*ranges[name])
+            ms = [quantize_multiplier(float(s_x * sw / s_y)) for sw in s_w]
+            values[wname] = qw
+            params[wname] = TensorSpec(params[wname].shape, "int8")
+            if bname:
+                bias = np.round(weights[bname].detach().double().numpy() / (s_x * s_w)).astype(np.int64)
+                if np.abs(bias).max(initial=0) >= 1 << 31:
+                    raise ValueError(f"{bname} does not fit int32 at its input's and weights' scales")
+                values[bname] = bias.astype(np.int32)
+                params[bname] = TensorSpec(params[bname].shape, "int32")
+            q8 = {"x_zp": zp_x, "scale": s_y, "zp": zp_y, "w_scales": [float(v) for v in s_w],
+                  "mult": [m for m, _ in ms], "shift": [s for _, s in ms],
+                  "stride": list(a[3]), "padding": list(a[4]), "dilation": list(a[5]), "groups": a[8],
+                  "weight": wname, "bias": bname}
+            quant[name] = (s_y, zp_y)
+            op = Q8_CONV
+        else:  # ReLU/ReLU6 keep their input's quantisation: a clamp at the zero point (and at 6)
+            q8 = {"scale": s_x, "zp": zp_x}
+            if n.op == HARDTANH:
+                q8["q6"] = int(min(127, zp_x + round(6.0 / s_x)))
+            quant[name] = (s_x, zp_x)
+            op = Q8_RELU6 if n.op == HARDTANH else Q8_RELU
+        new[name] = replace(n, op=op, inputs=(TensorRef(prev),), dtype="int8", attrs={"q8": q8})
+    deq = {b: Node(f"{b}_dq", "forward", Q8_DEQUANTIZE, (TensorRef(b),), shape=g.node(b).shape, dtype="float32",
+                   attrs={"q8": {"scale": quant[b][0], "zp": quant[b][1]}}, flops=int(np.prod(g.node(b).shape)))
+           for b in boundary(g, prefix)}
+    nodes: list[Node] = []
+    for n in g.nodes:
+        if n.name in new:
+            if n.name == prefix[0]:
+                nodes.append(new[qin])
+            nodes.append(new[n.name])
+            continue
+        for b, d in deq.items():  # dequantised just before its first float reader: the float copy lives least
+            if any(r.name == b for r in n.inputs):
+                if d not in nodes:
+                    nodes.append(d)
+                n = replace(n, inputs=tuple(TensorRef(d.name, r.view) if r.name == b else r for r in n.inputs))
+        nodes.append(n)
+    graph = replace(g, nodes=nodes, params=params)
+    return Quantized(prefix, graph, values)
+
+
+def prefix_program(q: Quantized) -> str:
+    """The int8 nodes as the runtime reference reads them (JSON: name, op, operand and attrs["q8"], in order)."""
+    ops = [n for n in q.graph.nodes if n.op.startswith("edgetrain.q8_")]
+    return json.dumps([{"name": n.name, "op": n.op.split(".")[1], "inputs": [r.name for r in n.inputs],
+                        "q8": n.attrs["q8"]} for n in ops])

@@ -203,12 +203,14 @@ def test_memory_cuts_hold_for_every_schedule(name, frac, request):
 
 def test_memory_cuts_lift_the_lp_at_the_smallest_budget(resnet18):
     """ResNet-18/nrf52840 at its smallest budget: the LP recomputes whole chains a fraction at one stage; with
-    memory cuts the LP's added energy ends well above window cuts alone (measured 2.87 J -> 3.24 J)."""
+    memory cuts the LP's added energy ends well above window cuts alone (10 rounds each: measured 2.77 J with
+    window cuts alone, where they stop lifting, and 2.96 J with both). Rounds, not seconds, bound both runs, so a
+    loaded machine does not give one fewer rounds than the other."""
     G = resnet18
     pm = build_poet(G.g, G.lv, TARGET, G.min)
     base = pm.milp.offset
-    _, both = strengthen(pm, G.lv, seconds=12, threads=1)
-    _, window = strengthen(pm, G.lv, seconds=12, threads=1, memory_cuts=False)
+    _, both = strengthen(pm, G.lv, seconds=300, max_rounds=10, threads=1)
+    _, window = strengthen(pm, G.lv, seconds=300, max_rounds=10, threads=1, memory_cuts=False)
     assert both.lp_after - base >= window.lp_after - base + 0.15, (both.to_json(), window.to_json())
     assert both.memory > 0 and window.memory == 0
 

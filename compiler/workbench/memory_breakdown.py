@@ -66,6 +66,8 @@ def breakdown(graph, steps: list[dict]) -> Breakdown:
         measured = act in ("compute", "recompute", "page_in")
         if act in ("compute", "recompute"):
             n = nodes[name]
+            if n.into is not None:  # its output takes the dying operand's bytes (graph/inplace.py)
+                resident.pop(n.into, None)
             c = composition()
             c[_category(n)] += n.bytes
             if act == "compute":

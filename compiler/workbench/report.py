@@ -65,9 +65,8 @@ def print_human(cmd: str, r: dict) -> None:
         con.print(f"[bold]{r['model']}[/] on {r['target']}: {r['nodes']} stages, scheduler {r['scheduler']} "
                   f"(kept: {r['schedule']}; solver {s['name']} {s['status']}, gap {percent(s.get('gap'))}, "
                   f"{s['seconds']:.2f} s)")
-        if r.get("time_limit_notice"):
+        if r.get("time_limit_notice"):  # where the time went, when it left the solve short (--json: always)
             con.print(f"[yellow]{r['time_limit_notice']}")
-        if r.get("phases"):
             con.print("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in r["phases"].items()))
         if r.get("interrupted"):
             con.print(f"[yellow]solve interrupted (Ctrl-C) after {s['seconds']:.1f} s: kept the best schedule found by "

@@ -186,8 +186,17 @@ def groups(lv: Liveness, shape: Restriction) -> Groups:
     for i, (j, _) in shape.tie.items():
         members.setdefault(j, [j]).append(i)
     of = {i: tuple(ms) for ms in members.values() for i in ms}
-    pinned = {i for c in lv.decision for i in lv.inputs_of[c]
-              if i in shape.opens and shape.opens.get(c, lv.B0) < shape.opens[i]}
+    # A tensor held is never recomputed, so only the readers left unheld pin their inputs: decided from the last
+    # tensor back (a reader comes after what it reads).
+    early: dict[str, list[str]] = {}
+    for c in lv.decision:
+        for i in lv.inputs_of[c]:
+            if i in shape.opens and shape.opens.get(c, lv.B0) < shape.opens[i]:
+                early.setdefault(i, []).append(c)
+    pinned: set[str] = set()
+    for i in reversed(lv.decision):
+        if any(c not in pinned for c in early.get(i, ())):
+            pinned.add(i)
     return Groups(of=of, pinned=frozenset(pinned), dropped=frozenset(set(shape.opens) - pinned))
 
 

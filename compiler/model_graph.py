@@ -92,9 +92,11 @@ def refuse_over_ram(graph, target, backend) -> None:
     from .scheduling.bound import over_ram_text
 
     room = backend.device_room(graph, target)
+    if room is None:
+        return
     graph = mark_in_place(graph, backend.in_place)  # as the plan will run: outputs over their dying operands
-    text = None if room is None else over_ram_text(graph, analyze(graph), room.bytes + room.reserved_bytes,
-                                                  room.reserved_bytes, room.reserved_for, target.name)
+    text = over_ram_text(graph, analyze(graph), room.bytes + room.reserved_bytes, room.reserved_bytes,
+                         room.reserved_for, target.name)
     if text is not None:
         raise DeviceFitError(f"{text} No firmware was written.")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from edgetrain.compiler.graph.liveness import analyze
@@ -13,6 +14,7 @@ from edgetrain.compiler.pipeline import CompileOptions, build_graph
 from edgetrain.compiler.scheduling.budget import anchors
 from edgetrain.compiler.scheduling.milp.registry import solve_with
 from edgetrain.compiler.scheduling.poet import build as build_poet
+from edgetrain.compiler.scheduling.block_solve import block_solve, tied_columns
 from edgetrain.compiler.scheduling.heuristics import dtr
 from edgetrain.compiler.scheduling.repeats import find_blocks, groups, restriction
 from edgetrain.compiler.scheduling.schedulers import run_scheduler
@@ -96,6 +98,13 @@ def test_tied_start_is_a_point_of_the_restricted_model(stack, frac):
     assert pm.milp.objective(x) == pytest.approx(report.energy_j, rel=1e-9)
     res = solve_with("highs", pm.milp, time_limit=30, mip_gap=1e-6, warm_start=x)
     assert res.objective <= report.energy_j * (1 + 1e-9)
+    # The tied blocks' sub-problem alone, the rest fixed at the start: a point of the model, no dearer.
+    free = tied_columns(pm, shape)
+    assert 0 < free.sum() < pm.milp.n_vars
+    sub = block_solve("highs", pm, shape, x, 30, mip_gap=1e-6)
+    assert sub.values is not None and pm.milp.is_feasible(sub.values)
+    assert pm.milp.objective(sub.values) <= report.energy_j * (1 + 1e-9)
+    assert np.array_equal(np.round(sub.values)[~free], np.round(x)[~free])
 
 
 def test_groups_tie_blocks_and_hold_block_outputs(stack):

@@ -105,6 +105,12 @@ def linked_ram_bytes(target) -> int:
     return min(target.ram_bytes, board_of(target).ram_bytes)
 
 
+def linked_flash_bytes(target) -> int | None:
+    """The flash a firmware for `target` can fill: its profile's, or less where its board's link script gives less."""
+    flash = getattr(target, "flash_bytes", None)
+    return None if flash is None else min(flash, board_of(target).flash_bytes)
+
+
 def board_limit(target) -> str | None:
     """Why a firmware for `target` has less RAM than its profile says, in words; None where it has all of it."""
     board = board_of(target)
@@ -125,7 +131,7 @@ def _kb(n: int) -> str:
 
 def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> DeviceFit:
     """RAM and flash needs of `fig` against `target`; the message says what is over and what would fit."""
-    ram, flash = target.ram_bytes, getattr(target, "flash_bytes", None)
+    ram, flash = target.ram_bytes, linked_flash_bytes(target)
     over = []
     if fig.ram_bytes > ram:
         parts = [f"arena {fig.arena_bytes} B"] if fig.arena_bytes else []
@@ -152,7 +158,7 @@ def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> Devi
 
 def flash_room_for_frozen(target, trainable_bytes: int, steps: int) -> int:
     """Flash left for frozen weights by the code of a `steps`-step plan and the trainable weights' initial values."""
-    return target.flash_bytes - FirmwareFigures(trainable_bytes=trainable_bytes, steps=steps).flash_bytes
+    return linked_flash_bytes(target) - FirmwareFigures(trainable_bytes=trainable_bytes, steps=steps).flash_bytes
 
 
 def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int, ram_room: int,
@@ -227,7 +233,7 @@ def check_elf(sizes: dict, target) -> str | None:
     flash_need = sizes["text_bytes"] + sizes["data_bytes"]
     stack = board_stack_bytes(target)
     ram_need = sizes["data_bytes"] + sizes["bss_bytes"] + stack
-    flash = getattr(target, "flash_bytes", None)
+    flash = linked_flash_bytes(target)
     over = []
     if ram_need > target.ram_bytes:
         over.append(f"RAM: .data {sizes['data_bytes']} B + .bss {sizes['bss_bytes']} B + stack {stack} B = "

@@ -62,5 +62,16 @@ def repvit_m0_9() -> nn.Module:
     return _timm("repvit_m0_9", 64)
 
 
+def repvit_tiny() -> nn.Module:
+    """RepViT with a quarter of repvit_m0_9's widths (16 to 128) and one block a stage: its 4.7 M weights are
+    18.9 MB, beyond any flash here."""
+    return _timm("repvit_m0_9", 64, embed_dim=(16, 32, 64, 128), depth=(1, 1, 1, 1))
+
+
 def tinynet_e() -> nn.Module:
     return _timm("tinynet_e", 64)
+
+
+def efficientnet_test() -> nn.Module:
+    """timm's smallest EfficientNet (stem, edge residuals, inverted residuals with SE, SiLU): 0.1 M weights."""
+    return _timm("test_efficientnet", 64)

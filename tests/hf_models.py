@@ -7,17 +7,9 @@ configs' dropouts (0.1, inside attention too), as a user who changes nothing has
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # loaded by path too (the CLI): its sibling below
-from torchvision_ops import import_torchvision_without_ops  # noqa: E402
-
-import_torchvision_without_ops()  # transformers imports torchvision where it is installed
 
 
 class _HF(nn.Module):

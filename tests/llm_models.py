@@ -6,16 +6,8 @@ base (its default, `autocast_adapter_dtype=True`) or keeps them in the base's dt
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.nn as nn
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # loaded by path too (the CLI): its sibling below
-from torchvision_ops import import_torchvision_without_ops  # noqa: E402
-
-import_torchvision_without_ops()  # transformers imports torchvision where it is installed
 
 
 class CausalLM(nn.Module):

@@ -1,18 +1,11 @@
 """Real CNNs as their libraries build them, untrained (nothing downloaded), for the C firmware's tests and the
 table in docs/cortex-m.md: Hugging Face's ResNet from a small config and timm's MobileNetV3, GhostNet, RepViT and
 an EfficientNet (TinyNet-E), each with a 10-class head. Import as `tests/timm_models.py:<factory>`.
-timm and transformers import torchvision, which needs `torchvision_ops.py` beside a CPU torch.
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 from torch import nn
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # loaded by path (the CLI): its sibling below
-from torchvision_ops import import_torchvision_without_ops  # noqa: E402
 
 
 class Logits(nn.Module):
@@ -33,7 +26,6 @@ def _shaped(m: nn.Module, size: int) -> nn.Module:
 
 def hf_resnet() -> nn.Module:
     """transformers' ResNetForImageClassification: a 16-channel stem, two stages of one bottleneck each."""
-    import_torchvision_without_ops()
     from transformers import ResNetConfig, ResNetForImageClassification
 
     torch.manual_seed(0)
@@ -44,7 +36,6 @@ def hf_resnet() -> nn.Module:
 
 def _timm(name: str, size: int, **kw) -> nn.Module:
     torch.manual_seed(0)
-    import_torchvision_without_ops()
     import timm
 
     return _shaped(timm.create_model(name, pretrained=False, num_classes=10, **kw), size)

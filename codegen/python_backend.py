@@ -10,6 +10,8 @@ from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.runtime.python.inplace import IN_PLACE_ARGS
 
 from .c.backend import CBackend
+from edgetrain.compiler.frontend.meta_weights import check_meta_weights
+
 from .python_plan import render_python_plan, write_weights
 
 
@@ -43,7 +45,7 @@ class PythonBackend:
     def render(self, schedule: dict, model, out_dir: str, target) -> Rendered:
         render_python_plan(schedule, out_dir)
         params = dict(model.named_parameters())
-        write_weights(params, dict(model.named_buffers()), out_dir)
+        write_weights(params, dict(model.named_buffers()), out_dir, check_meta_weights(model))
         streamed = list(dict.fromkeys(p for n in schedule["graph"]["nodes"] for p in n.get("streamed", ())))
         if not streamed:
             return Rendered()

@@ -6,14 +6,16 @@ page with its reason, each stage headed by its node and the user's source line, 
 """
 from __future__ import annotations
 
+import json
 import os
+import struct
 
 import torch
-from safetensors.torch import save_file
 
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format, not a solver
 from edgetrain.runtime.python.fused_kernels import FUSED_OP
 from edgetrain.runtime.python.inplace import INPLACE
+from edgetrain.runtime.python.streamed_weights import DTYPES
 from edgetrain.targets import Target
 
 from .py_layout import Group, comment, statement
@@ -21,6 +23,7 @@ from .python_calls import CallWriter, Names, literal
 from .templating import environment
 
 _ENV = environment("templates")
+SAFETENSORS_DTYPE = {v: k for k, v in DTYPES.items()}  # torch dtype -> the file's name for it
 
 
 def _py(value) -> str:
@@ -168,22 +171,41 @@ def render_python_plan(schedule: dict, out_dir: str, schedule_file: str = "sched
     return path
 
 
-def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Each tensor with a storage of its own, as safetensors needs; copied only where it shares one or views a
-    part of one (a copy of every weight doubled a large model's memory while writing)."""
-    out, seen = {}, set()
+def _bytes(t: torch.Tensor) -> memoryview:
+    """A CPU tensor's bytes as laid out in memory (bf16 has no numpy dtype: read as bytes)."""
+    t = t.detach().contiguous().cpu()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+
+
+def write_weights(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], out_dir: str,
+                  source=None) -> str:
+    """Initial weights as safetensors: `param/<name>` and `buffer/<name>`, written one tensor at a time (a copy of
+    every weight doubled a large model's memory while writing); a meta tensor's bytes read from `source`
+    (compiler/frontend/meta_weights.WeightSource), one tensor held at a time. Written to a temporary name, then
+    renamed."""
+    tensors = {**{f"param/{k}": v for k, v in params.items()}, **{f"buffer/{k}": v for k, v in buffers.items()}}
+    header, at = {}, 0
     for k, v in tensors.items():
-        v = v.detach().contiguous()
-        storage = v.untyped_storage()
-        shared = storage.data_ptr() in seen or storage.nbytes() != v.nbytes or v.storage_offset() != 0
-        seen.add(storage.data_ptr())
-        out[k] = v.clone() if shared else v
-    return out
-
-
-def write_weights(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], out_dir: str) -> str:
-    """Initial weights as safetensors: `param/<name>` and `buffer/<name>`."""
-    tensors = _own({**{f"param/{k}": v for k, v in params.items()}, **{f"buffer/{k}": v for k, v in buffers.items()}})
+        if v.dtype not in SAFETENSORS_DTYPE:
+            raise ValueError(f"weight {k} has dtype {v.dtype}, which the weights file cannot hold")
+        n = v.numel() * v.element_size()
+        header[k] = {"dtype": SAFETENSORS_DTYPE[v.dtype], "shape": list(v.shape), "data_offsets": [at, at + n]}
+        at += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
     path = os.path.join(out_dir, "weights.safetensors")
-    save_file(tensors, path)
+    tmp = path + ".partial"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for k, v in tensors.items():
+            if v.is_meta and source is None:
+                raise ValueError(f"weight {k} is on the meta device and the model names no source of its values")
+            value = source.get(k.split("/", 1)[1]) if v.is_meta else v
+            if value.dtype != v.dtype or tuple(value.shape) != tuple(v.shape):
+                raise ValueError(f"the weights source's '{k}' is {value.dtype} {list(value.shape)}, the model's "
+                                 f"{v.dtype} {list(v.shape)}")
+            f.write(_bytes(value))
+            del value  # a source's tensor is let go before the next is read
+    os.replace(tmp, path)
     return path

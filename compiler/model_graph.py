@@ -12,6 +12,7 @@ from edgetrain.runtime.python.threads import PLAN_THREADS
 
 from .errors import BudgetError, DeviceFitError, UnsupportedModelError
 from .frontend.labels import example_labels
+from .frontend.meta_weights import check_meta_weights
 from .frontend.modelspec import resolve
 from .graph.clamp_backward import read_clamp_output
 from .graph.costs import costed
@@ -36,6 +37,7 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
         from .frontend.train_select import select_and_apply
 
         select_and_apply(model, opts.train)
+    check_meta_weights(model)  # a meta weight's values are in its source, checked before the trace
     if device_check:
         backend.check_model(model, target, opts.optimizer, opts.model)
     check_batch_size(opts.batch_size, shape, resolved.input_dtype, target)

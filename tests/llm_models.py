@@ -108,3 +108,77 @@ def llama_7b_4():
 def llama_7b_8():
     """Eight layers of LLaMA-2-7B's shape (the rest as llama_7b)."""
     return llama_7b(layers=8)
+
+
+def _real_adapters(model: nn.Module, seed: int = 0) -> None:
+    """peft makes each adapter beside its layer's weight, on the meta device there: the trainable parameters
+    (the adapters) made real, drawn from `seed` (lora_B nonzero, as in `_lora`)."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in list(model.named_parameters()):
+        if p.requires_grad and p.is_meta:
+            owner, _, leaf = name.rpartition(".")
+            value = torch.empty(p.shape, dtype=p.dtype).normal_(std=0.02, generator=gen)
+            model.get_submodule(owner)._parameters[leaf] = nn.Parameter(value)
+
+
+def llama_meta(source: str | None = None, dtype: str = "bfloat16", hidden: int = 32, mlp: int = 64, layers: int = 2,
+               heads: int = 4, kv_heads: int = 2, vocab: int = 256, seq: int = 16, r: int = 4, tied: bool = True):
+    """`llama`'s shape with its frozen base (weights and buffers) on the meta device and LoRA adapters real, the
+    base's values in the safetensors file `source` (the model's `weights_source`, keyed by its own names)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=seq,
+                      tie_word_embeddings=tied, attention_dropout=0.0)
+    with torch.device("meta"):  # built as `llama` builds it (float32, then the base's dtype), on meta
+        base = LlamaForCausalLM(cfg).to(getattr(torch, dtype))
+        model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj"],
+                                                lora_dropout=0.0))
+    _real_adapters(model)
+    lm = CausalLM(model, seq, vocab)
+    lm.weights_source = source
+    return lm
+
+
+def llama_7b_meta(source: str | None = None, layers: int = 32, seq: int = 512):
+    """llama_7b built on the meta device (no memory for its 13.5 GB of frozen bf16 weights), their values in
+    `source`; its adapters real (std 0.02, lora_B nonzero)."""
+    return llama_meta(source, "bfloat16", hidden=4096, mlp=11008, layers=layers, heads=32, kv_heads=32,
+                      vocab=32000, seq=seq, r=16, tied=False)
+
+
+def write_deterministic_source(model: nn.Module, path: str, seed: int = 0) -> int:
+    """A safetensors file of deterministic values for every meta tensor of `model` (a normal draw of std 0.02 for a
+    weight, ones for a norm, the rotary buffer computed), written one tensor at a time: bytes written."""
+    import json
+    import struct
+
+    metas = {**{k: p for k, p in model.named_parameters() if p.is_meta},
+             **{k: b for k, b in model.named_buffers() if b.is_meta}}
+    names = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64"}
+    header, at = {}, 0
+    for k, t in metas.items():
+        n = t.numel() * t.element_size()
+        header[k] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + n]}
+        at += n
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    gen = torch.Generator().manual_seed(seed)
+    with open(path + ".partial", "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for k, t in metas.items():
+            if k.endswith("inv_freq"):
+                d = 2 * t.numel()
+                v = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+            elif k.endswith("norm.weight"):
+                v = torch.ones(t.shape)
+            else:
+                v = torch.empty(t.shape).normal_(std=0.02, generator=gen)
+            v = v.to(t.dtype).contiguous()
+            f.write(memoryview(v.reshape(-1).view(torch.uint8).numpy()))
+            del v
+    import os
+
+    os.replace(path + ".partial", path)
+    return at

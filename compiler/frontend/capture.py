@@ -120,9 +120,21 @@ def on_fakes(module: nn.Module):
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     real = {**dict(nn.Module.named_parameters(module, remove_duplicate=False)),  # every name (_Step lists one)
             **dict(module.named_buffers(remove_duplicate=False))}
-    fakes = {k: mode.from_tensor(v) for k, v in real.items()}  # one fake per tensor: tied names stay tied
+    fakes, made = {}, {}
+    for k, v in real.items():  # one fake per tensor: tied names stay tied
+        if id(v) not in made:
+            made[id(v)] = _cpu_fake(mode, v) if v.is_meta else mode.from_tensor(v)
+        fakes[k] = made[id(v)]
     with _reparametrize_module(module, fakes):
         yield mode
+
+
+def _cpu_fake(mode, t: torch.Tensor) -> torch.Tensor:
+    """A fake CPU tensor like a meta one (a frozen weight whose values are in a file, meta_weights.py): the trace
+    computes with the batch on the CPU, and a meta fake beside it would be another device."""
+    with mode:
+        fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    return fake.requires_grad_(t.requires_grad)
 
 
 def tied_aliases(model: nn.Module) -> dict[str, str]:

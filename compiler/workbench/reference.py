@@ -22,13 +22,36 @@ from edgetrain.runtime.python.optimizers import unit_of
 from edgetrain.targets import Target
 
 
+def _assign_meta(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Each meta parameter and buffer replaced by the file's tensor, under every name it has (a tied one too);
+    a parameter keeps its requires_grad. load_state_dict(assign=True) skips non-persistent buffers."""
+    made: dict[int, torch.Tensor] = {}
+    for kind, items in (("param", model.named_parameters(remove_duplicate=False)),
+                        ("buffer", model.named_buffers(remove_duplicate=False))):
+        for k, t in list(items):
+            if not t.is_meta:
+                continue
+            if id(t) not in made:
+                value = tensors[f"{kind}/{k}"]
+                made[id(t)] = nn.Parameter(value, requires_grad=t.requires_grad) if kind == "param" else value
+            owner, _, leaf = k.rpartition(".")
+            mod = model.get_submodule(owner)
+            (mod._parameters if kind == "param" else mod._buffers)[leaf] = made[id(t)]
+
+
 def load_weights(model: nn.Module, path: str) -> None:
+    """The plan's initial weights into the model; a tensor on the meta device (its values were in a source file,
+    frontend/meta_weights.py) takes the file's tensor in its place."""
     tensors = load_file(path)
+    meta = {k for k, p in model.named_parameters() if p.is_meta} | {k for k, b in model.named_buffers() if b.is_meta}
+    _assign_meta(model, tensors)
     with torch.no_grad():
         for k, p in model.named_parameters():
-            p.copy_(tensors[f"param/{k}"])
+            if k not in meta:
+                p.copy_(tensors[f"param/{k}"])
         for k, b in model.named_buffers():
-            b.copy_(tensors[f"buffer/{k}"])
+            if k not in meta:
+                b.copy_(tensors[f"buffer/{k}"])
 
 
 def _draws(schedule: dict) -> dict[str, str]:

@@ -42,7 +42,7 @@ def _opts(out, source, budget="100%", optimizer="adamw") -> CompileOptions:
                           model_kwargs={"source": source})
 
 
-@pytest.mark.parametrize("budget", ["100%", "60%"])
+@pytest.mark.parametrize("budget", ["100%", "60%", "67770"])  # bytes: 3/4 of the in-memory least, frozen ones stream
 def test_a_meta_base_compiles_from_its_source_and_trains_as_eager_autograd(tmp_path, budget):
     source, frozen = _source(tmp_path)
     out = tmp_path / "plan"
@@ -57,12 +57,13 @@ def test_a_meta_base_compiles_from_its_source_and_trains_as_eager_autograd(tmp_p
     assert result["ok"], result.get("error")
     assert result["max_abs_err"] == 0.0
     assert result["measured_peak_bytes"] == result["predicted_peak_bytes"] <= c["budget_bytes"]
+    assert bool(c.get("streamed")) == budget.isdigit()  # read from the written file, never from the meta model
 
 
 def test_a_meta_weight_with_no_source_is_refused_naming_the_fix(tmp_path):
     with pytest.raises(UnsupportedModelError, match=r"meta device with no values .*weights_source"):
         compile_model(_opts(tmp_path / "p", None))
-    cmd = [sys.executable, "-m", "edgetrain", "compile", "tests/llm_models.py:llama_meta", "--target",
+    cmd = [sys.executable, "-m", "edgetrain.compiler.workbench.cli", "compile", "tests/llm_models.py:llama_meta", "--target",
            "jetson-orin-nano", "--budget", "100%", "--loss", "model", "--out", str(tmp_path / "q"), "--json"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert p.returncode != 0 and "Traceback" not in p.stderr

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from edgetrain.compiler.errors import UnsupportedModelError
+from edgetrain.runtime.python.streamed_weights import DTYPES
 
 ATTR = "weights_source"
 
@@ -74,9 +75,7 @@ class WeightSource:
             return h.get_tensor(name)
 
 
-_ST = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-       torch.bool: "BOOL"}
+_ST = {v: k for k, v in DTYPES.items()}  # torch dtype -> the safetensors header's name for it
 
 
 def check_meta_weights(model: nn.Module) -> WeightSource | None:

@@ -102,6 +102,8 @@ def summary(req: Request, done: Compiled) -> dict:
     out.update(s.selection)
     if p.streaming is not None:
         out["streaming"] = p.streaming
+    if m.traced.int8 is not None:
+        out["int8_prefix"] = m.traced.int8
     tiled = tiled_prefixes(p.graph)
     if tiled:
         out["tiled"] = tiled

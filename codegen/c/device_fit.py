@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgetrain.compiler.errors import DeviceFitError  # the user's error, not a solver
+from edgetrain.compiler.graph.ir import DTYPE_BYTES  # a parameter's bytes by its dtype
 from edgetrain.runtime.python.optim import state_names, step_counter_bytes  # the optimizer's state per parameter
 from edgetrain.targets import Target
 from edgetrain.targets.boards import DEFAULT_BOARD, board_of, load_board
@@ -206,17 +207,26 @@ def _numel(shape) -> int:
     return n
 
 
+def q8_table_bytes(node_attrs) -> int:
+    """The flash an int8 prefix's requantisation tables take: a Q31 multiplier and a shift (int32 each) per output
+    channel of each convolution (`node_attrs`: every node's attrs)."""
+    return sum(8 * len(a["q8"]["mult"]) for a in node_attrs if "mult" in a.get("q8", {}))
+
+
 def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
     """The figures of a rendered firmware: its arena and batch buffers (firmware.json), its weights (schedule)."""
     g = schedule["graph"]
     trainable = set(g.get("trainable", g["params"]))
     streamed = {p for n in g["nodes"] for p in n.get("streamed", ())}
-    sizes = {k: 4 * _numel(v["shape"]) for k, v in g["params"].items()}  # the C runtime holds float32
+    sizes = {k: DTYPE_BYTES[v.get("dtype", "float32")] * _numel(v["shape"]) for k, v in g["params"].items()}
+    # an int8 prefix's convolutions: a Q31 multiplier and a shift (int32 each) per output channel, in flash
+    tables = q8_table_bytes(n["attrs"] for n in g["nodes"])
     tb = sum(b for k, b in sizes.items() if k in trainable)
     io = 4 * (manifest["input_floats"] + manifest["batch"] + manifest["logits_floats"])  # x, int32 labels, logits
     return FirmwareFigures(arena_bytes=manifest["arena_bytes"], trainable_bytes=tb,
                            optimizer_bytes=optimizer_state_bytes(g["optimizer"], tb, len(trainable)),
-                           frozen_bytes=sum(b for k, b in sizes.items() if k not in trainable and k not in streamed),
+                           frozen_bytes=tables + sum(b for k, b in sizes.items()
+                                                     if k not in trainable and k not in streamed),
                            io_bytes=io, steps=len(schedule["steps"]),
                            streamed_bytes=sum(sizes[k] for k in streamed), patch_calls=manifest.get("patch_calls", 0),
                            stack_bytes=board_stack_bytes(Target(**schedule["target"])))

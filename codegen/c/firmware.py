@@ -24,6 +24,7 @@ from safetensors.numpy import load_file
 
 from edgetrain.compiler.errors import ArenaOverflowError, UnsupportedModelError  # messages for the user, not a solver
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
+from edgetrain.compiler.graph.quantize import conv_integers  # an int8 prefix's integer weights
 from edgetrain.compiler.graph.tiling import TILED_OP  # a frozen prefix computed patch by patch
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 from edgetrain.targets import Target
@@ -31,12 +32,14 @@ from edgetrain.targets.boards import board_of
 
 from edgetrain.codegen.templating import environment
 from .arena import Lifetime, Packing, pack
+from .lifetimes import step_lifetimes, stream_words, tensor_bytes, tensor_lifetime, transient_lifetimes
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
 from .patches import emit_patches
 from .weight_blocks import emit_blocked_conv
 from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
-from .ops import DROPOUT, kernel_sources  # the C op table
+from .ops import DROPOUT, Q8_OPS, CodegenError, kernel_sources  # the C op table
+from .q8_emit import emit_q8
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
 VENDORED = "et_runtime"  # the runtime's copy inside the firmware folder
@@ -54,10 +57,6 @@ _ENV = environment("templates/c")
 
 _ENV.filters.update(comment=c_comment, cfloat=c_float, size=lambda n: f"{n >> 20} MB" if n % (1 << 20) == 0 else f"{n >> 10} KB",
                     hex32=lambda n: f"0x{n:08X}u")
-
-
-class CodegenError(UnsupportedModelError):
-    """The schedule asks for something the C runtime cannot do."""
 
 
 @dataclass
@@ -95,6 +94,8 @@ class _Emitter:
         self._layer = ""
         self.ctx = Context({**self.pident, **self.bident}, self.mident, self._struct)
         self.state = state_shapes(self.graph)
+        self.shapes = {n.name: n.shape for n in self.graph.nodes}
+        self.q8_tables: dict[str, dict] = {}  # an int8 convolution's requantisation, by node: const data
         # Streamed weights: a page id each; they have no array, a reader finds them where they were paged in.
         self.patch_calls = 0  # kernel calls emitted for patch-by-patch nodes: code the per-step estimate misses
         self.streamed = {p: WEIGHT_PAGE_BASE + BLOCK_PAGES * k for k, p in enumerate(self.graph.streamed_params)}
@@ -130,6 +131,11 @@ class _Emitter:
         if node.attrs.get("stream_rows"):  # a weight paged in block by block: the op per block (weight_blocks.py)
             return emit_blocked_conv(node, offsets, self.ctx, self.params, self.blocks, paged or {},
                                      self.node_objs[node.inputs[0].name].shape)
+        if node.op in Q8_OPS:  # an int8 frozen prefix's node: its kernel call (q8_emit.py)
+            try:
+                return emit_q8(node, offsets, self.ctx, self.shapes, self.params, self.q8_tables, self.namer)
+            except EmitError as e:
+                raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
         if node.op == TILED_OP:  # a frozen prefix, patch by patch: its own statements (patches.py)
             try:
                 lines = emit_patches(node, offsets, self.ctx, self.params)
@@ -163,90 +169,6 @@ def _why(st: dict, prefix: str) -> str:
     return reason[len(prefix):] if reason.startswith(prefix) else reason
 
 
-def _words(node: dict) -> int:
-    """4-byte words a node holds (float32 and int32 alike; a tuple's items one after the other)."""
-    specs = node["items"] if node.get("items") else ([{"shape": node["shape"], "dtype": node["dtype"]}]
-                                                     if node["shape"] is not None else [])
-    for spec in specs:
-        if spec["dtype"] not in ("float32", "int32"):
-            raise CodegenError(f"tensor `{c_comment(node['name'])}` has dtype {spec['dtype']}; the C runtime holds "
-                               "float32 and int32 only (compile with --emit c)")
-    return sum(_numel(spec["shape"]) for spec in specs)
-
-
-def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifetime]]:
-    """Each step with the lifetimes of the tensors it touches, and all lifetimes (to be packed before the
-    code is rendered: the offsets go into the code)."""
-    by_name = em.by_name
-    lifetimes: list[Lifetime] = []
-    current: dict[str, Lifetime] = {}
-    handed: set[str] = set()  # operands an output was written over: their free ends nothing
-    # step, operand lifetimes, output lifetime, the streamed weights' lifetimes (only while the node runs)
-    plan: list[tuple[dict, dict, Lifetime | None, dict[str, Lifetime]]] = []
-    for k, st in enumerate(steps):
-        a, name = st["action"], st["tensor"]
-        node = by_name.get(name)
-        if node is None and a not in ("free", "page_out"):
-            raise CodegenError(f"step {k} {a}s `{c_comment(name)}`, which is not a node of the graph")
-        if a in ("compute", "recompute"):
-            lts = {r["t"]: current[r["t"]] for r in node["inputs"]}
-            if node["op"] == TILED_OP:  # its patch buffers, only while it runs
-                lts[f"{name}.patches"] = Lifetime(f"{name} (patches)", k, k, node["workspace_bytes"] // 4)
-                lifetimes.append(lts[f"{name}.patches"])
-            for stats in (f"{node['aux_of']}.aux" if node.get("aux_of") else None, f"{name}.aux"):
-                if stats in current:  # statistics read by a backward, or rewritten by a recompute
-                    lts[stats] = current[stats]
-            out = None
-            into = node["attrs"].get("into")
-            if into is not None:  # the output is written over a dying operand: its bytes, its offset
-                x = node["inputs"][into]["t"]
-                out = current[name] = lts[x]
-                out.name = f"{out.name} -> {name}"
-                handed.add(x)
-            elif _words(node):
-                out = Lifetime(name, k, -1, _words(node))
-                lifetimes.append(out)
-                current[name] = out
-            if a == "compute" and node["aux_bytes"]:  # the statistics are made with the first computation
-                stats = Lifetime(f"{name}.aux", k, -1, node["aux_bytes"] // 4)
-                lifetimes.append(stats)
-                current[stats.name] = lts[stats.name] = stats
-            streams = {p: Lifetime(f"{p} (streamed)", k, k, _stream_words(em, node, p))
-                       for p in node.get("streamed", ())}
-            lifetimes += streams.values()
-            plan.append((st, lts, out, streams))
-        elif a == "page_in":
-            out = Lifetime(name, k, -1, _words(node))
-            lifetimes.append(out)
-            current[name] = out
-            plan.append((st, {}, out, {}))
-        elif a == "page_out":
-            if name not in by_name:
-                raise CodegenError(f"the schedule pages out `{c_comment(name)}`, which the C runtime keeps in place")
-            plan.append((st, {}, current[name], {}))
-        elif a == "free":
-            lt = current.pop(name)
-            if name in handed:  # its bytes live on as the output written over it
-                handed.discard(name)
-                lt = None
-            else:
-                lt.end = k
-            plan.append((st, {}, lt, {}))
-        else:
-            raise CodegenError(f"unknown step action {a!r}")
-    if current:
-        raise CodegenError(f"the schedule leaves {sorted(current)[:5]} resident at the end of the step")
-    return plan, lifetimes
-
-
-def _stream_words(em: _Emitter, node: dict, p: str) -> int:
-    """Words a node's streamed weight takes in the arena while it runs: all of it, or its largest block."""
-    if p in em.blocks:
-        row = _numel(em.params[p]["shape"]) // em.params[p]["shape"][0]
-        return row * max(r1 - r0 for _, r0, r1 in em.blocks[p])
-    return _numel(em.params[p]["shape"])
-
-
 def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, predict: bool = False,
              streams: dict[str, Lifetime] | None = None) -> list[str]:
     """The statements that compute a node: the batch copied in, or its streamed weights paged in (stopping
@@ -254,7 +176,7 @@ def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, pre
     if node["kind"] in ("input", "labels"):
         src = "x" if node["kind"] == "input" else "y"
         return [f"memcpy({'ET_I' if node['dtype'] == 'int32' else 'ET_F'}({offsets[node['name']]}), {src}, "
-                f"{4 * _words(node)}u);"]
+                f"{tensor_bytes(node)}u);"]
     streams = streams or {}
     lines = [f"ET_TRY(et_page_in({em.streamed[p]}u, ET_F({lt.offset}), {4 * lt.words}u)); /* {c_comment(p)} */"
              for p, lt in streams.items() if p not in em.blocks]  # a blocked one: paged in by its op, block by block
@@ -284,25 +206,25 @@ def _render_train(em: _Emitter, plan) -> tuple[list[Block], list[dict]]:
             comments.append(f"{what}: {why}" if why else what)
             if streams:
                 comments.append("its frozen weights streamed from storage: " + ", ".join(
-                    f"{p} (page {em.streamed[p]}, {4 * t.words} B)" for p, t in streams.items()))
+                    f"{p} (page {em.streamed[p]}, {t.nbytes} B)" for p, t in streams.items()))
             blocks.append(Block(comments, _compute(em, node, offsets, a == "compute", streams=streams)))
         elif a == "page_out":
             if node["name"] not in page_ids:
                 page_ids[node["name"]] = len(page_ids) + 1
-                pages.append({"id": page_ids[node["name"]], "tensor": node["name"], "bytes": 4 * lt.words,
+                pages.append({"id": page_ids[node["name"]], "tensor": node["name"], "bytes": lt.nbytes,
                               "paged_in": False})
             pid = page_ids[node["name"]]
-            comments.append(f"page out {node['name']} (page {pid}, {4 * lt.words} B): {st['reason']}")
-            blocks.append(Block(comments, [f"ET_TRY(et_page_out({pid}u, ET_F({lt.offset}), {4 * lt.words}u));",
+            comments.append(f"page out {node['name']} (page {pid}, {lt.nbytes} B): {st['reason']}")
+            blocks.append(Block(comments, [f"ET_TRY(et_page_out({pid}u, ET_F({lt.offset}), {lt.nbytes}u));",
                                            f"if (et_page_out_hook != NULL) et_page_out_hook({pid}u);"]))
         elif a == "page_in":
             pid = page_ids.get(node["name"])
             if pid is None:
                 raise CodegenError(f"page-in of `{c_comment(node['name'])}` before any page-out")
             pages[pid - 1]["paged_in"] = True
-            comments.append(f"page in {node['name']} (page {pid}, {4 * lt.words} B): "
+            comments.append(f"page in {node['name']} (page {pid}, {lt.nbytes} B): "
                             f"{_why(st, 'page in ' + node['name'] + ': ')}")
-            blocks.append(Block(comments, [f"ET_TRY(et_page_in({pid}u, ET_F({lt.offset}), {4 * lt.words}u));"]))
+            blocks.append(Block(comments, [f"ET_TRY(et_page_in({pid}u, ET_F({lt.offset}), {lt.nbytes}u));"]))
         elif lt is None:  # free of an operand an output was written over: its floats are that output's
             comments.append(f"free {node['name']}: {st['reason']} (its floats hold the output written over it)")
             blocks.append(Block(comments, []))
@@ -333,10 +255,10 @@ def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str,
         for r in n["inputs"]:
             last[r["t"]] = max(last[r["t"]], i)
     last[logits_ref["t"]] = len(fwd)
-    lts = {n["name"]: Lifetime(n["name"], i, last[n["name"]], _words(n)) for i, n in enumerate(fwd)}
-    lts.update({f"{n['name']}.patches": Lifetime(f"{n['name']} (patches)", i, i, n["workspace_bytes"] // 4)
-                for i, n in enumerate(fwd) if n["op"] == TILED_OP})
-    streams = {n["name"]: {p: Lifetime(f"{p} (streamed)", i, i, _stream_words(em, n, p))
+    lts = {n["name"]: tensor_lifetime(n, i, last[n["name"]]) for i, n in enumerate(fwd)}
+    for i, n in enumerate(fwd):  # patch buffers, int8 scratch
+        lts.update(transient_lifetimes(n, i))
+    streams = {n["name"]: {p: Lifetime(f"{p} (streamed)", i, i, stream_words(em, n, p))
                            for p in n.get("streamed", ())} for i, n in enumerate(fwd)}
     packing = pack(list(lts.values()) + [lt for s in streams.values() for lt in s.values()])
     offsets = {name: lt.offset for name, lt in lts.items()}
@@ -350,15 +272,32 @@ def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str,
     return blocks, packing, f"ET_F({logits.storage_offset()})", logits.numel()
 
 
+C_TYPES = {"float32": "float", "int8": "int8_t", "int32": "int32_t"}  # a parameter's C type, by its dtype
+
+
+def _q8_integers(em: _Emitter, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The int8 weights and int32 biases of an int8 prefix's convolutions, flat: computed from the float values the
+    model holds (weights.safetensors) and the scales the graph pass chose (compiler/graph/quantize.py)."""
+    out = {}
+    for n in em.graph.nodes:
+        if n.op in Q8_OPS and "weight" in n.attrs["q8"]:
+            q = n.attrs["q8"]
+            floats = {p: weights[p].reshape(em.params[p]["shape"]) for p in (q["weight"], q["bias"]) if p}
+            out.update({p: v.reshape(-1) for p, v in conv_integers(q, floats).items()})
+    return out
+
+
 def _weights(path: str, state: dict, kind: str = "param") -> dict[str, np.ndarray]:
-    """The initial values of the parameters (kind "param") or buffers ("buffer"), flat, in their dtype."""
+    """The initial values of the parameters (kind "param") or buffers ("buffer"), flat: float32 as stored (an
+    int8 prefix's parameters are stored as the float values they are quantised from), buffers in their dtype."""
     tensors = load_file(path)
     out = {}
     for name, spec in state.items():
         key = f"{kind}/{name}"
         if key not in tensors:
             raise CodegenError(f"{path} has no tensor for {kind} `{c_comment(name)}`; recompile the model")
-        a = np.ascontiguousarray(tensors[key], dtype=spec.get("dtype", "float32")).reshape(-1)
+        dtype = "float32" if kind == "param" else spec.get("dtype", "float32")
+        a = np.ascontiguousarray(tensors[key], dtype=dtype).reshape(-1)
         if a.size != _numel(spec["shape"]):
             raise CodegenError(f"{path}: {kind} `{c_comment(name)}` has {a.size} values, the schedule {spec['shape']}")
         out[name] = a
@@ -368,7 +307,8 @@ def _weights(path: str, state: dict, kind: str = "param") -> dict[str, np.ndarra
 def _buffer_rows(values: np.ndarray, dtype: str) -> list[str]:
     if dtype == "float32":
         return _rows(values)
-    return [", ".join(f"{int(v)}" for v in values.tolist())]
+    ints = [str(int(v)) for v in values.tolist()]
+    return [", ".join(ints[i:i + 24]) for i in range(0, len(ints), 24)]
 
 
 def _rows(values: np.ndarray, per_row: int = 6) -> list[str]:
@@ -386,11 +326,12 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     g = schedule["graph"]
     em = _Emitter(schedule)
     for n in em.nodes:  # the only workspace the C runtime has: the weights a node pages in, or its patches
-        if n["op"] != TILED_OP and n["workspace_bytes"] != sum(4 * _stream_words(em, n, p) for p in n.get("streamed", ())):
+        own = n["workspace_bytes"] if n["op"] in (TILED_OP, *Q8_OPS) else 0  # patches, int8 scratch
+        if n["workspace_bytes"] != own + sum(4 * stream_words(em, n, p) for p in n.get("streamed", ())):
             raise CodegenError(f"node `{c_comment(n['name'])}` holds a workspace the C runtime does not have; "
                                "compile with --emit c")
     steps = schedule["steps"]
-    plan, lifetimes = _lifetimes(em, steps)
+    plan, lifetimes = step_lifetimes(em, steps)
     packing = pack(lifetimes)
     blocks, pages = _render_train(em, plan)
     predict_blocks, predict_packing, logits_ptr, logits_floats = _predict(em, _logits(em))
@@ -398,9 +339,9 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     # The memory figures, held against the schedule's prediction and the budget.
     state_bytes = em.graph.state_bytes  # parameters, and momentum for the trained ones
     predicted_activation = schedule["predicted"]["peak_bytes"] - state_bytes
-    if 4 * packing.lower_bound_words != predicted_activation:
+    if packing.live_bytes != predicted_activation:
         raise CodegenError(  # the schedule's memory model and the firmware's must count the same bytes
-            f"memory model mismatch: the steps keep at most {4 * packing.lower_bound_words} B of tensors alive, "
+            f"memory model mismatch: the steps keep at most {packing.live_bytes} B of tensors alive, "
             f"the schedule predicted {predicted_activation} B of activations")
     arena_words = max(packing.words, predict_packing.words)
     budget = schedule["budget"]["bytes"]
@@ -424,8 +365,10 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
                 "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": _buffer_rows(buffer_values[name],
                                                                                           spec["dtype"])}
                for name, spec in g["buffers"].items()]
+    integers = _q8_integers(em, weights)  # an int8 prefix's weights and biases, from the float ones
     params = [{"name": name, "ident": em.pident[name], "mident": em.mident.get(name), "trainable": name in em.trainable,
-               "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": _rows(weights[name])}
+               "floats": _numel(spec["shape"]), "shape": spec["shape"], "ctype": C_TYPES[spec.get("dtype", "float32")],
+               "rows": _buffer_rows(integers[name], "int") if name in integers else _rows(weights[name])}
               for name, spec in g["params"].items() if name not in em.streamed]
     input_node = em.nodes[0]
     board = board_of(Target(**schedule["target"]))  # where the QEMU build runs
@@ -436,7 +379,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "params": params,
         "buffers": buffers,
         # What the driver writes back after training: the parameters, then the float buffers.
-        "dumped": params + [b for b in buffers if b["ctype"] == "float"],
+        "dumped": [p for p in params if p["ctype"] == "float"] + [b for b in buffers if b["ctype"] == "float"],
+        "q8_tables": list(em.q8_tables.values()),
         "momentum": bool(g["optimizer"]["momentum"]),
         "sgd": {k: c_float(g["optimizer"][k]) for k in ("lr", "momentum", "weight_decay")},
         "structs": list({id(e): e for e in em.structs.values()}.values()),

@@ -39,6 +39,7 @@ from .patches import emit_patches
 from .weight_blocks import emit_blocked_conv
 from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
 from .ops import DROPOUT, Q8_OPS, CodegenError, kernel_sources  # the C op table
+from edgetrain.compiler.graph.quantize import Q8_DEQUANTIZE
 from .q8_emit import emit_q8
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
@@ -244,7 +245,7 @@ def _logits(em: _Emitter) -> dict:
     return ref
 
 
-def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str, int]:
+def _predict(em: _Emitter, logits_ref: dict) -> "Predict":
     """A forward pass only, no paging but of streamed weights, no buffer updates: every forward tensor freed
     after its last forward reader, up to the logits."""
     fwd = [n for n in em.nodes if n["kind"] in ("input", "forward")]
@@ -262,14 +263,33 @@ def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str,
                            for p in n.get("streamed", ())} for i, n in enumerate(fwd)}
     packing = pack(list(lts.values()) + [lt for s in streams.values() for lt in s.values()])
     offsets = {name: lt.offset for name, lt in lts.items()}
-    blocks = []
+    blocks, boundary, at = [], [], 0
     for n in fwd:
         blocks.append(Block([f"{n['name']} ({n['op']})" + (f" -- {n['source']}" if n["source"] else "")],
                             _compute(em, n, offsets, False, predict=True, streams=streams[n["name"]])))
+        if n["kind"] == "input" or n["op"] in Q8_OPS:  # the int8 prefix alone, to its dequantised boundary
+            boundary.append(Block(blocks[-1].comments, list(blocks[-1].code)))
+            if n["op"] == Q8_DEQUANTIZE:  # copied out at once: its slot may serve a later tensor
+                count = _numel(n["shape"])
+                boundary[-1].code.append(f"memcpy(out + {at}, ET_F({offsets[n['name']]}), {4 * count}u);")
+                at += count
     logits = operand_meta(em.node_objs, TensorRef.from_json(logits_ref), offsets)
     if not logits.is_contiguous():
         raise CodegenError("the model's output is not contiguous in the arena")
-    return blocks, packing, f"ET_F({logits.storage_offset()})", logits.numel()
+    return Predict(blocks, packing, f"ET_F({logits.storage_offset()})", logits.numel(), boundary if at else [], at)
+
+
+@dataclass
+class Predict:
+    """Inference as C: its statements and arena; and, with an int8 prefix, the statements that run that prefix
+    alone and copy its dequantised boundary tensors out (`boundary_floats` of them, in graph order)."""
+
+    blocks: list[Block]
+    packing: Packing
+    logits_ptr: str
+    logits_floats: int
+    boundary_blocks: list[Block]
+    boundary_floats: int
 
 
 C_TYPES = {"float32": "float", "int8": "int8_t", "int32": "int32_t"}  # a parameter's C type, by its dtype
@@ -334,7 +354,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     plan, lifetimes = step_lifetimes(em, steps)
     packing = pack(lifetimes)
     blocks, pages = _render_train(em, plan)
-    predict_blocks, predict_packing, logits_ptr, logits_floats = _predict(em, _logits(em))
+    pr = _predict(em, _logits(em))
+    predict_blocks, predict_packing, logits_ptr, logits_floats = pr.blocks, pr.packing, pr.logits_ptr, pr.logits_floats
 
     # The memory figures, held against the schedule's prediction and the budget.
     state_bytes = em.graph.state_bytes  # parameters, and momentum for the trained ones
@@ -387,6 +408,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "blocks": blocks,
         "predict_blocks": predict_blocks,
         "logits_ptr": logits_ptr,
+        "boundary_blocks": pr.boundary_blocks,
+        "boundary_floats": pr.boundary_floats,
         "arena_words": arena_words,
         "train_arena_bytes": packing.bytes,
         "predict_arena_bytes": predict_packing.bytes,
@@ -426,6 +449,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "batch": ctx["batch"], "input_floats": ctx["input_floats"], "logits_floats": ctx["logits_floats"],
         "num_classes": ctx["num_classes"], "instructions_per_tick": board.instructions_per_tick,
         "patch_calls": em.patch_calls,
+        "int8_boundary": [n["name"] for n in em.nodes if n["op"] == Q8_DEQUANTIZE],  # et_int8_boundary's tensors
+        "int8_boundary_floats": pr.boundary_floats,
     }
     texts["firmware.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     for name, text in texts.items():

@@ -244,8 +244,10 @@ def quantize_frozen(g: TrainingGraph, prefix: tuple[str, ...], ranges: dict[str,
     return Quantized(prefix, graph, values)
 
 
-def prefix_program(q: Quantized) -> str:
-    """The int8 nodes as the runtime reference reads them (JSON: name, op, operand and attrs["q8"], in order)."""
-    ops = [n for n in q.graph.nodes if n.op.startswith("edgetrain.q8_")]
+def prefix_program(q: Quantized | TrainingGraph) -> str:
+    """The int8 nodes (of a rewrite, or of a graph that holds them) as the runtime reference reads them (JSON: name,
+    op, operand and attrs["q8"], in order)."""
+    g = q.graph if isinstance(q, Quantized) else q
+    ops = [n for n in g.nodes if n.op.startswith("edgetrain.q8_")]
     return json.dumps([{"name": n.name, "op": n.op.split(".")[1], "inputs": [r.name for r in n.inputs],
                         "q8": n.attrs["q8"]} for n in ops])

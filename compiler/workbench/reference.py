@@ -62,7 +62,9 @@ def make_optimizer(params, config: dict) -> torch.optim.Optimizer:
 
 
 def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                    device: torch.device, first_step: int = 0) -> tuple[nn.Module, list[float]]:
+                    device: torch.device, first_step: int = 0, feed=None) -> tuple[nn.Module, list[float]]:
+    """The model trained by autograd on `batches`; `feed(model)`, where given, returns what is called with each
+    batch's input before its step (an int8 prefix's reference hands its head the integer prefix's output)."""
     check_draws(schedule)
     spec = schedule["model"]
     torch.manual_seed(schedule["seed"])
@@ -82,7 +84,9 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     fn = objective(loss if user_fn is None else "cross_entropy", graph.get("input_dtype") == "int64", user_fn)
     gpu = Target(**schedule["target"]).gpu
     losses = []
+    before = feed(model) if feed is not None else (lambda x: None)
     for k, (x, y) in enumerate(batches):
+        before(x)
         clock[1], clock[2] = first_step + k, {}
         opt.zero_grad(set_to_none=True)
         # C firmware hashes its masks; a GPU plan's attention is the kernel its graph was traced with; library code

@@ -1,7 +1,8 @@
 """`edgetrain run DIR [--qemu]` for C firmware: draw the batches, run the firmware (the C backend's runner:
 codegen/c/runner.py, on the host or under QEMU on the target's board), and hold the weights it trained
-against PyTorch autograd from the same initial weights and data. The run is gated on the firmware's exit
-code and status.
+against PyTorch autograd from the same initial weights and data (with an int8 prefix: the prefix bit for bit against
+the integer reference, the head against autograd from that prefix's output, int8_check.py). The run is gated on the
+firmware's exit code and status.
 """
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import os
 import torch
 
 from edgetrain.codegen.c.runner import STATUS, run_program, verified_firmware
+from .int8_check import Int8Reference, boundary_mismatches
 from .reference import train_reference
 
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def _compare(ours: dict, model) -> tuple[float, float, list[str]]:
-    """The firmware's parameters and float buffers (running statistics) against the reference's."""
+def _compare(ours: dict, model, integers=()) -> tuple[float, float, list[str]]:
+    """The firmware's parameters and float buffers (running statistics) against the reference's; `integers`: an
+    int8 prefix's parameters, const in flash (never written back; the prefix's check holds them)."""
     max_abs = max_rel = 0.0
     bad = []
-    refs = list(model.named_parameters()) + [(k, b) for k, b in model.named_buffers() if k in ours]
+    refs = [(k, p) for k, p in model.named_parameters() if k not in integers] + \
+        [(k, b) for k, b in model.named_buffers() if k in ours]
     for k, ref in refs:
         a, b = ours[k], ref.detach().cpu()
         diff = (a - b).abs()
@@ -76,9 +80,19 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                            + (f": page file {missing} is missing from the medium" if missing else ""))
         return result
     if check:
-        model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
-                                            torch.device("cpu"))
-        max_abs, max_rel, bad = _compare(r["params"], model)
+        weights = os.path.join(out_dir, "weights.safetensors")
+        int8 = Int8Reference(body, weights) if manifest.get("int8_boundary_floats") else None
+        if int8 is not None and batches:  # the int8 prefix first: bit for bit, or the head's check means nothing
+            bad_bits = boundary_mismatches(r["int8_boundary"], int8.flat(batches[-1][0]))
+            result.update(int8_boundary_floats=manifest["int8_boundary_floats"], int8_boundary_mismatches=bad_bits)
+            if bad_bits:
+                result.update(ok=False, error_kind="CheckMismatch", error=(
+                    f"the firmware's int8 prefix differs from the Python integer reference in {bad_bits} of its "
+                    f"{manifest['int8_boundary_floats']} boundary values (bit for bit expected)"))
+                return result
+        model, ref_losses = train_reference(body, weights, batches, torch.device("cpu"),
+                                            feed=int8.feed if int8 is not None else None)
+        max_abs, max_rel, bad = _compare(r["params"], model, int8.values if int8 is not None else ())
         model.eval()  # et_predict is inference: batch norm with its running statistics
         with torch.no_grad():
             ref_logits = model(batches[-1][0]).reshape(-1) if batches else torch.zeros(0)

@@ -81,29 +81,24 @@ def quantize_prefix(opts: CompileOptions, graph, model, backend):
         raise UnsupportedModelError(f"{flag}: an int8 prefix runs in C firmware only (--emit c); the {backend.name} "
                                     "runtime has no int8 kernels yet. Compile with --emit c, or drop the flag")
     prefix = prefix_or_error(graph, flag)
-    batches, said = calibration_batches(opts.calibrate, graph.input_shape, opts.seed)
+    batches, said = calibration_batches(opts, graph.input_shape)
     weights = dict(model.named_parameters())
     q = quantize_frozen(graph, prefix, calibrate(graph, prefix, weights, batches), weights)
     return q.graph, {"nodes": len(prefix), "first": prefix[0], "last": prefix[-1], "calibration": said}
 
 
-def calibration_batches(source: str, shape, seed: int) -> tuple[list[torch.Tensor], str]:
-    """CALIBRATION_BATCHES input batches of `shape` from `source` (random: standard normal, as `run --data
-    random` trains on; fashion-mnist, digits), and the words that say which."""
-    from .workbench.data import digits, fashion_mnist_batches
-
-    n, chw = shape[0], tuple(shape[1:])
-    said = f"{CALIBRATION_BATCHES} batches of {n} from --calibrate {source}"
-    if source == "random":
-        gen = torch.Generator().manual_seed(seed)
-        return [torch.randn(shape, generator=gen) for _ in range(CALIBRATION_BATCHES)], said + " (standard normal)"
-    if source not in ("fashion-mnist", "digits") or len(chw) != 3:
-        raise UnsupportedModelError(f"--calibrate {source!r}: use random, fashion-mnist or digits (image datasets for "
-                                    "a model taking (C, H, W) images)")
-    if source == "fashion-mnist":
-        return [x for x, _ in fashion_mnist_batches(chw, n, CALIBRATION_BATCHES, seed)], said
-    x, _ = digits("train", resize_to=chw[1:], channels=chw[0], seed=seed)
-    return [x[k * n:(k + 1) * n] for k in range(CALIBRATION_BATCHES)], said
+def calibration_batches(opts: CompileOptions, shape) -> tuple[list[torch.Tensor], str]:
+    """CALIBRATION_BATCHES input batches of `shape`: from `opts.calibration` (a dataset's, which the caller loads),
+    or standard normal from the seed (`--calibrate random`: what `run --data random` trains on); and the words that
+    say which."""
+    said = f"{CALIBRATION_BATCHES} batches of {shape[0]} from --calibrate {opts.calibrate}"
+    if opts.calibration is not None:
+        return opts.calibration(tuple(shape), opts.seed, CALIBRATION_BATCHES), said
+    if opts.calibrate != "random":
+        raise UnsupportedModelError(f"--calibrate {opts.calibrate}: no batches were loaded for it; use the CLI, or "
+                                    "give CompileOptions.calibration")
+    gen = torch.Generator().manual_seed(opts.seed)
+    return [torch.randn(tuple(shape), generator=gen) for _ in range(CALIBRATION_BATCHES)], said + " (standard normal)"
 
 
 def check_batch_size(batch_size: int, shape, input_dtype: str, target) -> None:

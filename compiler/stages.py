@@ -35,6 +35,8 @@ class CompileOptions:
     train: str | None = None  # `--train`: which parameters train (compiler/frontend/train_select.py); None: the model's flags
     quantize_frozen: str | None = None  # `--quantize-frozen int8`: the frozen prefix in int8 (graph/quantize.py)
     calibrate: str = "random"  # `--calibrate`: the batches the int8 prefix's ranges are measured on
+    # (input shape, seed, count) -> that many input batches of `calibrate`'s dataset; None: standard normal
+    calibration: Callable | None = None
 
 
 @dataclass(frozen=True)

@@ -412,8 +412,8 @@ Q8_OPS: dict[str, CKernel] = {
     "edgetrain.q8_dequantize.default": CKernel("q8_convert"),
     "edgetrain.q8_add.default": CKernel("q8_convert"),
     "edgetrain.q8_conv2d.default": CKernel("q8_conv2d"),
-    "edgetrain.q8_relu.default": CKernel("q8_relu"),
-    "edgetrain.q8_relu6.default": CKernel("q8_relu6"),
+    "edgetrain.q8_relu.default": CKernel("q8_relu", in_place=_X),
+    "edgetrain.q8_relu6.default": CKernel("q8_relu6", in_place=_X),
 }
 C_OPS.update(Q8_OPS)
 IN_PLACE_ARGS = {op: k.in_place for op, k in C_OPS.items() if k.in_place}  # what the compiler's graph pass reads

@@ -223,7 +223,9 @@ def quantize_frozen(g: TrainingGraph, prefix: tuple[str, ...], ranges: dict[str,
                 q8["q6"] = int(min(127, zp_x + round(6.0 / s_x)))
             quant[name] = (s_x, zp_x)
             op = Q8_RELU6 if n.op == HARDTANH else Q8_RELU
-        new[name] = replace(n, op=op, inputs=(TensorRef(prev),), dtype="int8", attrs={"q8": q8})
+        # args: the operand a backend's in-place table (graph/inplace.py) may write a ReLU's output over
+        args = {} if op == Q8_CONV else {"args": [{"$t": 0}]}
+        new[name] = replace(n, op=op, inputs=(TensorRef(prev),), dtype="int8", attrs={"q8": q8, **args})
     deq = {b: Node(f"{b}_dq", "forward", Q8_DEQUANTIZE, (TensorRef(b),), shape=g.node(b).shape, dtype="float32",
                    attrs={"q8": {"scale": quant[b][0], "zp": quant[b][1]}}, flops=int(np.prod(g.node(b).shape)))
            for b in boundary(g, prefix)}

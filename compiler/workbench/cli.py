@@ -263,6 +263,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_compile(a) -> dict:
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
+    from .calibration import calibration_of
 
     if a.calibrate != "random" and a.quantize_frozen is None:
         raise EdgetrainError(f"--calibrate {a.calibrate} chooses the batches an int8 prefix is calibrated on: give "
@@ -289,7 +290,8 @@ def _cmd_compile(a) -> dict:
                           deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
                           time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
                           lns=a.lns, cuts=a.cuts, train=a.train, repeats=a.repeats, fuse=a.fuse,
-                          optimizer=_optimizer(a), quantize_frozen=a.quantize_frozen, calibrate=a.calibrate)
+                          optimizer=_optimizer(a), quantize_frozen=a.quantize_frozen, calibrate=a.calibrate,
+                          calibration=calibration_of(a.calibrate))
     if a.json or not sys.stderr.isatty():  # a log or a pipe: one line per step, as it happens
         return compile_model(opts, progress=_progress_line)
     with console(stderr=True).status("compiling") as status:

@@ -97,7 +97,6 @@ class Packing:
     words: int  # arena size
     lower_bound_words: int  # live peak
     strategy: str
-    live_bytes: int = -1  # the live peak in bytes (int8 tensors count their bytes, not their words)
 
     @property
     def bytes(self) -> int:
@@ -135,7 +134,7 @@ def pack(lifetimes: list[Lifetime], trials: int | None = None) -> Packing:
     for lt in lifetimes:
         lt.offset = offsets[id(lt)]
     check(lifetimes)
-    return Packing(words=top, lower_bound_words=bound, strategy=name, live_bytes=live_peak_bytes(lifetimes))
+    return Packing(words=top, lower_bound_words=bound, strategy=name)
 
 
 def check(lifetimes: list[Lifetime]) -> None:

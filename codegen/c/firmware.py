@@ -31,7 +31,7 @@ from edgetrain.targets import Target
 from edgetrain.targets.boards import board_of
 
 from edgetrain.codegen.templating import environment
-from .arena import Lifetime, Packing, pack
+from .arena import Lifetime, Packing, live_peak_bytes, pack
 from .lifetimes import step_lifetimes, stream_words, tensor_bytes, tensor_lifetime, transient_lifetimes
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
@@ -360,9 +360,10 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     # The memory figures, held against the schedule's prediction and the budget.
     state_bytes = em.graph.state_bytes  # parameters, and momentum for the trained ones
     predicted_activation = schedule["predicted"]["peak_bytes"] - state_bytes
-    if packing.live_bytes != predicted_activation:
+    live = live_peak_bytes(lifetimes)  # int8 tensors count their bytes, not the words they are placed on
+    if live != predicted_activation:
         raise CodegenError(  # the schedule's memory model and the firmware's must count the same bytes
-            f"memory model mismatch: the steps keep at most {packing.live_bytes} B of tensors alive, "
+            f"memory model mismatch: the steps keep at most {live} B of tensors alive, "
             f"the schedule predicted {predicted_activation} B of activations")
     arena_words = max(packing.words, predict_packing.words)
     budget = schedule["budget"]["bytes"]

@@ -41,32 +41,61 @@ def _q(off: int) -> str:
     return f"ET_Q({off})"
 
 
-def emit_q8(node, offsets: dict[str, int], ctx, shapes: dict[str, tuple], params: dict, tables: dict,
-            namer) -> list[str]:
-    """`node`'s kernel call: its operands at the arena word `offsets`, `shapes` every node's shape, `params` the
-    schedule's parameter specs, `tables` the requantisation tables made so far (this node's added)."""
-    q, x = node.attrs["q8"], node.inputs[0].name
-    count = prod(node.shape)
-    out = offsets[node.name]
-    if node.op == Q8_QUANTIZE:
-        return [f"et_q8_quantize({count}, ET_F({offsets[x]}), {c_float(q['scale'])}, {q['zp']}, {_q(out)});"]
-    if node.op == Q8_DEQUANTIZE:
-        return [f"et_q8_dequantize({count}, {_q(offsets[x])}, {c_float(q['scale'])}, {q['zp']}, ET_F({out}));"]
-    if node.op == Q8_ADD:
-        b = node.inputs[1].name
-        return [f"et_q8_add({count}, {_q(offsets[x])}, {c_float(q['a'][0])}, {q['a'][1]}, {_q(offsets[b])}, "
-                f"{c_float(q['b'][0])}, {q['b'][1]}, {c_float(q['scale'])}, {q['zp']}, {_q(out)});"]
-    if node.op == Q8_RELU:
-        return [f"et_q8_relu_forward({count}, {_q(offsets[x])}, {q['zp']}, {_q(out)});"]
-    if node.op == Q8_RELU6:
-        return [f"et_q8_relu6_forward({count}, {_q(offsets[x])}, {q['zp']}, {q['q6']}, {_q(out)});"]
-    if node.op != Q8_CONV:
-        raise EmitError(f"an int8 node of op {node.op} has no kernel")
-    w_shape = params[q["weight"]]["shape"]
-    fields = conv_shape(shapes[x], w_shape, node.shape, q)
+class _Node:
+    """What an int8 node's emitter reads: the node, its operands' and output's arena word offsets, its count."""
+
+    def __init__(self, node, offsets: dict[str, int]) -> None:
+        self.node, self.q = node, node.attrs["q8"]
+        self.x = offsets[node.inputs[0].name]
+        self.b = offsets[node.inputs[1].name] if len(node.inputs) > 1 else None
+        self.out, self.count = offsets[node.name], prod(node.shape)
+        self.offsets = offsets
+
+
+def _quantize(n: _Node, env) -> str:
+    return f"et_q8_quantize({n.count}, ET_F({n.x}), {c_float(n.q['scale'])}, {n.q['zp']}, {_q(n.out)});"
+
+
+def _dequantize(n: _Node, env) -> str:
+    return f"et_q8_dequantize({n.count}, {_q(n.x)}, {c_float(n.q['scale'])}, {n.q['zp']}, ET_F({n.out}));"
+
+
+def _add(n: _Node, env) -> str:
+    q = n.q
+    return (f"et_q8_add({n.count}, {_q(n.x)}, {c_float(q['a'][0])}, {q['a'][1]}, {_q(n.b)}, {c_float(q['b'][0])}, "
+            f"{q['b'][1]}, {c_float(q['scale'])}, {q['zp']}, {_q(n.out)});")
+
+
+def _relu(n: _Node, env) -> str:
+    return f"et_q8_relu_forward({n.count}, {_q(n.x)}, {n.q['zp']}, {_q(n.out)});"
+
+
+def _relu6(n: _Node, env) -> str:
+    return f"et_q8_relu6_forward({n.count}, {_q(n.x)}, {n.q['zp']}, {n.q['q6']}, {_q(n.out)});"
+
+
+def _conv(n: _Node, env) -> str:
+    q, node = n.q, n.node
+    ctx, shapes, params, tables, namer = env
+    fields = conv_shape(shapes[node.inputs[0].name], params[q["weight"]]["shape"], node.shape, q)
     k = ctx.struct("et_conv2d_shape", None, fields)
     if node.name not in tables:
         tables[node.name] = requant_table(node.name, q, namer(node.name, "q"))
     bias = ctx.pident[q["bias"]] if q["bias"] else "NULL"
-    return [f"et_q8_conv2d_forward({k}, {_q(offsets[x])}, {q['x_zp']}, {ctx.pident[q['weight']]}, {bias}, "
-            f"&{tables[node.name]['ident']}, (int16_t *)(void *)ET_F({offsets[node.name + '.scratch']}), {_q(out)});"]
+    return (f"et_q8_conv2d_forward({k}, {_q(n.x)}, {q['x_zp']}, {ctx.pident[q['weight']]}, {bias}, "
+            f"&{tables[node.name]['ident']}, (int16_t *)(void *)ET_F({n.offsets[node.name + '.scratch']}), "
+            f"{_q(n.out)});")
+
+
+# The emitter of each op of codegen/c/ops.py's Q8_OPS.
+Q8_EMITTERS = {Q8_QUANTIZE: _quantize, Q8_DEQUANTIZE: _dequantize, Q8_ADD: _add, Q8_RELU: _relu, Q8_RELU6: _relu6,
+               Q8_CONV: _conv}
+
+
+def emit_q8(node, offsets: dict[str, int], ctx, shapes: dict[str, tuple], params: dict, tables: dict,
+            namer) -> list[str]:
+    """`node`'s kernel call: its operands at the arena word `offsets`, `shapes` every node's shape, `params` the
+    schedule's parameter specs, `tables` the requantisation tables made so far (a convolution's added)."""
+    if node.op not in Q8_EMITTERS:
+        raise EmitError(f"an int8 node of op {node.op} has no kernel")
+    return [Q8_EMITTERS[node.op](_Node(node, offsets), (ctx, shapes, params, tables, namer))]

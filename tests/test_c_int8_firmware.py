@@ -149,3 +149,14 @@ def test_quantize_rounds_as_the_python_reference_ties_and_saturation_included(tm
                        ctypes.c_int32(zp), ctypes.c_void_p(y.ctypes.data))
     assert np.array_equal(y, _quantize(x, {"scale": float(scale), "zp": zp}))
     assert y[:4].tolist() == [3, 5, 3, 1]  # 0.5 -> 0, 1.5 -> 2, -0.5 -> 0, -1.5 -> -2 (halves to even), plus zp
+
+
+@needs_arm
+@pytest.mark.slow
+def test_under_qemu_the_m4f_kernels_match_the_reference_bit_for_bit(fw):
+    """The M4F build runs the fast kernels' real SMLAD/SXTB16 instructions: the same bits as the reference."""
+    out, _ = fw
+    r = run_firmware(str(out), qemu=True, steps=2, check=True)
+    assert r["ok"], r.get("error")
+    assert r["int8_boundary_mismatches"] == 0 and not r["mismatched"]
+    assert r["flash_bytes"] < 1 << 20 and r["ram_bytes"] < 256 << 10  # it fits the nRF52840

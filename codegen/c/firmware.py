@@ -2,9 +2,9 @@
 
 Everything comes from schedule.json and weights.safetensors; no solver runs here. The steps of the
 schedule become straight-line kernel calls at literal offsets of one static arena, whose offsets the
-planner in `arena.py` packs from the steps' lifetimes. Frozen weights the graph streams from storage are
-written as CRC-checked blocks to storage/ (the SD card's files) and paged into the arena before each
-computation that reads them. If the packed arena plus the parameters and
+planner in `arena.py` packs from the steps' lifetimes (`lifetimes.py`). Parameters are C initializers, and frozen
+weights the graph streams from storage are written as CRC-checked blocks to storage/ (the SD card's files,
+`flash_data.py`) and paged into the arena before each computation that reads them. If the packed arena plus the parameters and
 momentum buffers would exceed the budget, rendering fails with the figures: no firmware that can
 overflow is ever written.
 """
@@ -13,18 +13,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
-import zlib
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 
-import numpy as np
-from safetensors.numpy import load_file
-
-from edgetrain.compiler.errors import ArenaOverflowError, UnsupportedModelError  # messages for the user, not a solver
+from edgetrain.compiler.errors import ArenaOverflowError  # messages for the user, not a solver
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
-from edgetrain.compiler.graph.quantize import conv_integers  # an int8 prefix's integer weights
+from edgetrain.compiler.graph.quantize import Q8_DEQUANTIZE  # an int8 prefix's boundary
 from edgetrain.compiler.graph.tiling import TILED_OP  # a frozen prefix computed patch by patch
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 from edgetrain.targets import Target
@@ -32,6 +27,8 @@ from edgetrain.targets.boards import board_of
 
 from edgetrain.codegen.templating import environment
 from .arena import Lifetime, Packing, live_peak_bytes, pack
+from .flash_data import C_TYPES, STORAGE_DIR, WEIGHT_PAGE_BASE, BLOCK_PAGES, buffer_rows, float_rows, \
+    q8_integers, read_weights, write_storage
 from .lifetimes import step_lifetimes, stream_words, tensor_bytes, tensor_lifetime, transient_lifetimes
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
@@ -39,16 +36,11 @@ from .patches import emit_patches
 from .weight_blocks import emit_blocked_conv
 from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
 from .ops import DROPOUT, Q8_OPS, CodegenError, kernel_sources  # the C op table
-from edgetrain.compiler.graph.quantize import Q8_DEQUANTIZE
 from .q8_emit import emit_q8
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
 VENDORED = "et_runtime"  # the runtime's copy inside the firmware folder
 FIRMWARE_FILES = ("plan.c", "plan.h", "main_host.c", "main_qemu.c", "Makefile", "firmware.json")
-STORAGE_DIR = "storage"  # the streamed weights' blocks, to be copied onto the device's page store
-WEIGHT_PAGE_BASE = 0x10000  # page ids of streamed weights: above any activation page's
-BLOCK_PAGES = 0x100  # page ids per streamed weight: one per block of output channels where it is paged by blocks
-BLOCK_MAGIC = 0x47505445  # runtime/c/storage.h: "ETPG"
 # Runtime sources every build compiles. Both builds keep pages in files (storage_file.c); each adds the
 # raw-I/O back end under it (storage_stdio.c on the host, storage_semihost.c under QEMU).
 RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c") + kernel_sources()
@@ -292,50 +284,6 @@ class Predict:
     boundary_floats: int
 
 
-C_TYPES = {"float32": "float", "int8": "int8_t", "int32": "int32_t"}  # a parameter's C type, by its dtype
-
-
-def _q8_integers(em: _Emitter, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The int8 weights and int32 biases of an int8 prefix's convolutions, flat: computed from the float values the
-    model holds (weights.safetensors) and the scales the graph pass chose (compiler/graph/quantize.py)."""
-    out = {}
-    for n in em.graph.nodes:
-        if n.op in Q8_OPS and "weight" in n.attrs["q8"]:
-            q = n.attrs["q8"]
-            floats = {p: weights[p].reshape(em.params[p]["shape"]) for p in (q["weight"], q["bias"]) if p}
-            out.update({p: v.reshape(-1) for p, v in conv_integers(q, floats).items()})
-    return out
-
-
-def _weights(path: str, state: dict, kind: str = "param") -> dict[str, np.ndarray]:
-    """The initial values of the parameters (kind "param") or buffers ("buffer"), flat: float32 as stored (an
-    int8 prefix's parameters are stored as the float values they are quantised from), buffers in their dtype."""
-    tensors = load_file(path)
-    out = {}
-    for name, spec in state.items():
-        key = f"{kind}/{name}"
-        if key not in tensors:
-            raise CodegenError(f"{path} has no tensor for {kind} `{c_comment(name)}`; recompile the model")
-        dtype = "float32" if kind == "param" else spec.get("dtype", "float32")
-        a = np.ascontiguousarray(tensors[key], dtype=dtype).reshape(-1)
-        if a.size != _numel(spec["shape"]):
-            raise CodegenError(f"{path}: {kind} `{c_comment(name)}` has {a.size} values, the schedule {spec['shape']}")
-        out[name] = a
-    return out
-
-
-def _buffer_rows(values: np.ndarray, dtype: str) -> list[str]:
-    if dtype == "float32":
-        return _rows(values)
-    ints = [str(int(v)) for v in values.tolist()]
-    return [", ".join(ints[i:i + 24]) for i in range(0, len(ints), 24)]
-
-
-def _rows(values: np.ndarray, per_row: int = 6) -> list[str]:
-    lits = [c_float(v) for v in values.tolist()]
-    return [", ".join(lits[i:i + per_row]) for i in range(0, len(lits), per_row)]
-
-
 def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights.safetensors",
                       schedule_file: str = "schedule.json") -> dict:
     """Write the firmware folder; returns its figures (arena, state, paging). Raises BudgetError when
@@ -376,21 +324,21 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
             f"--budget to at least {state_bytes + 4 * arena_words}B or try another --scheduler.",
             state_bytes + 4 * arena_words - budget)
 
-    weights = _weights(os.path.join(out_dir, weights_file), g["params"])
-    streamed = _write_storage(out_dir, em, weights)
-    buffer_values = _weights(os.path.join(out_dir, weights_file), g["buffers"], "buffer")
+    weights = read_weights(os.path.join(out_dir, weights_file), g["params"])
+    streamed = write_storage(out_dir, em, weights)
+    buffer_values = read_weights(os.path.join(out_dir, weights_file), g["buffers"], "buffer")
     for name, spec in g["buffers"].items():
         if spec["dtype"] not in ("float32", "int64"):
             raise CodegenError(f"buffer `{c_comment(name)}` has dtype {spec['dtype']}; the C runtime keeps float32 "
                                "and int64 buffers")
     buffers = [{"name": name, "ident": em.bident[name], "ctype": "float" if spec["dtype"] == "float32" else "int64_t",
-                "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": _buffer_rows(buffer_values[name],
+                "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": buffer_rows(buffer_values[name],
                                                                                           spec["dtype"])}
                for name, spec in g["buffers"].items()]
-    integers = _q8_integers(em, weights)  # an int8 prefix's weights and biases, from the float ones
+    integers = q8_integers(em, weights)  # an int8 prefix's weights and biases, from the float ones
     params = [{"name": name, "ident": em.pident[name], "mident": em.mident.get(name), "trainable": name in em.trainable,
                "floats": _numel(spec["shape"]), "shape": spec["shape"], "ctype": C_TYPES[spec.get("dtype", "float32")],
-               "rows": _buffer_rows(integers[name], "int") if name in integers else _rows(weights[name])}
+               "rows": buffer_rows(integers[name], "int") if name in integers else float_rows(weights[name])}
               for name, spec in g["params"].items() if name not in em.streamed]
     input_node = em.nodes[0]
     board = board_of(Target(**schedule["target"]))  # where the QEMU build runs
@@ -459,32 +407,6 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
             f.write(text)
     _vendor_runtime(os.path.join(out_dir, VENDORED))
     return manifest
-
-
-def _block(page: int, payload: bytes) -> bytes:
-    """A page-store block (runtime/c/storage.h): magic, id, size, CRC-32 of those 12 bytes and the payload."""
-    head = struct.pack("<3I", BLOCK_MAGIC, page, len(payload))
-    return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
-
-
-def _write_storage(out_dir: str, em: _Emitter, weights: dict[str, np.ndarray]) -> list[dict]:
-    """The streamed weights as blocks in OUT/storage/ (one file per page, the page store's names); their table."""
-    table = []
-    readers = {p: [n["name"] for n in em.nodes if p in n.get("streamed", ())] for p in em.streamed}
-    for p, page in em.streamed.items():
-        shape = em.params[p]["shape"]
-        values = np.ascontiguousarray(weights[p], dtype="<f4").reshape(shape)
-        for page, r0, r1 in em.blocks.get(p, [(page, 0, shape[0])]):  # one page, or one per block of rows
-            data = values[r0:r1].tobytes()
-            rel = f"{STORAGE_DIR}/et_page_{page:08x}.bin"
-            path = os.path.join(out_dir, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "wb") as f:
-                f.write(_block(page, data))
-            os.replace(path + ".tmp", path)
-            table.append({"param": p, "page": page, "bytes": len(data), "file": rel, "shape": [r1 - r0, *shape[1:]],
-                          "rows": [r0, r1], "readers": readers[p]})
-    return table
 
 
 def _vendor_runtime(dest: str) -> None:

@@ -3,8 +3,11 @@
     .venv/bin/python benchmarks/int8_finetune.py [--model mcu_mbv2_40] [--steps 300] [--eval 1000]
         [--json docs/data/int8_finetune.json]
 
-Compiles the model twice for the nRF52840 with --emit c (batch 1, SGD with momentum, the model's own frozen
-backbone and trained head): float32 throughout, and with --quantize-frozen int8 calibrated on Fashion-MNIST. Each
+A backbone is only worth fine-tuning a head on when its features mean something: the model (mcu_mbv2_40) is first
+trained whole in float32 with torch on Fashion-MNIST (--pretrain-steps of Adam, batch 64), then its trained head
+(the last batch norm and the classifier: what the zoo model trains) is reset to a fresh initialisation, and that
+model is what the device fine-tunes. It is compiled twice for the nRF52840 with --emit c (batch 1, SGD with
+momentum, the backbone frozen): float32 throughout, and with --quantize-frozen int8 calibrated on Fashion-MNIST. Each
 firmware trains --steps steps on the same Fashion-MNIST batches on the Cortex-M4F under QEMU (mps2-an386), with
 run --check's first half on the last batch (the int8 prefix bit for bit against the Python integer reference).
 Its trained head is then measured on the first --eval images of the test split: the float32 model as torch runs
@@ -30,7 +33,7 @@ from edgetrain.compiler.frontend.modelspec import resolve  # noqa: E402
 from edgetrain.compiler.graph.ir import OptimizerConfig  # noqa: E402
 from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
 from edgetrain.compiler.workbench.calibration import calibration_of  # noqa: E402
-from edgetrain.compiler.workbench.data import fashion_mnist  # noqa: E402
+from edgetrain.compiler.workbench.data import fashion_mnist, fashion_mnist_batches  # noqa: E402
 from edgetrain.compiler.workbench.int8_check import Int8Reference, boundary_mismatches  # noqa: E402
 from edgetrain.compiler.workbench.reference import load_weights  # noqa: E402
 from edgetrain.compiler.workbench.run import schedule_batches  # noqa: E402
@@ -54,15 +57,63 @@ def _accuracy(out: str, body: dict, params: dict, x: torch.Tensor, y: torch.Tens
     return right / len(x)
 
 
-def run(model: str, steps: int, n_eval: int, lr: float, momentum: float) -> list[dict]:
+FACTORY = """from safetensors.torch import load_file
+
+from edgetrain.compiler.frontend.zoo_mcu import {model}
+
+
+def make():
+    m = {model}()  # its frozen backbone and trained head as the zoo sets them
+    m.load_state_dict(load_file({weights!r}))
+    return m
+"""
+
+
+def pretrain(model: str, steps: int, work: str) -> str:
+    """The zoo model trained whole on Fashion-MNIST, its trainable head then reset: a `file.py:make` model spec."""
+    from safetensors.torch import save_file
+
+    from edgetrain.compiler.frontend.modelspec import resolve as resolve_spec
+
+    torch.manual_seed(0)
+    r = resolve_spec(model)
+    m = r.module.train()
+    head = [n for n, p in m.named_parameters() if p.requires_grad]
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for p in m.parameters():
+        p.requires_grad_(True)
+    for k, (x, y) in enumerate(fashion_mnist_batches(r.input_shape, 64, steps, seed=0)):
+        opt.zero_grad()
+        loss = loss_fn(m(x), y)
+        loss.backward()
+        opt.step()
+    fresh = resolve_spec(model).module  # the head as a fresh model initialises it
+    with torch.no_grad():
+        state = m.state_dict()
+        for name, v in fresh.state_dict().items():
+            if name.rsplit(".", 1)[0] in {h.rsplit(".", 1)[0] for h in head}:
+                state[name].copy_(v)  # the head's weights and its batch norm's running statistics
+    path = os.path.join(work, "pretrained.safetensors")
+    save_file({k: v.contiguous() for k, v in state.items()}, path)
+    spec = os.path.join(work, "pretrained_model.py")
+    with open(spec, "w") as f:
+        f.write(FACTORY.format(model=model, weights=path))
+    print(f"pretrained {model} for {steps} steps (last loss {float(loss):.3f}); head {head} reset", flush=True)
+    return f"{spec}:make"
+
+
+def run(model: str, steps: int, n_eval: int, lr: float, momentum: float, pretrain_steps: int) -> list[dict]:
     rows = []
     work = tempfile.mkdtemp(prefix="int8_finetune_")
+    shape = resolve(model).input_shape
+    spec = pretrain(model, pretrain_steps, work) if pretrain_steps else model
     for variant in ("float32", "int8"):
         out = os.path.join(work, variant)
         q = {"quantize_frozen": "int8", "calibrate": "fashion-mnist",
              "calibration": calibration_of("fashion-mnist")} if variant == "int8" else {}
-        summary = compile_model(CompileOptions(model=model, target="nrf52840", budget="auto", out=out, batch_size=1,
-                                               emit="c", time_limit=30.0, seed=0,
+        summary = compile_model(CompileOptions(model=spec, target="nrf52840", budget="auto", out=out, batch_size=1,
+                                               emit="c", time_limit=30.0, seed=0, input_shape=tuple(shape),
                                                optimizer=OptimizerConfig.of("sgd", lr=lr, momentum=momentum), **q))
         body, manifest = verified_firmware(out)
         batches = schedule_batches(body, "fashion-mnist", steps, 1)
@@ -76,7 +127,8 @@ def run(model: str, steps: int, n_eval: int, lr: float, momentum: float) -> list
         acc = _accuracy(out, body, r["params"], x[:n_eval], y[:n_eval], int8)
         losses = r["losses"]
         instr = [t * manifest["instructions_per_tick"] for t in r["ticks"]]
-        rows.append({"model": model, "variant": variant, "steps": steps, "lr": lr, "momentum": momentum,
+        rows.append({"model": model, "pretrain_steps": pretrain_steps, "variant": variant, "steps": steps, "lr": lr,
+                     "momentum": momentum,
                      "test_accuracy": acc, "eval_examples": n_eval,
                      "first_50_mean_loss": float(np.mean(losses[:50])), "last_50_mean_loss": float(np.mean(losses[-50:])),
                      "arena_bytes": manifest["arena_bytes"], "min_feasible_bytes": summary["min_feasible_bytes"],
@@ -97,9 +149,10 @@ def main() -> None:
     p.add_argument("--eval", type=int, default=1000)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--pretrain-steps", type=int, default=400, help="0: the zoo's random initialisation")
     p.add_argument("--json", default=os.path.join(ROOT, "build", "bench", "int8_finetune.json"))
     a = p.parse_args()
-    rows = run(a.model, a.steps, a.eval, a.lr, a.momentum)
+    rows = run(a.model, a.steps, a.eval, a.lr, a.momentum, a.pretrain_steps)
     write_json(a.json, rows)
 
 

@@ -294,6 +294,10 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     g = schedule["graph"]
     em = _Emitter(schedule)
     for n in em.nodes:  # the only workspace the C runtime has: the weights a node pages in, or its patches
+        if n["op"] in Q8_OPS and n.get("streamed"):
+            raise CodegenError(f"node `{c_comment(n['name'])}` of the int8 prefix streams its weights from storage, "
+                               "which the C runtime does not do for int8 weights yet; train fewer parameters "
+                               "(--train) so that the frozen ones fit the flash, or drop --quantize-frozen")
         own = n["workspace_bytes"] if n["op"] in (TILED_OP, *Q8_OPS) else 0  # patches, int8 scratch
         if n["workspace_bytes"] != own + sum(4 * stream_words(em, n, p) for p in n.get("streamed", ())):
             raise CodegenError(f"node `{c_comment(n['name'])}` holds a workspace the C runtime does not have; "

@@ -99,15 +99,22 @@ def pretrain(model: str, steps: int, work: str) -> str:
     spec = os.path.join(work, "pretrained_model.py")
     with open(spec, "w") as f:
         f.write(FACTORY.format(model=model, weights=path))
-    print(f"pretrained {model} for {steps} steps (last loss {float(loss):.3f}); head {head} reset", flush=True)
+    print(f"pretrained {model} for {steps} steps (last loss {float(loss.detach()):.3f}); head {head} reset", flush=True)
     return f"{spec}:make"
 
 
-def run(model: str, steps: int, n_eval: int, lr: float, momentum: float, pretrain_steps: int) -> list[dict]:
+def run(model: str, steps: int, n_eval: int, lr: float, momentum: float, pretrain_steps: int,
+        work: str | None) -> list[dict]:
     rows = []
-    work = tempfile.mkdtemp(prefix="int8_finetune_")
+    work = work or tempfile.mkdtemp(prefix="int8_finetune_")
+    os.makedirs(work, exist_ok=True)
     shape = resolve(model).input_shape
-    spec = pretrain(model, pretrain_steps, work) if pretrain_steps else model
+    if not pretrain_steps:
+        spec = model
+    elif os.path.exists(os.path.join(work, "pretrained_model.py")):  # an earlier run's, in --work
+        spec = os.path.join(work, "pretrained_model.py") + ":make"
+    else:
+        spec = pretrain(model, pretrain_steps, work)
     for variant in ("float32", "int8"):
         out = os.path.join(work, variant)
         q = {"quantize_frozen": "int8", "calibrate": "fashion-mnist",
@@ -150,9 +157,10 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--pretrain-steps", type=int, default=400, help="0: the zoo's random initialisation")
+    p.add_argument("--work", help="a folder for the firmware and the pretrained model (reused when it holds one)")
     p.add_argument("--json", default=os.path.join(ROOT, "build", "bench", "int8_finetune.json"))
     a = p.parse_args()
-    rows = run(a.model, a.steps, a.eval, a.lr, a.momentum, a.pretrain_steps)
+    rows = run(a.model, a.steps, a.eval, a.lr, a.momentum, a.pretrain_steps, a.work)
     write_json(a.json, rows)
 
 

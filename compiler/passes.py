@@ -23,7 +23,7 @@ from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
 from .graph.costs import costed
 from .graph.streaming import restreamed, stream_until
-from .graph.tiling import tile_frozen_prefix
+from .graph.tiling import tile_segments
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
 from .scheduling.bound import bound_text
@@ -66,13 +66,15 @@ def tile_to_fit(req: Request, m: Measured) -> Measured:
     low = min_budget(analyze(graph))
     if want is None or low <= want:
         return m
-    tiling = tile_frozen_prefix(graph, lambda g: min_budget(analyze(g)) <= want, lambda g: min_budget(analyze(g)))
-    if tiling is None:
+    segments = tile_segments(graph, lambda g: min_budget(analyze(g)) <= want, lambda g: min_budget(analyze(g)))
+    if not segments:
         return m
-    req.say(f"computing {len(tiling.nodes)} frozen forward nodes ({tiling.nodes[0]} .. {tiling.nodes[-1]}) in "
-            f"{tiling.grid}x{tiling.grid} patches: smallest budget {low} -> {min_budget(analyze(tiling.graph))} B, "
-            f"{tiling.added_flops} FLOPs of halos")
-    tiled = costed(tiling.graph, target, m.traced.measured_s)
+    for tiling in segments:
+        req.say(f"computing {len(tiling.nodes)} frozen forward nodes ({tiling.nodes[0]} .. {tiling.nodes[-1]}) in "
+                f"{tiling.grid}x{tiling.grid} patches: smallest budget {low} -> {min_budget(analyze(tiling.graph))} B, "
+                f"{tiling.added_flops} FLOPs of halos")
+        low = min_budget(analyze(tiling.graph))
+    tiled = costed(segments[-1].graph, target, m.traced.measured_s)
     return dataclasses.replace(m, traced=dataclasses.replace(m.traced, graph=tiled))
 
 

@@ -1,12 +1,12 @@
 """Fine-tuning a float head on an int8 frozen backbone under QEMU, against the float32 plan of the same model.
 
-    .venv/bin/python benchmarks/int8_finetune.py [--model mcu_mbv2_40] [--steps 300] [--eval 1000]
-        [--json docs/data/int8_finetune.json]
+    .venv/bin/python benchmarks/int8_finetune.py [--model benchmarks/fmnist_cnn.py:fmnist_cnn] [--steps 300]
+        [--eval 1000] [--pretrain-steps 400] [--json docs/data/int8_finetune.json]
 
-A backbone is only worth fine-tuning a head on when its features mean something: the model (mcu_mbv2_40) is first
-trained whole in float32 with torch on Fashion-MNIST (--pretrain-steps of Adam, batch 64), then its trained head
-(the last batch norm and the classifier: what the zoo model trains) is reset to a fresh initialisation, and that
-model is what the device fine-tunes. It is compiled twice for the nRF52840 with --emit c (batch 1, SGD with
+A backbone is only worth fine-tuning a head on when its features mean something: the model (benchmarks/fmnist_cnn.py
+by default: three frozen convolutions, a trained linear head) is first trained whole in float32 with torch on
+Fashion-MNIST (--pretrain-steps of Adam, batch 64), then its trained head is reset to a fresh initialisation, and
+that model is what the device fine-tunes. It is compiled twice for the nRF52840 with --emit c (batch 1, SGD with
 momentum, the backbone frozen): float32 throughout, and with --quantize-frozen int8 calibrated on Fashion-MNIST. Each
 firmware trains --steps steps on the same Fashion-MNIST batches on the Cortex-M4F under QEMU (mps2-an386), with
 run --check's first half on the last batch (the int8 prefix bit for bit against the Python integer reference).
@@ -59,18 +59,18 @@ def _accuracy(out: str, body: dict, params: dict, x: torch.Tensor, y: torch.Tens
 
 FACTORY = """from safetensors.torch import load_file
 
-from edgetrain.compiler.frontend.zoo_mcu import {model}
+from edgetrain.compiler.frontend.modelspec import resolve
 
 
 def make():
-    m = {model}()  # its frozen backbone and trained head as the zoo sets them
+    m = resolve({model!r}).module  # its frozen backbone and trained head as its factory sets them
     m.load_state_dict(load_file({weights!r}))
     return m
 """
 
 
-def pretrain(model: str, steps: int, work: str) -> str:
-    """The zoo model trained whole on Fashion-MNIST, its trainable head then reset: a `file.py:make` model spec."""
+def pretrain(model: str, shape: tuple, steps: int, work: str) -> str:
+    """The model trained whole on Fashion-MNIST, its trainable head then reset: a `file.py:make` model spec."""
     from safetensors.torch import save_file
 
     from edgetrain.compiler.frontend.modelspec import resolve as resolve_spec
@@ -83,7 +83,7 @@ def pretrain(model: str, steps: int, work: str) -> str:
     loss_fn = torch.nn.CrossEntropyLoss()
     for p in m.parameters():
         p.requires_grad_(True)
-    for k, (x, y) in enumerate(fashion_mnist_batches(r.input_shape, 64, steps, seed=0)):
+    for k, (x, y) in enumerate(fashion_mnist_batches(shape, 64, steps, seed=0)):
         opt.zero_grad()
         loss = loss_fn(m(x), y)
         loss.backward()
@@ -108,13 +108,13 @@ def run(model: str, steps: int, n_eval: int, lr: float, momentum: float, pretrai
     rows = []
     work = work or tempfile.mkdtemp(prefix="int8_finetune_")
     os.makedirs(work, exist_ok=True)
-    shape = resolve(model).input_shape
+    shape = resolve(model).input_shape or (1, 28, 28)  # a model file's: Fashion-MNIST as it is
     if not pretrain_steps:
         spec = model
     elif os.path.exists(os.path.join(work, "pretrained_model.py")):  # an earlier run's, in --work
         spec = os.path.join(work, "pretrained_model.py") + ":make"
     else:
-        spec = pretrain(model, pretrain_steps, work)
+        spec = pretrain(model, tuple(shape), pretrain_steps, work)
     for variant in ("float32", "int8"):
         out = os.path.join(work, variant)
         q = {"quantize_frozen": "int8", "calibrate": "fashion-mnist",
@@ -129,12 +129,12 @@ def run(model: str, steps: int, n_eval: int, lr: float, momentum: float, pretrai
         assert ran.exit_code == 0 and r["status"] == 0, ran.output[-2000:]
         int8 = Int8Reference(body, os.path.join(out, "weights.safetensors")) if variant == "int8" else None
         bits = boundary_mismatches(r["int8_boundary"], int8.flat(batches[-1][0])) if int8 is not None else None
-        c, h, w = body["graph"]["input_shape"][1:]
+        c, h, w = body["graph"]["input_shape"][1:]  # the model's own shape: Fashion-MNIST resized to it
         x, y = fashion_mnist("test", resize_to=(h, w), channels=c)
         acc = _accuracy(out, body, r["params"], x[:n_eval], y[:n_eval], int8)
         losses = r["losses"]
         instr = [t * manifest["instructions_per_tick"] for t in r["ticks"]]
-        rows.append({"model": model, "pretrain_steps": pretrain_steps, "variant": variant, "steps": steps, "lr": lr,
+        rows.append({"model": model.replace(ROOT + os.sep, ""), "pretrain_steps": pretrain_steps, "variant": variant, "steps": steps, "lr": lr,
                      "momentum": momentum,
                      "test_accuracy": acc, "eval_examples": n_eval,
                      "first_50_mean_loss": float(np.mean(losses[:50])), "last_50_mean_loss": float(np.mean(losses[-50:])),
@@ -151,7 +151,8 @@ def run(model: str, steps: int, n_eval: int, lr: float, momentum: float, pretrai
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="mcu_mbv2_40")
+    p.add_argument("--model", default=os.path.join(ROOT, "benchmarks", "fmnist_cnn.py") + ":fmnist_cnn",
+                   help="a zoo name or file.py:factory whose frozen backbone ends in a convolution")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval", type=int, default=1000)
     p.add_argument("--lr", type=float, default=0.01)

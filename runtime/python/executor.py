@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .integrity import read_weights
-from . import aten_call, cuda_memory, fused_kernels, heap, inplace, plan_api, prepared
+from . import aten_call, cuda_memory, fused_kernels, heap, inplace, memory_format as layouts, plan_api, prepared
 from .ledger import Ledger
 from .streamed_weights import StreamedWeights
 from .optim import Optimizer
@@ -67,8 +67,9 @@ class Runtime:
                  optimizer: dict | None = None, trainable=None, lr: float | None = None,
                  momentum: float | None = None, weight_decay: float | None = None, seed: int = 0,
                  expected_tensors: dict | None = None, threads: int | None = None,
-                 streamed: dict | None = None) -> None:
-        """`streamed`: node name -> the frozen parameters it reads from the weights file each time it runs
+                 streamed: dict | None = None, memory_format: str | None = None) -> None:
+        """`memory_format`: the plan's layout of its convolution weights (memory_format.py; None: contiguous).
+        `streamed`: node name -> the frozen parameters it reads from the weights file each time it runs
         (streamed_weights.py), held only while it runs. `threads`: torch's intra-op thread count while a step trains on the CPU (the plan's: its kernel scratch
         was counted for it; `runtime_for` passes it), set back after the step; None leaves torch's own."""
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -104,6 +105,8 @@ class Runtime:
             t = t.to(self.device, copy=True)  # own the memory (load_file maps the file)
             (self._params if kind == "param" else self._buffers)[name] = t
             self.ledger.alloc(key, nbytes(t))
+        self.memory_format = layouts.check(memory_format)
+        layouts.lay_out(self._params, self.memory_format)  # before the optimizer's state copies their layout
         self._resident_params = MappingProxyType({k: t for k, t in self._params.items() if k not in self.streamed.tensors})
         self.trainable = tuple(self._params) if trainable is None else tuple(trainable)
         missing = [p for p in self.trainable if p not in self._params]

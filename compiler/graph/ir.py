@@ -195,7 +195,8 @@ class TrainingGraph:
     trainable: tuple[str, ...] | None = None  # parameters the optimizer updates; None: every parameter
     frozen_in_flash: bool = False  # frozen parameters live in read-only memory (C firmware), not in the budget
     exported: bool = False  # traced as torch.export traces (a library's helper needed it): the reference runs so too
-    memory_format: str = "contiguous"  # "channels_last": the plan's convolution weights so (`--fuse`; runtime/python/memory_format.py)
+    # "channels_last": the plan holds its convolution weights so (`--fuse`; runtime/python/memory_format.py)
+    memory_format: str = "contiguous"
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}

@@ -157,7 +157,7 @@ def print_human(cmd: str, r: dict) -> None:
         if r.get("checked"):
             kernels = " (both sides with cuDNN off)" if r.get("cudnn") is False else ""
             if r.get("fused_kernels") or r.get("memory_format", "contiguous") != "contiguous":
-                # inductor's kernels and oneDNN's channels-last sums are not eager's to the bit: the check says how close
+                # inductor's kernels and channels-last sums are not eager's to the bit: the check says how close
                 what = f"{r['fused_kernels']} fused kernels" if r.get("fused_kernels") else ""
                 if r.get("memory_format", "contiguous") != "contiguous":
                     what += (", " if what else "") + f"{r['memory_format']} convolution weights"

@@ -23,8 +23,8 @@ CNN = "small_cnn"
 
 
 def _opts(out, model=CNN, **kw) -> CompileOptions:
-    return CompileOptions(model=model, target="rpi4", budget="85%", out=str(out), batch_size=4, time_limit=10,
-                          **{"fuse": True, **kw})
+    return CompileOptions(model=model, target="rpi4", out=str(out), batch_size=4, time_limit=10,
+                          **{"fuse": True, "budget": "85%", **kw})
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,29 @@ def test_only_graphs_with_convolutions_are_marked(tmp_path):
     assert channels_last_convolutions(cnn).memory_format == CHANNELS_LAST
     assert channels_last_convolutions(mlp).memory_format == "contiguous"
     assert cnn.memory_format == "contiguous"  # a pass returns a new graph
+
+
+FLATTENS = """
+import torch.nn as nn
+
+
+def flattens():
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1, stride=2), nn.ReLU(),
+                      nn.Flatten(), nn.Linear(4 * 8 * 8, 5))
+    m.input_shape = (3, 16, 16)
+    return m
+"""
+
+
+def test_a_graph_that_views_an_image_as_rows_keeps_the_default_layout(tmp_path):
+    """A flatten of a 4x8x8 map before a linear head is `view`, which a channels-last image refuses: such a plan
+    stays in the default layout (and runs)."""
+    (tmp_path / "flattens.py").write_text(FLATTENS)
+    out = tmp_path / "plan"
+    summary = compile_model(_opts(out, model=f"{tmp_path / 'flattens.py'}:flattens", budget="100%"))
+    assert summary["memory_format"] == "contiguous"
+    r = run_plan(str(out), steps=1, check=True)
+    assert r["ok"], r.get("error")
 
 
 class _ConvolutionLayouts(TorchDispatchMode):

@@ -86,9 +86,10 @@ class Runtime(OpRunner):
             t = t.to(self.device, copy=True)  # own the memory (load_file maps the file)
             (self._params if kind == "param" else self._buffers)[name] = t
             self.ledger.alloc(key, nbytes(t))
-        self.memory_format = layouts.check(memory_format)
-        layouts.lay_out(self._params, self.memory_format)  # before the optimizer's state copies their layout
         self._resident_params = MappingProxyType({k: t for k, t in self._params.items() if k not in self.streamed.tensors})
+        self.memory_format = layouts.check(memory_format)
+        # before the optimizer's state copies their layout; a streamed weight is read as its file holds it
+        layouts.lay_out(dict(self._resident_params), self.memory_format)
         self.trainable = tuple(self._params) if trainable is None else tuple(trainable)
         missing = [p for p in self.trainable if p not in self._params]
         if missing:

@@ -9,9 +9,9 @@ Methods (benchmarks/peers_methods.py), each `method` or `method:setting` in --me
 eager-optim-hook (torch's optimizer-in-backward recipe); checkpoint (torch.utils.checkpoint per block);
 compile:1.0,0.5,0.3,0.1 (torch.compile, inductor, at that activation_memory_budget); edgetrain:100%,50%,40%,25%,min
 (a plan compiled at that budget, B% of plain backprop's predicted peak, run by the runtime's Trainer);
-edgetrain-fused at the same budgets (compile --fuse: pointwise chains as inductor kernels). `llama` is a
-Hugging Face LlamaForCausalLM of 4.7 M parameters (benchmarks/peers_models.py); other names are zoo models or
-path/file.py:fn.
+edgetrain-fused at the same budgets (compile --fuse: pointwise chains as inductor kernels, convolution weights
+channels-last). `llama` is a Hugging Face LlamaForCausalLM of 4.7 M parameters (benchmarks/peers_models.py); other
+names are zoo models or path/file.py:fn.
 
 Real peak: each configuration in a fresh process (`--child`) whose malloc returns every block of a page or more
 at once (benchmarks/memory_probe.py), --mem-steps steps on random batches, each step's resident-set high-water

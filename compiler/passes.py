@@ -18,7 +18,7 @@ import time
 
 from edgetrain.runtime.python.integrity import weights_table
 
-from .errors import ArenaOverflowError, DeviceFitError
+from .errors import ArenaOverflowError, DeviceFitError, UnsupportedModelError
 from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
 from .graph.costs import costed
@@ -165,8 +165,11 @@ def compare_selection(req: Request, p: Placed) -> Selected:
     selection = {"train": req.opts.train, **selection_summary(p.graph), "all_trainable": None}
     if req.opts.train is not None and selection["trainable_tensors"] < selection["param_tensors"]:
         req.say("capturing the all-trainable graph for comparison")
-        full = trace_model(dataclasses.replace(req.opts, train="all"), p.budgeted.measured.target, req.backend,
-                           device_check=False).graph
+        try:
+            full = trace_model(dataclasses.replace(req.opts, train="all"), p.budgeted.measured.target, req.backend,
+                               device_check=False).graph
+        except UnsupportedModelError:  # the frozen part's backward needs ops the backend lacks: no comparison
+            return Selected(p, selection)
         a = anchors(full, analyze(full), p.budgeted.measured.target)
         selection["all_trainable"] = {"min_feasible_bytes": a.min_feasible_bytes,
                                       "store_all_peak_bytes": a.store_all.peak_bytes, "fixed_bytes": a.fixed_bytes}

@@ -44,6 +44,7 @@ FIRMWARE_FILES = ("plan.c", "plan.h", "main_host.c", "main_qemu.c", "Makefile", 
 # Runtime sources every build compiles. Both builds keep pages in files (storage_file.c); each adds the
 # raw-I/O back end under it (storage_stdio.c on the host, storage_semihost.c under QEMU).
 RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c") + kernel_sources()
+Q8_SOURCES = {f"kernels/{s}.c" for k in Q8_OPS.values() for s in k.source_files}  # an int8 prefix's kernels
 
 _ENV = environment("templates/c")
 
@@ -378,7 +379,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "input_floats": _numel(input_node["shape"]),
         "logits_floats": logits_floats,
         "num_classes": logits_floats // input_node["shape"][0],
-        "runtime_sources": RUNTIME_SOURCES,
+        "runtime_sources": RUNTIME_SOURCES if em.q8_tables or any(n["op"] in Q8_OPS for n in em.nodes) else tuple(
+            s for s in RUNTIME_SOURCES if s not in Q8_SOURCES),  # a float plan's image holds no int8 code
         "vendored": VENDORED,
         "board": board,
         "instructions_per_tick": board.instructions_per_tick,

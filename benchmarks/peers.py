@@ -43,8 +43,9 @@ from benchmarks.output import write_json  # noqa: E402
 from benchmarks.peers_methods import METHODS, PLANS, Workload  # noqa: E402
 from benchmarks.peers_models import LLAMA_SPEC  # noqa: E402
 
-# Two decoder layers of Llama-3.2-1B's shape, bf16 base, LoRA r=16 on q and v (train it with --optimizer adamw)
-ALIASES = {"llama": LLAMA_SPEC, "llama_1b_slice": "tests/llm_models.py:llama_1b_slice"}
+# Two decoder layers of Llama-3.2-1B's shape, LoRA r=16 on q and v, bf16 base or float32 (train with --optimizer adamw)
+ALIASES = {"llama": LLAMA_SPEC, "llama_1b_slice": "tests/llm_models.py:llama_1b_slice",
+           "llama_1b_slice_fp32": "benchmarks/peers_models.py:llama_1b_slice_fp32"}
 
 
 class UsageError(Exception):

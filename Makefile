@@ -17,6 +17,12 @@ venv: $(INSTALL_STAMP)
 $(INSTALL_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -e '.[test]'
+	# torchvision's Linux wheel is built against CUDA torch: beside the CPU torch its compiled detection ops do not
+	# load and its import fails registering their meta kernels (transformers and timm import it). Where that
+	# happens, the venv starts with those registrations skipped; no model here uses the ops.
+	$(PY) -c 'import torchvision' 2>/dev/null || $(PY) -c 'import pathlib, sys, sysconfig; \
+	    pathlib.Path(sysconfig.get_paths()["purelib"], "torchvision_cpu_torch.pth").write_text(sys.argv[1] + "\n")' \
+	    "import sys, types; $(foreach m,_meta_registrations _autograd_registrations,sys.modules.setdefault('torchvision.$(m)', types.ModuleType('torchvision.$(m)'));)"
 	touch $@
 
 # Fashion-MNIST comes from Debian's package (no download code in the project). Installing needs

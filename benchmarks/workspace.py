@@ -1,11 +1,12 @@
 """Kernel scratch benchmark: each op's real transient memory beyond its outputs, against the compiler's rule.
 
     .venv/bin/python benchmarks/workspace.py [--threads 1,2,4] [--device cpu] [--repeats 3]
-                                             [--json build/bench/workspace.json]
+                                             [--only TEXT] [--json build/bench/workspace.json]
 
 Per case (an aten op and operand shapes: convolutions forward and backward of the zoo's kinds - 3x3, strided,
 pointwise, depthwise, transposed, the first layer's, wide layers on small maps, a frozen layer's backward for
-the input gradient alone - and a few ops that have no rule: matrix products, batch norm, pooling, elementwise,
+the input gradient alone, a first layer's (or one after a frozen prefix) for the weight's gradient without the
+input's - and a few ops that have no rule: matrix products, batch norm, pooling, elementwise,
 softmax, layer norm), the op runs once to warm up (oneDNN builds its kernels on first use), then --repeats
 times, each in a measured span
 (benchmarks/memory_probe.py): on the CPU the resident set's high-water growth with glibc malloc made
@@ -60,6 +61,13 @@ CONVS = [
 # Backward for the input gradient alone (a frozen convolution without a trained bias): the shapes that take one
 # weight-gradient buffer per thread when the weight's gradient is asked for.
 INPUT_GRAD_ONLY = [_conv(8, 512, 512, 2, 3), _conv(2, 512, 512, 2, 3), _conv(8, 128, 128, 2, 5)]
+# Backward without the input gradient (a first layer, or one after a frozen prefix): the output gradient and the
+# input re-laid out (its channels padded to oneDNN's block), no blocked input gradient.
+WEIGHT_GRAD_ONLY = [_conv(8, 3, 16, 32, 3), _conv(8, 3, 64, 32, 3), _conv(8, 3, 32, 64, 3), _conv(1, 3, 16, 128, 3, 2),
+                    _conv(32, 3, 64, 32, 3), _conv(8, 3, 32, 32, 5), _conv(8, 3, 16, 32, 7, 2, 3), _conv(8, 1, 16, 28, 3),
+                    _conv(16, 1, 16, 28, 3), _conv(8, 1, 8, 28, 5), _conv(8, 2, 16, 28, 3), _conv(8, 4, 16, 28, 3),
+                    _conv(8, 16, 32, 16, 3), _conv(8, 32, 16, 16, 3), _conv(8, 16, 32, 32, 3), _conv(8, 64, 64, 32, 3),
+                    _conv(8, 24, 144, 32, 1, 1, 0), _conv(8, 144, 144, 16, 3, 1, None, 144)]
 OTHERS = [  # label, op, operand shapes (tensors) and literals
     ("addmm 512x4096 @ 4096x1000", "aten.addmm.default", [(1000,), (512, 4096), (4096, 1000)]),
     ("mm 8x1280 @ 1280x1000", "aten.mm.default", [(8, 1280), (1280, 1000)]),
@@ -123,18 +131,30 @@ def measure(op: str, args: list, probe: Probe, repeats: int, device) -> tuple[in
     return worst, out_bytes
 
 
-def cases(device):
+def cases(device, only: str = ""):
+    """(label, op, arguments, their specs) of every case whose label contains `only`, made as it is reached."""
     for label, (op, fargs) in CONVS:
-        yield label + " fwd", op, _materialise(fargs, device), _spec_args(fargs)
-        bargs = _backward_case(fargs, device)
-        specs = [TensorSpec(tuple(a.shape), "float32") if isinstance(a, torch.Tensor) else a for a in bargs]
-        yield label + " bwd", "aten.convolution_backward.default", bargs, specs
+        if only in label + " fwd":
+            yield label + " fwd", op, _materialise(fargs, device), _spec_args(fargs)
+        if only in label + " bwd":
+            yield label + " bwd", "aten.convolution_backward.default", *_backward_specs(fargs, device)
     for label, (op, fargs) in INPUT_GRAD_ONLY:
-        bargs = _backward_case(fargs, device, (True, False, False))
-        specs = [TensorSpec(tuple(a.shape), "float32") if isinstance(a, torch.Tensor) else a for a in bargs]
-        yield label + " bwd input grad", "aten.convolution_backward.default", bargs, specs
+        if only in label + " bwd input grad":
+            yield label + " bwd input grad", "aten.convolution_backward.default", \
+                *_backward_specs(fargs, device, (True, False, False))
+    for label, (op, fargs) in WEIGHT_GRAD_ONLY:
+        for mask in ((False, True, False), (False, True, True)):
+            name = label + f" bwd weight{' + bias' if mask[2] else ''} grad"
+            if only in name:
+                yield name, "aten.convolution_backward.default", *_backward_specs(fargs, device, mask)
     for label, op, oargs in OTHERS:
-        yield label, op, _materialise(oargs, device), _spec_args(oargs)
+        if only in label:
+            yield label, op, _materialise(oargs, device), _spec_args(oargs)
+
+
+def _backward_specs(fargs, device, mask=(True, True, True)):
+    bargs = _backward_case(fargs, device, mask)
+    return bargs, [TensorSpec(tuple(a.shape), "float32") if isinstance(a, torch.Tensor) else a for a in bargs]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2,4", help="comma-separated intra-op thread counts")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (the caching allocator's peak)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default="", metavar="TEXT", help="only the cases whose label contains TEXT")
     ap.add_argument("--json", default="build/bench/workspace.json", metavar="PATH")
     a = ap.parse_args(argv)
     device = torch.device(a.device)
@@ -150,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     for threads in (int(t) for t in a.threads.split(",")):
         torch.set_num_threads(threads)
-        for label, op, args, specs in cases(device):
+        for label, op, args, specs in cases(device, a.only):
             measured, out_bytes = measure(op, args, probe, a.repeats, device)
             rule = kernel_scratch_bytes(op, specs, out_bytes, threads)
             rows.append({"case": label, "op": op, "threads": threads, "device": device.type, "measured_bytes": measured,

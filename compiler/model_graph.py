@@ -10,7 +10,7 @@ import torch
 
 from edgetrain.runtime.python.threads import PLAN_THREADS
 
-from .errors import BudgetError, UnsupportedModelError
+from .errors import BudgetError, DeviceFitError, UnsupportedModelError
 from .frontend.labels import example_labels
 from .frontend.modelspec import resolve
 from .graph.clamp_backward import read_clamp_output
@@ -78,9 +78,27 @@ def stream_beyond_flash(graph, target, backend):
     room = backend.weight_room(graph, target)
     if room is None:
         return graph
+    if room.ram_bytes <= 0:  # the fixed state alone overflows the RAM: say whether any plan could hold less
+        refuse_over_ram(graph, target, backend)
     chosen = choose_streamed(room.frozen, room.flash_bytes, room.ram_bytes, target.storage_bytes, target.name,
                              sliceable_weights(graph))
     return stream_weights(graph, chosen, room.ram_bytes)
+
+
+def refuse_over_ram(graph, target, backend) -> None:
+    """Refuse, with the figures, a graph whose least working set that no tiling or streaming splits overflows the
+    device's RAM with the training state and what the runtime reserves (scheduling/bound.py)."""
+    from .graph.liveness import analyze
+    from .scheduling.bound import over_ram_text
+
+    room = backend.device_room(graph, target)
+    if room is None:
+        return
+    graph = mark_in_place(graph, backend.in_place)  # as the plan will run: outputs over their dying operands
+    text = over_ram_text(graph, analyze(graph), room.bytes + room.reserved_bytes, room.reserved_bytes,
+                         room.reserved_for, target.name)
+    if text is not None:
+        raise DeviceFitError(f"{text} No firmware was written.")
 
 
 def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,

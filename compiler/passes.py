@@ -18,12 +18,12 @@ import time
 
 from edgetrain.runtime.python.integrity import weights_table
 
-from .errors import ArenaOverflowError, DeviceFitError
+from .errors import ArenaOverflowError, DeviceFitError, UnsupportedModelError
 from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
 from .graph.costs import costed
 from .graph.streaming import restreamed, stream_until
-from .graph.tiling import tile_frozen_prefix
+from .graph.tiling import tile_segments
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
 from .scheduling.bound import bound_text
@@ -62,13 +62,15 @@ def tile_to_fit(req: Request, m: Measured) -> Measured:
     low = min_budget(analyze(graph))
     if want is None or low <= want:
         return m
-    tiling = tile_frozen_prefix(graph, lambda g: min_budget(analyze(g)) <= want, lambda g: min_budget(analyze(g)))
-    if tiling is None:
+    segments = tile_segments(graph, lambda g: min_budget(analyze(g)) <= want, lambda g: min_budget(analyze(g)))
+    if not segments:
         return m
-    req.say(f"computing {len(tiling.nodes)} frozen forward nodes ({tiling.nodes[0]} .. {tiling.nodes[-1]}) in "
-            f"{tiling.grid}x{tiling.grid} patches: smallest budget {low} -> {min_budget(analyze(tiling.graph))} B, "
-            f"{tiling.added_flops} FLOPs of halos")
-    tiled = costed(tiling.graph, target, m.traced.measured_s)
+    for tiling in segments:
+        req.say(f"computing {len(tiling.nodes)} frozen forward nodes ({tiling.nodes[0]} .. {tiling.nodes[-1]}) in "
+                f"{tiling.grid}x{tiling.grid} patches: smallest budget {low} -> {min_budget(analyze(tiling.graph))} B, "
+                f"{tiling.added_flops} FLOPs of halos")
+        low = min_budget(analyze(tiling.graph))
+    tiled = costed(segments[-1].graph, target, m.traced.measured_s)
     return dataclasses.replace(m, traced=dataclasses.replace(m.traced, graph=tiled))
 
 
@@ -159,8 +161,11 @@ def compare_selection(req: Request, p: Placed) -> Selected:
     selection = {"train": req.opts.train, **selection_summary(p.graph), "all_trainable": None}
     if req.opts.train is not None and selection["trainable_tensors"] < selection["param_tensors"]:
         req.say("capturing the all-trainable graph for comparison")
-        full = trace_model(dataclasses.replace(req.opts, train="all"), p.budgeted.measured.target, req.backend,
-                           device_check=False).graph
+        try:
+            full = trace_model(dataclasses.replace(req.opts, train="all"), p.budgeted.measured.target, req.backend,
+                               device_check=False).graph
+        except UnsupportedModelError:  # the frozen part's backward needs ops the backend lacks: no comparison
+            return Selected(p, selection)
         a = anchors(full, analyze(full), p.budgeted.measured.target)
         selection["all_trainable"] = {"min_feasible_bytes": a.min_feasible_bytes,
                                       "store_all_peak_bytes": a.store_all.peak_bytes, "fixed_bytes": a.fixed_bytes}

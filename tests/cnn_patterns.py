@@ -1,5 +1,5 @@
 """Small CNNs with the patterns of the mobile architectures users fine-tune on microcontrollers, written
-here (the libraries that ship them import torchvision, which does not import beside this torch):
+here, small enough for the fast tests (tests/timm_models.py has the libraries' own):
 
 - `ghost_like`: GhostNet's ghost module (a 1x1 conv's channels and a cheap depthwise conv's, concatenated,
   sliced to the output width), its bottleneck with squeeze-excitation (hard-sigmoid gate) and a depthwise

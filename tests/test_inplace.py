@@ -271,11 +271,12 @@ def test_the_cnns_backward_chain_runs_in_place_and_the_first_weight_gradient_apa
     assert g.nodes[-2].op == "aten.native_batch_norm_backward.default" and "then" not in g.nodes[-2].attrs
 
 
-@pytest.mark.parametrize("target, most", [("host", 0.711), ("mps2-an386", 0.70)])
+@pytest.mark.parametrize("target, most", [("host", 0.70), ("mps2-an386", 0.70)])
 def test_the_cnns_smallest_budget_is_well_below_store_all_and_trains_exactly_there(tmp_path, target, most):
-    """On the host the bound is the first convolution's weight gradient: its oneDNN scratch (the kernel rule,
-    2.25x its output gradient) beside that gradient and the batch; the microcontroller profile counts no kernel
-    scratch (its C kernels have none), which its Python plan is compiled for too."""
+    """On the host (62.1% of store-all) the first convolution's weight gradient holds its oneDNN scratch (the kernel
+    rule without an input gradient: the output gradient and the padded batch, 1.69x its output gradient) beside that
+    gradient and the batch; the microcontroller profile counts no kernel scratch (its C kernels have none), which
+    its Python plan is compiled for too."""
     out = tmp_path / "cnn"
     c = compile_model(CompileOptions(model=CNN, target=target, budget="min", out=str(out), batch_size=8,
                                      time_limit=20.0))

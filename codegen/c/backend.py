@@ -47,7 +47,8 @@ class CBackend:
         trained = set(graph.trainable_params)
         tb = sum(s.bytes for p, s in graph.params.items() if p in trained)
         return WeightRoom(frozen={p: s.bytes for p, s in graph.params.items() if p not in trained},
-                          flash_bytes=flash_room_for_frozen(target, tb, CODE_STEPS_PER_NODE * len(graph.nodes)),
+                          flash_bytes=flash_room_for_frozen(target, tb, CODE_STEPS_PER_NODE * len(graph.nodes),
+                                                            graph.buffer_bytes),
                           ram_bytes=device_budget(target, io_bytes(graph), linked=True) - graph.state_bytes)
 
     def device_room(self, graph: TrainingGraph, target) -> DeviceRoom | None:

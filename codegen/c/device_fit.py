@@ -39,6 +39,7 @@ class FirmwareFigures:
     streamed_bytes: int = 0  # frozen weights kept in storage (not in flash), paged into the arena when read
     stack_bytes: int = STACK_BYTES  # the board's minimum stack
     patch_calls: int = 0  # kernel calls of patch-by-patch nodes, beyond one per step
+    buffer_bytes: int = 0  # buffers (batch norm's running statistics): RAM, and their initial values in flash
 
     @property
     def reserve_bytes(self) -> int:
@@ -47,7 +48,7 @@ class FirmwareFigures:
 
     @property
     def ram_bytes(self) -> int:
-        return self.arena_bytes + self.trainable_bytes + self.optimizer_bytes + self.reserve_bytes
+        return self.arena_bytes + self.trainable_bytes + self.optimizer_bytes + self.buffer_bytes + self.reserve_bytes
 
     @property
     def code_bytes(self) -> int:
@@ -55,7 +56,7 @@ class FirmwareFigures:
 
     @property
     def flash_bytes(self) -> int:
-        return self.code_bytes + self.trainable_bytes + self.frozen_bytes
+        return self.code_bytes + self.trainable_bytes + self.buffer_bytes + self.frozen_bytes
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,12 @@ def linked_ram_bytes(target) -> int:
     return min(target.ram_bytes, board_of(target).ram_bytes)
 
 
+def linked_flash_bytes(target) -> int | None:
+    """The flash a firmware for `target` can fill: its profile's, or less where its board's link script gives less."""
+    flash = getattr(target, "flash_bytes", None)
+    return None if flash is None else min(flash, board_of(target).flash_bytes)
+
+
 def board_limit(target) -> str | None:
     """Why a firmware for `target` has less RAM than its profile says, in words; None where it has all of it."""
     board = board_of(target)
@@ -125,7 +132,7 @@ def _kb(n: int) -> str:
 
 def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> DeviceFit:
     """RAM and flash needs of `fig` against `target`; the message says what is over and what would fit."""
-    ram, flash = target.ram_bytes, getattr(target, "flash_bytes", None)
+    ram, flash = target.ram_bytes, linked_flash_bytes(target)
     over = []
     if fig.ram_bytes > ram:
         parts = [f"arena {fig.arena_bytes} B"] if fig.arena_bytes else []
@@ -150,20 +157,22 @@ def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> Devi
                      flash_bytes=flash, message=message)
 
 
-def flash_room_for_frozen(target, trainable_bytes: int, steps: int) -> int:
-    """Flash left for frozen weights by the code of a `steps`-step plan and the trainable weights' initial values."""
-    return target.flash_bytes - FirmwareFigures(trainable_bytes=trainable_bytes, steps=steps).flash_bytes
+def flash_room_for_frozen(target, trainable_bytes: int, steps: int, buffer_bytes: int = 0) -> int:
+    """Flash left for frozen weights by the code of a `steps`-step plan and the trainable weights' and buffers'
+    initial values."""
+    return linked_flash_bytes(target) - FirmwareFigures(trainable_bytes=trainable_bytes, steps=steps,
+                                                        buffer_bytes=buffer_bytes).flash_bytes
 
 
 def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int, ram_room: int,
-                rows: dict[str, int] | None = None) -> list[str]:
+                rows: dict[str, int] | None = None, buffer_bytes: int = 0) -> list[str]:
     """The frozen weights (name -> bytes) a microcontroller keeps in storage: those beyond its flash
     (compiler/graph/streaming.py's rule); none elsewhere."""
     from edgetrain.compiler.graph.streaming import choose_streamed
 
     if not applies(target) or target.flash_bytes is None:
         return []
-    return choose_streamed(frozen, flash_room_for_frozen(target, trainable_bytes, steps), ram_room,
+    return choose_streamed(frozen, flash_room_for_frozen(target, trainable_bytes, steps, buffer_bytes), ram_room,
                            target.storage_bytes, target.name, rows)
 
 
@@ -182,14 +191,16 @@ def figures_of_model(model, optimizer, target=None) -> FirmwareFigures:
     tb = sum(p.numel() * p.element_size() for p in trainable)
     ob = optimizer_state_bytes(optimizer.to_json(), tb, len(trainable))
     frozen = {k: p.numel() * p.element_size() for k, p in model.named_parameters() if not p.requires_grad}
+    bb = sum(b.numel() * b.element_size() for b in model.buffers())
     stack = board_stack_bytes(target) if target is not None else STACK_BYTES
     # Before tracing, any frozen conv weight may turn out to be read by forward convolutions alone: by blocks.
     rows = {k: p[0].numel() * p.element_size() for k, p in model.named_parameters() if not p.requires_grad and p.dim() == 4}
-    streamed = streamed_of(frozen, target, tb, 0, target.ram_bytes - runtime_reserve_bytes(0, stack) - tb - ob, rows) \
+    streamed = streamed_of(frozen, target, tb, 0, target.ram_bytes - runtime_reserve_bytes(0, stack) - tb - ob - bb,
+                           rows, bb) \
         if target is not None else []
     kept = sum(b for k, b in frozen.items() if k not in streamed)
     return FirmwareFigures(trainable_bytes=tb, frozen_bytes=kept, optimizer_bytes=ob,
-                           streamed_bytes=sum(frozen.values()) - kept, stack_bytes=stack)
+                           streamed_bytes=sum(frozen.values()) - kept, stack_bytes=stack, buffer_bytes=bb)
 
 
 def check_model_fits(model, target, optimizer, name: str = "the model") -> None:
@@ -219,7 +230,9 @@ def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
                            frozen_bytes=sum(b for k, b in sizes.items() if k not in trainable and k not in streamed),
                            io_bytes=io, steps=len(schedule["steps"]),
                            streamed_bytes=sum(sizes[k] for k in streamed), patch_calls=manifest.get("patch_calls", 0),
-                           stack_bytes=board_stack_bytes(Target(**schedule["target"])))
+                           stack_bytes=board_stack_bytes(Target(**schedule["target"])),
+                           buffer_bytes=sum((8 if v["dtype"] == "int64" else 4) * _numel(v["shape"])
+                                            for v in g.get("buffers", {}).values()))
 
 
 def check_elf(sizes: dict, target) -> str | None:
@@ -227,7 +240,7 @@ def check_elf(sizes: dict, target) -> str | None:
     flash_need = sizes["text_bytes"] + sizes["data_bytes"]
     stack = board_stack_bytes(target)
     ram_need = sizes["data_bytes"] + sizes["bss_bytes"] + stack
-    flash = getattr(target, "flash_bytes", None)
+    flash = linked_flash_bytes(target)
     over = []
     if ram_need > target.ram_bytes:
         over.append(f"RAM: .data {sizes['data_bytes']} B + .bss {sizes['bss_bytes']} B + stack {stack} B = "

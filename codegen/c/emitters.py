@@ -262,6 +262,16 @@ def _clone(c: OpCase, ctx: Context, out) -> list[str]:
     return [f"memmove({ctx.ptr(out)}, {ctx.contiguous(c.args['self'], 'the input')}, {4 * _numel(out)}u);"]
 
 
+@emits("aten.new_empty_strided.default")
+def _new_empty(c: OpCase, ctx: Context, out) -> list[str]:
+    return ["/* new_empty_strided: its place in the arena is all it makes */"]
+
+
+@emits("aten.copy.default")
+def _copy(c: OpCase, ctx: Context, out) -> list[str]:  # the source's values in the destination's shape
+    return [f"memmove({ctx.ptr(out)}, {ctx.contiguous(c.args['src'], 'the source')}, {4 * _numel(out)}u);"]
+
+
 @emits("aten.fill.Scalar")
 def _fill(c: OpCase, ctx: Context, out) -> list[str]:
     return [f"et_fill({_numel(out)}, {c_float(c.args['value'])}, {ctx.ptr(out)});"]

@@ -28,7 +28,7 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
     for n in g.nodes:
         if n.kind in ("input", "labels"):
             continue
-        where = f"node `{n.name}` ({n.source or ('the loss' if n.kind == 'loss' else 'unknown source')})"
+        where = f"node `{n.name}` ({_source(n, by_name)})"
         if (n.aux_bytes and n.op not in STATS_OPS) or (n.aux_of and by_name[n.aux_of].op not in STATS_OPS):
             problems.setdefault((n.op, "keeps statistics for its backward, which the C runtime has no kernel for"),
                                 []).append(where)
@@ -69,6 +69,25 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
     return replace(g, nodes=nodes, frozen_in_flash=True)  # frozen weights are const: flash, not RAM
 
 
+def _source(n: Node, by_name: dict[str, Node]) -> str:
+    """Where a node comes from in the user's code: its own line, else (a step torch added to the backward, such as
+    an in-place op's copies) the line of the nearest node it reads that has one."""
+    if n.source:
+        return n.source
+    if n.kind == "loss":
+        return "the loss"
+    seen, todo = set(), [r.name for r in n.inputs]
+    while todo:
+        m = by_name.get(todo.pop(0))
+        if m is None or m.name in seen:
+            continue
+        seen.add(m.name)
+        if m.source:
+            return f"no line of its own; it reads node `{m.name}`: {m.source}"
+        todo += [r.name for r in m.inputs]
+    return "unknown source"
+
+
 def _redraw_dropout_masks(nodes: list[Node]) -> list[Node]:
     """The C runtime keeps no dropout mask: a dropout's backward redraws it from its forward's key and p (its
     attrs `seed_key` and `dropout_p`), and the mask's own node, read by nothing else, goes."""
@@ -92,7 +111,8 @@ def _redraw_dropout_masks(nodes: list[Node]) -> list[Node]:
 
 
 # Ops whose kernels run over contiguous floats: they cannot read a strided view.
-_FLAT_OPS = set(ELEMENTWISE) | {"aten.add.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.clone.default"}
+_FLAT_OPS = set(ELEMENTWISE) | {"aten.add.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.clone.default",
+                                 "aten.copy.default"}
 
 
 def _strided_operand(case) -> str | None:

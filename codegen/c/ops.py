@@ -192,6 +192,28 @@ def _clone_refuse(c: OpCase) -> str | None:
     return None
 
 
+def _contiguous_strides(size) -> list[int]:
+    strides, step = [], 1
+    for d in reversed(list(size)):
+        strides.insert(0, step)
+        step *= max(d, 1)
+    return strides
+
+
+def _new_empty_refuse(c: OpCase) -> str | None:
+    a = c.args
+    if list(a["stride"]) != _contiguous_strides(a["size"]) or a.get("dtype") not in (None, torch.float32):
+        return "other than a contiguous float tensor has no kernel"
+    return None
+
+
+def _copy_refuse(c: OpCase) -> str | None:
+    dst, src = c.args["self"], c.args["src"]
+    if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+        return "with broadcasting or a change of dtype has no kernel (same-shape tensors only)"
+    return None
+
+
 def _leaky_refuse(c: OpCase) -> str | None:
     if c.args.get("self_is_result") and c.args["negative_slope"] < 0:
         return "in place with a negative slope has no kernel"
@@ -395,6 +417,11 @@ C_OPS: dict[str, CKernel] = {
     "aten.silu_backward.default": CKernel("silu", refuse=_no_update, in_place=_GY_X),
     "aten.empty_like.default": CKernel("", reads=lambda a: set(), refuse=_no_update),
     "aten.clone.default": CKernel("", "copies of contiguous tensors (Dropout(p=0))", refuse=_both(_clone_refuse, _no_update)),
+    # The backward of an in-place op (timm's `x += shortcut`), as functionalization spells it: a fresh tensor
+    # (its place in the arena is all it makes) and copies into it, which read only their source.
+    "aten.new_empty_strided.default": CKernel("", reads=lambda a: set(), refuse=_both(_new_empty_refuse, _no_update)),
+    "aten.copy.default": CKernel("", "copies between same-shape tensors", reads=lambda a: {"src"},
+                                 refuse=_both(_copy_refuse, _no_update)),
     "aten.fill.Scalar": CKernel("fill", reads=lambda a: set(), refuse=_no_update),
     "aten.sub.Tensor": CKernel("sub", refuse=_both(_same_shape_refuse, _no_update), in_place=_A_B),
     "aten.add.Scalar": CKernel("add", refuse=_both(_scalar_refuse, _no_update), in_place=_X),

@@ -62,8 +62,10 @@ def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict) -> list
                               pad_h=0, pad_w=0, dil_h=op["dilation"][0], dil_w=op["dilation"][1], groups=op["groups"])
                 bias = "NULL" if op["bias"] is None else ctx.pident[params[op["bias"]]]
                 shape = ", ".join(f".{k} = {v}" for k, v in fields.items())  # each tile's own: a literal
-                lines.append(f"et_conv2d_forward(&(const et_conv2d_shape){{{shape}}}, {ptrs[0]}, "
-                             f"{ctx.pident[w]}, {bias}, {out});")
+                # In a block of its own: a compound literal lives to the end of its block, and hundreds of them
+                # in the step's function scope took 30 KB of stack (a 16 KB stack: a fault under QEMU).
+                lines.append(f"{{ et_conv2d_forward(&(const et_conv2d_shape){{{shape}}}, {ptrs[0]}, "
+                             f"{ctx.pident[w]}, {bias}, {out}); }}")
             elif op["op"] == "hardtanh":
                 if [float(v) for v in op["literals"]] != [0.0, 6.0]:
                     raise EmitError("only hardtanh(0, 6) (ReLU6) has a C kernel")

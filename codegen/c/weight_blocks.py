@@ -34,7 +34,8 @@ def emit_blocked_conv(node, offsets: dict[str, int], ctx, params: dict, blocks: 
                  f".h_out = {h_out}, .w_out = {w_out}, .k_h = {kh}, .k_w = {kw}, .stride_h = {sh}, .stride_w = {sw}, "
                  f".pad_h = {ph}, .pad_w = {pw}, .dil_h = {dh}, .dil_w = {dw}, .groups = 1}}")
         for s in range(n):
-            lines.append(f"et_conv2d_forward({shape}, ET_F({x + s * c_in * h_in * w_in}), ET_F({ws}), "
+            # a block of its own: the compound literal's stack slot is reused by the next (patches.py)
+            lines.append(f"{{ et_conv2d_forward({shape}, ET_F({x + s * c_in * h_in * w_in}), ET_F({ws}), "
                          f"{'NULL' if bias is None else f'{bias} + {r0}'}, "
-                         f"ET_F({y + s * c_out * h_out * w_out + r0 * h_out * w_out}));")
+                         f"ET_F({y + s * c_out * h_out * w_out + r0 * h_out * w_out})); }}")
     return lines

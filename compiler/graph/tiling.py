@@ -4,7 +4,9 @@ The first stages of a CNN hold its largest activations, and when the backbone is
 through them and nothing of theirs is saved: only their last output is needed. This pass replaces such a
 prefix (convolutions, ReLU/ReLU6 and residual adds over frozen weights) by one node that computes its output
 tile by tile: each tile's receptive field is read from the prefix's input with its halo, and every
-intermediate exists only as a patch, so the full-resolution intermediates never exist at once. The halos are
+intermediate exists only as a patch, so the full-resolution intermediates never exist at once. Where one
+segment is not enough (its halos grow with its depth), the frozen nodes after it are tiled again, from its
+whole output on. The halos are
 computed once per tile that needs them: the added FLOPs are in the node's cost. The node's workspace is the
 patches' buffers, packed by their lifetimes within a tile (`plan["buffers"]`, offsets in floats), which the
 C firmware uses as they are and the Python runtime (runtime/python/patch_forward.py) counts.
@@ -63,13 +65,21 @@ def _op_of(n: Node, frozen: set[str]) -> dict | None:
 
 
 def _prefix(g: TrainingGraph) -> tuple[str, list[int], list[dict]]:
-    """The input the prefix reads and its tileable nodes (stage indices, ops) from the first forward node on."""
+    """The tensor the prefix reads and its tileable nodes (stage indices, ops): from the first forward node on,
+    reading the input batch; or, where a prefix is computed patch by patch already, from the node after the last
+    such node on, reading its output (a further segment: a whole tensor between two tiled ones)."""
     frozen = set(g.params) - set(g.trainable_params)
-    start = next((i for i, n in enumerate(g.nodes) if n.kind == "forward"), None)
-    if start is None or not g.nodes[start].inputs:
-        return "", [], []
-    source = g.nodes[start].inputs[0].name
-    if g.node(source).kind != "input" or len(g.node(source).shape or ()) != 4:
+    tiled = [i for i, n in enumerate(g.nodes) if n.op == TILED_OP]
+    if tiled:
+        start, source = tiled[-1] + 1, g.nodes[tiled[-1]].name
+    else:
+        start = next((i for i, n in enumerate(g.nodes) if n.kind == "forward"), None)
+        if start is None or not g.nodes[start].inputs:
+            return "", [], []
+        source = g.nodes[start].inputs[0].name
+        if g.node(source).kind != "input":
+            return "", [], []
+    if len(g.node(source).shape or ()) != 4:
         return "", [], []
     known, stages, ops = {source}, [], []
     for i in range(start, len(g.nodes)):
@@ -243,9 +253,9 @@ def tiled_prefixes(g: TrainingGraph) -> list[dict]:
 
 
 def tile_frozen_prefix(g: TrainingGraph, fits, min_bytes) -> Tiling | None:
-    """The tiling of `g`'s frozen forward prefix that `fits` (a predicate on a graph) with the fewest added FLOPs
-    (fewer tiles on ties); else the one with the smallest `min_bytes` (graph -> bytes) below `g`'s; None when no
-    prefix can be tiled or none lowers it."""
+    """The tiling of `g`'s frozen forward prefix (after the segments tiled already) that `fits` (a predicate on a
+    graph) with the fewest added FLOPs (fewer tiles on ties); else the one with the smallest `min_bytes` (graph ->
+    bytes) below `g`'s; None when no prefix can be tiled or none lowers it."""
     source, stages, ops = _prefix(g)
     if not stages:
         return None
@@ -268,3 +278,17 @@ def tile_frozen_prefix(g: TrainingGraph, fits, min_bytes) -> Tiling | None:
     if best_fit is not None:
         return best_fit
     return best_low[1] if best_low else None
+
+
+def tile_segments(g: TrainingGraph, fits, min_bytes) -> list[Tiling]:
+    """Segments of the frozen prefix tiled one after another until `g` fits: the first as `tile_frozen_prefix`
+    picks it, then, while the graph does not fit, the frozen forward nodes after it from its output on (its
+    output a whole tensor, smaller than what the segments replace). Each segment lowers `min_bytes`; the last
+    Tiling's graph holds them all."""
+    done: list[Tiling] = []
+    while not done or not fits(done[-1].graph):
+        t = tile_frozen_prefix(done[-1].graph if done else g, fits, min_bytes)
+        if t is None:
+            break
+        done.append(t)
+    return done

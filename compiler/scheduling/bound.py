@@ -46,10 +46,29 @@ class Bound:
                 "tensors alive there")
 
 
+def _needs(lv: Liveness) -> list[int]:
+    """What each stage must hold whatever is recomputed or paged (`min_budget` is their most)."""
+    return [lv.static[t] + (sum(lv.size[i] for i in lv.needs.get(t, ())) if t > lv.L else 0) for t in range(lv.T)]
+
+
 def smallest_budget_bound(g: TrainingGraph, lv: Liveness) -> Bound:
     """The stage where `min_budget(lv)` is reached (the first, on ties)."""
-    need = [lv.static[t] + (sum(lv.size[i] for i in lv.needs.get(t, ())) if t > lv.L else 0) for t in range(lv.T)]
-    t = max(range(lv.T), key=lambda k: (need[k], -k))
+    need = _needs(lv)
+    return _bound_at(g, lv, need, max(range(lv.T), key=lambda k: (need[k], -k)))
+
+
+def untiled_bound(g: TrainingGraph, lv: Liveness, with_input: bool = True) -> Bound:
+    """The most a stage holds that no tiling replaces (a backward node, a forward node that trains or is saved, the
+    prefix's end; the input batch unless `with_input` is False): no plan of `g` holds less, whatever is tiled,
+    recomputed, paged or streamed (a streamed weight only adds its readers' workspace)."""
+    from edgetrain.compiler.graph.tiling import tileable_stages
+
+    need, tiled = _needs(lv), tileable_stages(g)
+    stages = [t for t in range(lv.T) if t not in tiled and (with_input or g.nodes[t].kind != "input")]
+    return _bound_at(g, lv, need, max(stages, key=lambda k: (need[k], -k)))
+
+
+def _bound_at(g: TrainingGraph, lv: Liveness, need: list[int], t: int) -> Bound:
     n = g.nodes[t]
     read = list(dict.fromkeys(r.name for r in n.inputs)) + ([f"{n.aux_of}.aux"] if n.aux_of else [])
     inputs = sum(lv.size.get(r, 0) for r in read)
@@ -110,3 +129,40 @@ def remedies(b: Bound) -> str:
         ways.append("freeze the layers up to this one with --train, so that no backward step runs through it")
     ways.append("a smaller input or narrower layer here")
     return "; ".join(ways)
+
+
+def over_ram_text(g: TrainingGraph, lv: Liveness, ram_bytes: int, reserved_bytes: int, reserved_for: str,
+                  device: str) -> str | None:
+    """Why no plan of `g` trains within a device's `ram_bytes`, with `reserved_bytes` of it held for
+    `reserved_for` (the input batch among them), when its fixed state alone overflows: its parts, and what the
+    least working set no tiling or streaming splits holds (were the input read from storage patch by patch too);
+    None where that least working set fits."""
+    x = sum(n.bytes for n in g.nodes if n.kind == "input")
+    fixed = lv.state_bytes + reserved_bytes
+    b = untiled_bound(g, lv, with_input=False)
+    need = b.budget_bytes + reserved_bytes - x
+    if need <= ram_bytes:
+        return None
+    tensors = b.budget_bytes - b.state_bytes
+    room = ram_bytes - (reserved_bytes - x) - b.state_bytes
+    where = f" ({b.source})" if b.source else ""
+    into = f", its output written into `{b.into}`" if b.into else ""
+    fits = (f"at most {room} B of tensors there, {room / tensors:.0%} of what it holds (the trained layers' "
+            "activations and gradients, which grow with the batch and the input's area; 8-bit ones take a quarter)"
+            if room > 0 else "less training state: the trainable weights, their optimizer state and the buffers "
+            "alone fill what the stack and the runtime leave")
+    return (f"{g.model} cannot train on {device} in {_dtype(g)}: its fixed state alone takes {fixed} B of the "
+            f"{ram_bytes} B of RAM (the input batch {x} B, which the first layer reads whole; the trainable weights "
+            f"{g.param_bytes} B, their optimizer state {g.optimizer_bytes} B, buffers {g.buffer_bytes} B; "
+            f"{reserved_bytes - x} B more for {reserved_for}), and no plan holds less than {need} B even were the "
+            f"input read from storage patch by patch: node `{b.node}` ({b.op}, {b.kind}){where} holds {tensors} B of "
+            f"tensors at once (its inputs {b.inputs_bytes} B + outputs {b.output_bytes} B{into} + scratch "
+            f"{b.scratch_bytes} B + {b.other_bytes} B of others alive there) beside the {b.state_bytes} B of training "
+            f"state, {need - ram_bytes} B over: only a frozen forward prefix is computed patch by patch and only "
+            f"frozen weights are streamed, so nothing splits it. What would fit: {fits}; or fewer trained parameters "
+            "with --train, or narrower layers there.")
+
+
+def _dtype(g: TrainingGraph) -> str:
+    kinds = sorted({n.dtype for n in g.nodes if n.kind == "forward" and n.dtype})
+    return " and ".join(kinds) or "float32"

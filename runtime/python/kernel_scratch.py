@@ -7,7 +7,12 @@ model and the local-learning step counter use one rule:
 - forward: the weight re-laid out in oneDNN's blocked format + the larger of input and output (a transposed
   convolution runs the backward-data kernel: twice that);
 - backward: B x weight + 2 x the larger of input and output gradient (the blocked input and output gradient, or
-  the input gradient written blocked). B, the weight-sized buffers: with T threads oneDNN may sum the weight
+  the input gradient written blocked); without the input gradient (a first layer, or one whose input is frozen)
+  the smaller of that and the output gradient + the input with its channels padded to a block of 8 (oneDNN's
+  AVX2 block: 1 and 2 input channels took up to 7.2x the input; 3 channels stay plain), since no input gradient
+  is written (2026-12-07, benchmarks/workspace.py's weight-gradient rows: 18 shapes, 1-144 channels, pointwise
+  and depthwise, batch 1-32, maps 16-128, with and without the bias, at 1, 2 and 4 threads: at most 0.86 of the
+  rule; the 2x term had left a 3 -> 16 first layer's backward 1.9x what it took). B, the weight-sized buffers: with T threads oneDNN may sum the weight
   gradient from one buffer per thread, and does on small maps (min(T, batch) measured on 1x1 and 2x2 outputs of
   3x3 kernels, at 2 and 4 threads); a 3x3 kernel writing maps of 3x3 or more took one (the blocked weight) in
   every shape measured (128 and 512 channels, batch 1-32, maps 3-6, at 2 and 4 threads), and so did a 1x1
@@ -26,6 +31,7 @@ CONVOLUTION_BACKWARD = "aten.convolution_backward.default"
 MASK_AT = 10  # convolution_backward's output_mask: the gradients (input, weight, bias) it makes
 WITH_SCRATCH = (CONVOLUTION, CONVOLUTION_BACKWARD)  # the ops the rule names; every other op's scratch is 0
 THREAD_BYTES = 64 * 1024  # each intra-op thread past the first: its own blocks of the activations, at most
+CHANNEL_BLOCK = 8  # oneDNN's AVX2 channel block: a blocked input's channels are padded to a multiple of it
 SLACK = 8  # 1/SLACK of the activation term more: a convolution's figure moved by 12% of it from run to run
 
 
@@ -46,9 +52,21 @@ def weight_buffers(grad_out_shape, w_shape, threads: int, output_mask=None) -> i
     return threads
 
 
-def convolution_backward_scratch(grad_out_bytes: int, x_bytes: int, w_bytes: int, threads: int, buffers: int) -> int:
-    """`buffers`: the weight-sized buffers (`weight_buffers`)."""
+def padded_input_bytes(x_shape, x_bytes: int) -> int:
+    """The input's bytes re-laid out in oneDNN's blocked format: its channels padded to a multiple of CHANNEL_BLOCK."""
+    if len(x_shape) < 2 or not x_shape[1]:
+        return x_bytes
+    c = x_shape[1]
+    return x_bytes // c * (-(-c // CHANNEL_BLOCK) * CHANNEL_BLOCK)
+
+
+def convolution_backward_scratch(grad_out_bytes: int, x_bytes: int, w_bytes: int, threads: int, buffers: int,
+                                 input_grad: bool = True, x_padded_bytes: int | None = None) -> int:
+    """`buffers`: the weight-sized buffers (`weight_buffers`); `input_grad`: whether the input's gradient is made
+    (without it, no blocked input gradient: the output gradient and the blocked input, `x_padded_bytes`)."""
     act = 2 * max(x_bytes, grad_out_bytes)
+    if not input_grad:
+        act = min(act, grad_out_bytes + (x_bytes if x_padded_bytes is None else x_padded_bytes))
     return buffers * w_bytes + act + act // SLACK + (threads - 1) * THREAD_BYTES
 
 
@@ -61,5 +79,7 @@ def scratch_bytes(op: str, args: list, out_bytes: int, threads: int, nbytes) -> 
     if op == CONVOLUTION_BACKWARD:
         mask = args[MASK_AT] if len(args) > MASK_AT else None
         buffers = weight_buffers(tuple(args[0].shape), tuple(args[2].shape), threads, mask)
-        return convolution_backward_scratch(nbytes(args[0]), nbytes(args[1]), nbytes(args[2]), threads, buffers)
+        input_grad = mask is None or bool(mask[0]) or bool(args[7])  # a transposed one: not measured apart
+        return convolution_backward_scratch(nbytes(args[0]), nbytes(args[1]), nbytes(args[2]), threads, buffers,
+                                            input_grad, padded_input_bytes(tuple(args[1].shape), nbytes(args[1])))
     return 0

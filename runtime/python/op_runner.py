@@ -133,12 +133,12 @@ class OpRunner:
         else:
             held = outs[items[0]]
         if node.into is not None:  # counted in the operand's bytes, as the schedule counts it
+            x = node.operands[node.into][0]
+            self.ledger.hand_over(x, name)
+            self._live[x] = Overwritten(self._op, name)
+            self.in_place_ops += 1
             if held is not None:
-                x = node.operands[node.into][0]
-                self.ledger.hand_over(x, name)
                 self._live[name] = held
-                self._live[x] = Overwritten(self._op, name)
-                self.in_place_ops += 1
         elif held is not None and spot is None:
             held_items = held if node.keep_list else (held,)
             if _aliases(held_items, ins):
@@ -150,6 +150,8 @@ class OpRunner:
             aux_out = tuple(outs[k] for k in node.aux_items)
             self._hold(f"{name}.aux", aux_out, sum(a.nbytes for a in aux_out))
         dropped = aten_call.dropped_among(outs, node.kept) if len(outs) > 1 or node.multi_out else 0
+        if node.into is not None and held is None:  # a dropped output in the operand's bytes: counted there
+            dropped -= outs[0].nbytes
         if dropped:
             self.ledger.enter(dropped, node.drop_label)
             try:
@@ -158,6 +160,8 @@ class OpRunner:
                 self.ledger.leave(dropped)
         elif updates:  # nothing dropped: the updates add nothing to the count
             self._apply_updates(outs, updates)
+        if node.into is not None and held is None:  # read by its updates, gone with them
+            self.ledger.release(name)
         return held, outs
 
     def _into(self, name, node, ins, aux) -> list:

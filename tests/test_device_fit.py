@@ -13,6 +13,7 @@ import edgetrain.targets as targets
 from edgetrain.codegen.c.device_fit import (STACK_BYTES, FirmwareFigures, check_elf, device_budget, device_fit,
                                             runtime_reserve_bytes)
 from edgetrain.compiler.errors import BudgetError, DeviceFitError
+from edgetrain.compiler.graph.ir import OptimizerConfig
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.workbench import cli
 from edgetrain.codegen.c.runner import check_size, elf_size
@@ -125,6 +126,36 @@ def test_a_budget_over_the_boards_linked_ram_is_refused_before_solving(tmp_path)
     r = compile_model(CompileOptions(model="tests.c_models:tiny_cnn", target="mps2-an386", budget="auto",
                                      out=str(tmp_path / "a"), batch_size=1, emit="c", time_limit=10.0))
     assert r["budget_bytes"] == 262_144 - runtime_reserve_bytes(4 * (36 + 1 + 3))  # auto: the linked RAM
+
+
+WIDE_MLP = """
+import torch
+from torch import nn
+
+
+def wide_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Flatten(), nn.Linear(192, 400), nn.ReLU(), nn.Linear(400, 10))
+    m.input_shape, m.num_classes = (3, 8, 8), 10
+    return m
+"""
+
+
+def test_the_fit_holds_the_ram_the_board_links_not_the_profiles(tmp_path):
+    # mps2-an386's profile has 4 MB of RAM, its board's link script 256 KB: 300 KB of weights would fit the
+    # profile and overflow the link; it is refused before tracing, naming the link script.
+    qemu = load_target("mps2-an386")
+    fig = FirmwareFigures(trainable_bytes=300_000)
+    fit = device_fit(fig, qemu)
+    assert fig.ram_bytes < qemu.ram_bytes and not fit.fits and fit.ram_bytes == 262_144
+    assert "link script gives the image 262144 B" in fit.message
+    assert "over the 262144 B" in check_elf({"text_bytes": 1000, "data_bytes": 300_000, "bss_bytes": 0}, qemu)
+    (tmp_path / "wide.py").write_text(WIDE_MLP)  # 77,210 weights: 308,840 B, trained by SGD without momentum
+    with pytest.raises(DeviceFitError, match=r"weights and optimizer state alone.*RAM: needs .*link script gives"):
+        compile_model(CompileOptions(model=f"{tmp_path / 'wide.py'}:wide_mlp", target="mps2-an386", budget="auto",
+                                     out=str(tmp_path / "o"), batch_size=1, emit="c", time_limit=10.0,
+                                     optimizer=OptimizerConfig.of("sgd", momentum=0.0)))
+    assert not (tmp_path / "o").exists()
 
 
 def test_auto_budget_needs_a_microcontroller(tmp_path):

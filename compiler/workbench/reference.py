@@ -61,14 +61,20 @@ def make_optimizer(params, config: dict) -> torch.optim.Optimizer:
     return getattr(torch.optim, unit.torch_class)(params, **unit.settings(config), foreach=False)
 
 
+def _as(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(device, dtype) if t.is_floating_point() else t.to(device)
+
+
 def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                    device: torch.device, first_step: int = 0) -> tuple[nn.Module, list[float]]:
+                    device: torch.device, first_step: int = 0,
+                    dtype: torch.dtype = torch.float32) -> tuple[nn.Module, list[float]]:
+    """`dtype`: the eager run's floats (float64: the arithmetic float32 rounding is measured against)."""
     check_draws(schedule)
     spec = schedule["model"]
     torch.manual_seed(schedule["seed"])
     model = resolve(spec["spec"], **spec["kwargs"]).module
     load_weights(model, weights_path)
-    model.to(device).train()
+    model.to(device, dtype).train()
     clock = [schedule["seed"], first_step, {}]
     keyed, drawn = _draws(schedule), []
     graph = schedule["graph"]
@@ -89,7 +95,7 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
         # takes the path it took in the trace
         with KeyedRandom(model, drawn, clock=clock, hashed=schedule.get("backend") == "c"), portable_kernels(gpu), \
                 as_export(graph.get("exported", False)):
-            value = fn(model, x.to(device), y.to(device))
+            value = fn(model, _as(x, device, dtype), _as(y, device, dtype))
         missing = [node for key, node in keyed.items() if key not in drawn]
         if missing:  # the eager forward drew other numbers than the plan: its steps would not compare
             raise EdgetrainError(_refusal(schedule, missing[0], "has no like draw in the model's eager forward"))

@@ -10,25 +10,8 @@ import os
 import torch
 
 from edgetrain.codegen.c.runner import STATUS, run_program, verified_firmware
+from .check_rules import ATOL, ROUNDING_FACTOR, RTOL, check_tensors, tensors_of
 from .reference import train_reference
-
-RTOL, ATOL = 1e-5, 1e-6
-
-
-def _compare(ours: dict, model) -> tuple[float, float, list[str]]:
-    """The firmware's parameters and float buffers (running statistics) against the reference's."""
-    max_abs = max_rel = 0.0
-    bad = []
-    refs = list(model.named_parameters()) + [(k, b) for k, b in model.named_buffers() if k in ours]
-    for k, ref in refs:
-        a, b = ours[k], ref.detach().cpu()
-        diff = (a - b).abs()
-        max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
-        max_rel = max(max_rel, float((diff / b.abs().clamp_min(ATOL)).max()) if diff.numel() else 0.0)
-        if not torch.allclose(a, b, rtol=RTOL, atol=ATOL):
-            bad.append(f"param {k}")
-    return max_abs, max_rel, bad
-
 
 def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "random", check: bool = False,
                  seed: int = 1, cycle: int | None = None, timeout_s: float = 600.0, corrupt_page: int | None = None,
@@ -76,18 +59,26 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                            + (f": page file {missing} is missing from the medium" if missing else ""))
         return result
     if check:
-        model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
-                                            torch.device("cpu"))
-        max_abs, max_rel, bad = _compare(r["params"], model)
+        weights = os.path.join(out_dir, "weights.safetensors")
+        model, ref_losses = train_reference(body, weights, batches, torch.device("cpu"))
+        eager = tensors_of(model, r["params"])
+        checks = check_tensors(r["params"], eager, lambda: tensors_of(train_reference(
+            body, weights, batches, torch.device("cpu"), dtype=torch.float64)[0], r["params"]))
         model.eval()  # et_predict is inference: batch norm with its running statistics
         with torch.no_grad():
             ref_logits = model(batches[-1][0]).reshape(-1) if batches else torch.zeros(0)
         logit_err = float((r["logits"] - ref_logits).abs().max()) if batches else 0.0
-        result.update(max_abs_err=max_abs, max_rel_err=max_rel, reference_losses=ref_losses, mismatched=bad[:20],
-                      predict_max_abs_err=logit_err)
+        bad = [c for c in checks if c.rule == "failed"]
+        result.update(max_abs_err=max((c.max_abs_err for c in checks), default=0.0),
+                      max_rel_err=max((c.max_rel_err for c in checks), default=0.0), reference_losses=ref_losses,
+                      mismatched=[f"param {c.name}" for c in bad][:20], predict_max_abs_err=logit_err,
+                      check_rtol=RTOL, check_atol=ATOL, check_rounding_factor=ROUNDING_FACTOR,
+                      within_rtol=sum(c.rule == "rtol" for c in checks),
+                      check_tensors=[c.to_json() for c in checks if c.rule != "rtol"])
         if bad:
             result["ok"] = False
             result["error_kind"] = "CheckMismatch"
-            result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}: "
-                               f"{', '.join(bad[:5])} (max abs err {max_abs:.3g}, max rel err {max_rel:.3g})")
+            result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}, and from a "
+                               f"float64 run of the same steps by more than {ROUNDING_FACTOR:g}x eager float32's "
+                               f"error: {'; '.join(c.describe() for c in bad[:5])}")
     return result

@@ -61,20 +61,21 @@ def make_optimizer(params, config: dict) -> torch.optim.Optimizer:
     return getattr(torch.optim, unit.torch_class)(params, **unit.settings(config), foreach=False)
 
 
-def _as(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return t.to(device, dtype) if t.is_floating_point() else t.to(device)
+def _as(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None) -> torch.Tensor:
+    return t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
 
 
 def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
                     device: torch.device, first_step: int = 0,
-                    dtype: torch.dtype = torch.float32) -> tuple[nn.Module, list[float]]:
-    """`dtype`: the eager run's floats (float64: the arithmetic float32 rounding is measured against)."""
+                    dtype: torch.dtype | None = None) -> tuple[nn.Module, list[float]]:
+    """`dtype`: the eager run's floats where given (float64: what float32 rounding is measured against); else the
+    model's own."""
     check_draws(schedule)
     spec = schedule["model"]
     torch.manual_seed(schedule["seed"])
     model = resolve(spec["spec"], **spec["kwargs"]).module
     load_weights(model, weights_path)
-    model.to(device, dtype).train()
+    model.to(device=device, dtype=dtype).train()
     clock = [schedule["seed"], first_step, {}]
     keyed, drawn = _draws(schedule), []
     graph = schedule["graph"]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 RTOL, ATOL = 1e-5, 1e-6
-# How much further from float64 than eager float32 the firmware may be: its kernels sum in another order, so
-# its rounding differs from torch's without being larger in kind (measured: up to 2.3x, GhostNet's running statistics under QEMU).
+# How much further from float64 than eager float32 the firmware may be: its kernels sum in another order, so its
+# rounding differs from torch's without being larger in kind (measured: up to 2.3x, GhostNet's running statistics).
 ROUNDING_FACTOR = 4.0
 
 

@@ -83,6 +83,7 @@ def summary(req: Request, done: Compiled) -> dict:
         "emit": opts.emit,
         "fused_kernels": sum(n.op == FUSED_OP for n in p.graph.nodes),  # --fuse: chains run as generated kernels
         "fused_ops": sum(len(n.attrs["chain"]) for n in p.graph.nodes if n.op == FUSED_OP),
+        "memory_format": p.graph.memory_format,  # --fuse on a convolutional model: channels_last
         "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }
     if p.graph.input_dtype == "int64" and rep.time_s:  # token ids: a language model's throughput

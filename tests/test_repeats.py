@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from edgetrain.compiler.graph.liveness import analyze
@@ -13,10 +14,13 @@ from edgetrain.compiler.pipeline import CompileOptions, build_graph
 from edgetrain.compiler.scheduling.budget import anchors
 from edgetrain.compiler.scheduling.milp.registry import solve_with
 from edgetrain.compiler.scheduling.poet import build as build_poet
-from edgetrain.compiler.scheduling.repeats import find_blocks, restriction
+from edgetrain.compiler.scheduling.block_solve import block_solve, tied_columns
+from edgetrain.compiler.scheduling.heuristics import dtr
+from edgetrain.compiler.scheduling.repeats import find_blocks, groups, restriction
 from edgetrain.compiler.scheduling.schedulers import run_scheduler
 from edgetrain.compiler.scheduling.steps import build_steps
 from edgetrain.compiler.scheduling.validator import validate
+from edgetrain.compiler.scheduling.warmstart import best_start
 from edgetrain.targets import load_target
 
 TARGET = load_target("nrf52840")  # paging and recompute energies of one order: the optima do both
@@ -75,6 +79,59 @@ def test_scheduler_reports_the_restriction(stack):
     flat = run_scheduler(g, lv, TARGET, budget, repeats="auto", time_limit=30)  # small: auto solves it flat
     assert "repeats" not in flat.solver
     assert reused.report.energy_j == pytest.approx(flat.report.energy_j, rel=1e-6)
+
+
+@pytest.mark.parametrize("frac", [0.3, 0.6])
+def test_tied_start_is_a_point_of_the_restricted_model(stack, frac):
+    """The greedy start by groups of tied tensors: within the budget, and a feasible point of the restricted model
+    at the validator's energy (so HiGHS takes it as its start); the same solve started from it ends no worse."""
+    g, lv, low, high = stack
+    budget = int(low + frac * (high - low))
+    shape = restriction(g, lv, find_blocks(g, lv))
+    start, info = best_start(g, lv, TARGET, budget, groups=groups(lv, shape))
+    assert start is not None and info["order"]
+    report = validate(g, build_steps(g, lv, start.decisions), TARGET, budget, strict=True)
+    assert report.peak_bytes <= budget
+    pm = build_poet(g, lv, TARGET, budget, repeats=shape)
+    x = pm.vector(start.decisions)
+    assert pm.milp.is_feasible(x)
+    assert pm.milp.objective(x) == pytest.approx(report.energy_j, rel=1e-9)
+    res = solve_with("highs", pm.milp, time_limit=30, mip_gap=1e-6, warm_start=x)
+    assert res.objective <= report.energy_j * (1 + 1e-9)
+    # The tied blocks' sub-problem alone, the rest fixed at the start: a point of the model, no dearer.
+    free = tied_columns(pm, shape)
+    assert 0 < free.sum() < pm.milp.n_vars
+    sub = block_solve("highs", pm, shape, x, 30, mip_gap=1e-6)
+    assert sub.values is not None and pm.milp.is_feasible(sub.values)
+    assert pm.milp.objective(sub.values) <= report.energy_j * (1 + 1e-9)
+    assert np.array_equal(np.round(sub.values)[~free], np.round(x)[~free])
+
+
+def test_groups_tie_blocks_and_hold_block_outputs(stack):
+    g, lv, _, _ = stack
+    shape = restriction(g, lv, find_blocks(g, lv))
+    gr = groups(lv, shape)
+    tied = [ms for ms in {gr.members(i) for i in shape.tie}]
+    assert tied and all(len(ms) >= 2 for ms in tied), "tied tensors come in groups of identical blocks"
+    # A block's output feeds the next block's forward: a recompute there would need it before its own block's
+    # backward opens it, so it is held, never dropped.
+    assert gr.pinned and all(i in shape.opens for i in gr.pinned)
+    assert not gr.pinned & gr.dropped
+
+
+def test_scheduler_starts_the_restricted_model_from_the_tied_start(stack):
+    """Where DTR's schedule (per tensor, freeing before a block's backward) is no point of the restricted model,
+    the restricted solve starts from the tied start and its plan is at least as good."""
+    g, lv, low, high = stack
+    budget = int(low + 0.3 * (high - low))
+    shape = restriction(g, lv, find_blocks(g, lv))
+    pm = build_poet(g, lv, TARGET, budget, repeats=shape)
+    d = dtr(g, lv, budget)
+    assert d is None or not pm.milp.is_feasible(pm.vector(d))
+    s = run_scheduler(g, lv, TARGET, budget, repeats="reuse", time_limit=20)
+    assert s.solver["warm_start"] is not None
+    assert s.solver["tied_starts"]["energy_j"] >= s.report.energy_j * (1 - 1e-9)
+    assert s.report.peak_bytes <= budget
 
 
 def test_reused_plan_compiles_and_trains_as_autograd(tmp_path, capsys):

@@ -26,6 +26,7 @@ import numpy as np
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.liveness import Liveness
 from .milp.model import SparseMILP, merge_terms
+from .warmstart import Groups
 
 MIN_REPEATS = 2  # fewer repeats of a block are no repetition
 # `auto` reuses where the flat model would have more than this many "held" variables (one per decision tensor and
@@ -174,6 +175,29 @@ class UniqueRows(SparseMILP):
     def plain(self) -> SparseMILP:
         """The model built, as a plain SparseMILP (rows added later, cuts say, are not deduplicated)."""
         return SparseMILP(**{f.name: getattr(self, f.name) for f in fields(SparseMILP)})
+
+
+def groups(lv: Liveness, shape: Restriction) -> Groups:
+    """The restriction as the greedy start sees it (warmstart.Groups): tied tensors are kept or dropped together;
+    a block's tensor that a recompute may read before the block's backward opens it (the block's output, which
+    the next block's recomputes read) is never dropped; the greedy starts from every other block tensor dropped
+    (each block recomputed or paged in its own backward from its input) and refills what fits."""
+    members: dict[str, list[str]] = {}
+    for i, (j, _) in shape.tie.items():
+        members.setdefault(j, [j]).append(i)
+    of = {i: tuple(ms) for ms in members.values() for i in ms}
+    # A tensor held is never recomputed, so only the readers left unheld pin their inputs: decided from the last
+    # tensor back (a reader comes after what it reads).
+    early: dict[str, list[str]] = {}
+    for c in lv.decision:
+        for i in lv.inputs_of[c]:
+            if i in shape.opens and shape.opens.get(c, lv.B0) < shape.opens[i]:
+                early.setdefault(i, []).append(c)
+    pinned: set[str] = set()
+    for i in reversed(lv.decision):
+        if any(c not in pinned for c in early.get(i, ())):
+            pinned.add(i)
+    return Groups(of=of, pinned=frozenset(pinned), dropped=frozenset(set(shape.opens) - pinned))
 
 
 def flat_size(lv: Liveness) -> int:

@@ -7,7 +7,7 @@ Every schedule goes through the validator before it is returned; a failure is an
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -21,13 +21,16 @@ from edgetrain.compiler.graph.liveness import Liveness
 from .phased import solve_phased
 from .milp.registry import solve_with
 from .poet import build as build_poet, without_redundant_holds
-from .repeats import choose as choose_repeats
+from .block_solve import block_solve, tied_columns
+from .repeats import choose as choose_repeats, groups as tied_groups
 from .clock import clamp, reserve, stopped
 from .validator import Report, validate
 from .warmstart import best_start
 
 SOLVE_SHARE = 0.5  # the least share of --time-limit the scheduler, then its MILP, gets whatever came before
 START_SHARE = 0.15  # the most share of a solve's time limit the greedy starts may take (counted inside it)
+BLOCK_SHARE = 0.5  # the share of the solve's time the tied blocks' sub-problem takes first (block_solve.py)
+TIED_SHARE = 0.25  # the same for the tied starts of the repeated-block restriction (one validation a group)
 
 # Every scheduler, with what it does in a line (the CLI's help reads it).
 SCHEDULERS = {
@@ -142,6 +145,22 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
         if deadline_s is None or s.report.time_s <= deadline_s * (1 + 1e-9):
             fitting.append(s)
     best = min(fitting, key=lambda s: s.report.energy_j, default=None)
+    shape = choose_repeats(g, lv, repeats)
+    tied_starts = None
+    if shape is not None and (best is None or best.name != "store-all"):
+        # The starts above decide per tensor, so none is a point of the restricted model (identical blocks share
+        # its variables); this one decides per group of tied tensors.
+        tied, tied_starts = best_start(g, lv, target, budget_bytes, paging=paging, retain=True,
+                                       seconds=TIED_SHARE * time_limit, groups=tied_groups(lv, shape))
+        if tied is not None:
+            try:
+                s = _finish(g, lv, "tied-greedy", tied.decisions, target, budget_bytes, none)
+            except ValidationError as e:  # the greedy validated it within the budget already: a bug in it
+                broken["tied-greedy"] = str(e)
+            else:
+                if deadline_s is None or s.report.time_s <= deadline_s * (1 + 1e-9):
+                    fitting.append(s)
+                    best = min(fitting, key=lambda s: s.report.energy_j)
     if best is not None and best.name == "store-all":
         # Nothing is recomputed or paged: the energy equals its lower bound, no solve is needed.
         best.solver = {"name": "none", "status": "optimal", "objective": best.report.energy_j,
@@ -149,29 +168,55 @@ def run_scheduler(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, *, 
                        "note": "store-all fits the budget; its energy is the lower bound"}
         best.name = "store-all"
         return best
-    shape = choose_repeats(g, lv, repeats)
     model = build_poet(g, lv, target, budget_bytes, deadline_s, paging=paging, repeats=shape)
-    warm = model.vector(best.decisions) if best is not None else None
-    if warm is not None and not model.milp.is_feasible(warm):
-        warm = None  # the heuristic and the MILP must share one memory model; never feed it a bad start
-    left = max(time_limit - starts["seconds"], 0.5 * time_limit)  # the starts' time counts in the limit
+    # The cheapest schedule that is a point of the model starts it: the heuristic and the MILP must share one
+    # memory model, so never a bad start. Under the restriction that is the tied start, unless another heuristic's
+    # schedule happens to be tied.
+    warm, warm_name = None, None
+    for s in sorted((s for s in fitting if s is best or s.name == "tied-greedy"), key=lambda s: s.report.energy_j):
+        x = model.vector(s.decisions)
+        if model.milp.is_feasible(x):
+            warm, warm_name = x, s.name
+            break
+    spent = starts["seconds"] + (tied_starts["seconds"] if tied_starts else 0.0)
+    left = max(time_limit - spent, 0.5 * time_limit)  # the starts' time counts in the limit
     # The heuristics' schedules, validated stage by stage, and the MILP's build take minutes on a large graph: the
     # MILP still gets its share.
     reserve(SOLVE_SHARE * requested)
     if say is not None:
         say(f"MILP: {model.milp.n_vars} variables, {model.milp.n_rows} constraints, up to {clamp(left):.0f} s "
             "(Ctrl-C stops it and keeps the best schedule found)")
+    block = None
+    if shape is not None and shape.tie and warm is not None:
+        # The tied blocks' sub-problem first, at the memory the rest of the start leaves: on a large model HiGHS
+        # reaches its root where the whole restricted model's is out of reach (block_solve.py).
+        block = block_solve(solver, model, shape, warm, BLOCK_SHARE * left, mip_gap=mip_gap, threads=threads)
+        left = max(left - block.seconds, 1.0)
+        if (block.values is not None and model.milp.is_feasible(block.values)
+                and model.milp.objective(block.values) < model.milp.objective(warm)):
+            warm = np.round(block.values)
     if lns > 0:
         res = solve_phased(solver, model, lv, time_limit=left, mip_gap=mip_gap, warm_start=warm,
                            threads=threads, lns=lns, cuts=cuts)
     else:
         res = solve_with(solver, model.milp, time_limit=left, warm_start=warm, mip_gap=mip_gap,
                          threads=threads)
+    if block is not None and (res.values is None or model.milp.objective(res.values) > model.milp.objective(warm)):
+        # The whole solve found no better than the block's: its incumbent, against the whole solve's bound.
+        objective = model.milp.objective(warm)
+        gap = None if res.bound is None else max(0.0, (objective - res.bound) / max(abs(objective), 1e-12))
+        res = replace(res, values=warm, objective=objective, gap=gap,
+                      status="feasible" if res.status in ("infeasible", "error") else res.status)
     info = res.to_json()  # the backend that ran, the one requested, and after a fallback a one-line notice
-    info["warm_start"] = best.name if warm is not None else None
+    info["warm_start"] = warm_name
+    if block is not None:
+        info["block_solve"] = {"status": block.status, "objective": block.objective, "bound": block.bound,
+                               "seconds": round(block.seconds, 3), "variables": int(tied_columns(model, shape).sum())}
     if shape is not None:  # what the restriction was: its schedules are the flat model's, its optimum may not be
         info["repeats"] = shape.to_json()
     info["greedy_starts"] = {k: (round(v, 3) if k == "seconds" else v) for k, v in starts.items()}
+    if tied_starts is not None:
+        info["tied_starts"] = {k: (round(v, 3) if k == "seconds" else v) for k, v in tied_starts.items()}
     chosen = None
     if res.values is not None:
         # A time-limited incumbent may page in or recompute a tensor already held (then its page-out is never

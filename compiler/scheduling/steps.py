@@ -35,12 +35,14 @@ class Step:
 
 def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str], *,
               retain: bool = True, prefer_recompute: bool = True, kept_for_recompute: bool = True,
-              page_first: frozenset[str] | set[str] = frozenset()) -> Decisions:
+              page_first: frozenset[str] | set[str] = frozenset(),
+              hold: frozenset[str] | set[str] = frozenset()) -> Decisions:
     """A policy: keep `keep`, store what of `page_out` it pages in; at each backward stage bring back what the node needs
     (page in if stored, else recompute, recursively) and, if `retain`, hold it while later stages read it.
     Kept tensors stay while they may feed a recompute (`kept_for_recompute`, checkpoints) or else only
     while a later stage reads them (plain backprop frees a saved tensor after its last reader).
-    Tensors in `page_first` are paged in when stored, whatever `prefer_recompute` says.
+    Tensors in `page_first` are paged in when stored, whatever `prefer_recompute` says; kept tensors in `hold`
+    stay through their window whatever `kept_for_recompute` says.
     """
     B0 = lv.B0
     d = Decisions(keep=set(keep), page_out=set(page_out))
@@ -80,7 +82,7 @@ def on_demand(g: TrainingGraph, lv: Liveness, keep: set[str], page_out: set[str]
         for i in have:
             if t + 1 > lv.window_end[i]:
                 continue
-            if i in keep and kept_for_recompute:
+            if i in keep and (kept_for_recompute or i in hold):
                 nxt.add(i)
             elif (retain or i in keep) and last_need.get(i, -1) > t:
                 nxt.add(i)

@@ -51,11 +51,11 @@ class CBackend:
                           flash_bytes=flash_room_for_frozen(target, tb, CODE_STEPS_PER_NODE * len(graph.nodes),
                                                             graph.buffer_bytes)
                           - q8_table_bytes(n.attrs for n in graph.nodes),
-                          ram_bytes=device_budget(target, io_bytes(graph), linked=True) - graph.state_bytes)
+                          ram_bytes=device_budget(target, io_bytes(graph)) - graph.state_bytes)
 
     def device_room(self, graph: TrainingGraph, target) -> DeviceRoom | None:
         io = io_bytes(graph)
-        room = device_budget(target, io, linked=True)  # the firmware links to its board's RAM
+        room = device_budget(target, io)  # the RAM the firmware links to
         return None if room is None else DeviceRoom(
             room, runtime_reserve_bytes(io, board_stack_bytes(target)), "the stack, the runtime and the batch buffers",
             board_limit(target))

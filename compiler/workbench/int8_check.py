@@ -5,7 +5,7 @@ Two checks, each as strict as its arithmetic allows:
   Python integer reference's (runtime/python/int8_prefix.py) on the same input, integer weights and scales;
 - the head: the float model trained by autograd with each boundary module's output replaced by that reference's
   boundary (a forward hook), so that the head trains from exactly what the firmware's head reads; its weights are
-  then held to the firmware's within the float check's tolerance (run_c.RTOL, run_c.ATOL).
+  then held to the firmware's within the float check's tolerance (check_rules.RTOL, check_rules.ATOL).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class Int8Reference:
             src = self.graph.node(n.inputs[0].name)
             module = _conv_module(model, src)
             module.register_forward_hook(
-                lambda m, args, out, name=n.name: torch.from_numpy(current[name]).reshape(out.shape).to(out.device))
+                lambda m, args, out, name=n.name: torch.from_numpy(current[name]).reshape(out.shape).to(out.device, out.dtype))
 
         def before(x: torch.Tensor) -> None:
             current.clear()

@@ -61,16 +61,23 @@ def make_optimizer(params, config: dict) -> torch.optim.Optimizer:
     return getattr(torch.optim, unit.torch_class)(params, **unit.settings(config), foreach=False)
 
 
+def _as(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None) -> torch.Tensor:
+    return t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+
+
 def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                    device: torch.device, first_step: int = 0, feed=None) -> tuple[nn.Module, list[float]]:
+                    device: torch.device, first_step: int = 0, feed=None,
+                    dtype: torch.dtype | None = None) -> tuple[nn.Module, list[float]]:
     """The model trained by autograd on `batches`; `feed(model)`, where given, returns what is called with each
-    batch's input before its step (an int8 prefix's reference hands its head the integer prefix's output)."""
+    batch's input before its step (an int8 prefix's reference hands its head the integer prefix's output);
+    `dtype`: the eager run's floats where given (float64: what float32 rounding is measured against); else the
+    model's own."""
     check_draws(schedule)
     spec = schedule["model"]
     torch.manual_seed(schedule["seed"])
     model = resolve(spec["spec"], **spec["kwargs"]).module
     load_weights(model, weights_path)
-    model.to(device).train()
+    model.to(device=device, dtype=dtype).train()
     clock = [schedule["seed"], first_step, {}]
     keyed, drawn = _draws(schedule), []
     graph = schedule["graph"]
@@ -93,7 +100,7 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
         # takes the path it took in the trace
         with KeyedRandom(model, drawn, clock=clock, hashed=schedule.get("backend") == "c"), portable_kernels(gpu), \
                 as_export(graph.get("exported", False)):
-            value = fn(model, x.to(device), y.to(device))
+            value = fn(model, _as(x, device, dtype), _as(y, device, dtype))
         missing = [node for key, node in keyed.items() if key not in drawn]
         if missing:  # the eager forward drew other numbers than the plan: its steps would not compare
             raise EdgetrainError(_refusal(schedule, missing[0], "has no like draw in the model's eager forward"))

@@ -116,6 +116,7 @@ def print_human(cmd: str, r: dict) -> None:
         if r.get("checked") and r.get("max_abs_err") is not None:
             con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
                       f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
+            _print_float64_rule(con, r)
         if not r["ok"]:
             con.print(f"[red]{escape(error_message(r))}")
     elif cmd == "sweep":
@@ -197,3 +198,15 @@ def print_human(cmd: str, r: dict) -> None:
         con.print(f"solver {sol['name']}: {sol['status']}, gap {percent(sol.get('gap'))}, {seconds} s")
 
 
+def _print_float64_rule(con, r: dict) -> None:
+    """C firmware's check: how many tensors were within rtol/atol, and each one held to the float64 run instead."""
+    held = r.get("check_tensors") or []
+    if not held:
+        return
+    con.print(f"{r['within_rtol']} tensors within rtol {r['check_rtol']:g}, atol {r['check_atol']:g} of eager "
+              f"float32; {len(held)} beyond it, held to a float64 run of the same steps (pass: at most "
+              f"{r['check_rounding_factor']:g}x eager float32's error against it):")
+    for c in held:
+        verdict = "[green]rounding" if c["rule"] == "float64" else "[red]FAILED"
+        con.print(f"  {escape(c['name'])}: max abs err {c['max_abs_err']:.3g}; against float64: firmware "
+                  f"{c['float64_err']:.3g}, eager float32 {c['eager_float64_err']:.3g} -> {verdict}")

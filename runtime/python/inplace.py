@@ -137,6 +137,15 @@ def sole_owner(t: Tensor) -> bool:
     return _use_count(s._cdata) <= 2 and s.nbytes() == t.numel() * t.element_size()
 
 
+def whole_view_owner(v: Tensor) -> bool:
+    """`v`, a view of one other tensor, is all of its storage, densely (the transposes of a transpose): it and that
+    tensor are the storage's only users, so writing into `v` changes nothing anyone else reads."""
+    if _use_count is None or not v.is_contiguous() or v.storage_offset():
+        return False
+    s = v.untyped_storage()
+    return _use_count(s._cdata) <= 3 and s.nbytes() == v.numel() * v.element_size()
+
+
 def plan(op: str, attrs: dict, ins: list, plain: list[bool]) -> tuple[int, list] | None:
     """(operand index, argument template with that operand first) where `op` may write into a dying operand,
     or None. `plain[k]`: operand k is a resident tensor as it is (not seen through a view)."""

@@ -189,6 +189,7 @@ class OpRunner:
             if u.view is not None:
                 value = aten_call.view_of(value, u.view)
             if u.buffer is None:
-                u.apply(value, u.may_scratch and inplace.sole_owner(value))
+                u.apply(value, u.may_scratch and (inplace.sole_owner(value) if u.view is None
+                                                  else inplace.whole_view_owner(value)))
             else:
                 u.buffer.copy_(value)

@@ -9,7 +9,7 @@ FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
 APT_PACKAGES := gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
 
-.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-int8-kernels bench-runtime bench-runtime-profile bench-page-handoff bench-host-costs bench-peers figures clean distclean
+.PHONY: venv data toolchain test demo bench bench-relaxation bench-cortex-m bench-int8-kernels bench-runtime bench-runtime-profile bench-page-handoff bench-host-costs bench-peers bench-llm-slice figures clean distclean
 
 venv: $(INSTALL_STAMP)
 
@@ -83,6 +83,17 @@ bench-host-costs: venv
 # (docs/performance.md: "Against torch's own memory savers"); meaningful on a quiet machine only.
 bench-peers: venv
 	$(PY) benchmarks/peers.py --json build/bench/peers.json --figures build/bench/peers
+
+# Two decoder layers of Llama-3.2-1B's shape (LoRA, AdamW) run for real: eager, Hugging Face's gradient
+# checkpointing, plans at store-all, a middle budget and the smallest (docs/llm.md). The base is float32: on a CPU
+# without bf16 instructions a bf16 step takes many minutes (LLM_SLICE=llama_1b_slice for the bf16 base, STEPS=0 to
+# time each configuration in its memory process instead of alternating).
+LLM_SLICE ?= llama_1b_slice_fp32
+STEPS ?= 3
+bench-llm-slice: venv
+	$(PY) benchmarks/peers.py --models $(LLM_SLICE) --optimizer adamw --target jetson-orin-nano --batch-size 1 \
+		--threads 2 --methods checkpoint,edgetrain:100%,edgetrain:90%,edgetrain:min --steps $(STEPS) --warmup 1 \
+		--mem-steps 3 --time-limit 60 --json docs/data/llm_slice.json
 
 # README's and docs/ figures, redrawn from the benchmark data committed in docs/data/ (no solving, no training).
 figures: venv

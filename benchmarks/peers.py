@@ -2,16 +2,19 @@
 
     .venv/bin/python benchmarks/peers.py [--models resnet18,mobilenetv2,gpt_small,llama] [--methods all]
                                          [--steps 10] [--warmup 2] [--target host] [--batch-size 8]
-                                         [--threads 1] [--time-limit 30] [--json build/bench/peers.json]
+                                         [--threads 1] [--time-limit 30] [--optimizer sgd]
+                                         [--json build/bench/peers.json]
     .venv/bin/python benchmarks/peers.py --table docs/data/peers.json   # the table and figures from JSON
 
 Methods (benchmarks/peers_methods.py), each `method` or `method:setting` in --methods: eager;
 eager-optim-hook (torch's optimizer-in-backward recipe); checkpoint (torch.utils.checkpoint per block);
 compile:1.0,0.5,0.3,0.1 (torch.compile, inductor, at that activation_memory_budget); edgetrain:100%,50%,40%,25%,min
 (a plan compiled at that budget, B% of plain backprop's predicted peak, run by the runtime's Trainer);
-edgetrain-fused at the same budgets (compile --fuse: pointwise chains as inductor kernels). `llama` is a
-Hugging Face LlamaForCausalLM of 4.7 M parameters (benchmarks/peers_models.py); other names are zoo models or
-path/file.py:fn.
+edgetrain-fused at the same budgets (compile --fuse: pointwise chains as inductor kernels, convolution weights
+channels-last). `llama` is a Hugging Face LlamaForCausalLM of 4.7 M parameters (benchmarks/peers_models.py);
+`llama_1b_slice` two decoder layers of Llama-3.2-1B's shape with a bf16 base and LoRA adapters
+(tests/llm_models.py; `make bench-llm-slice`); other names are zoo models or path/file.py:fn. Every method trains
+with --optimizer (its defaults); a token model's rows give tokens/s (batch x sequence over the median step).
 
 Real peak: each configuration in a fresh process (`--child`) whose malloc returns every block of a page or more
 at once (benchmarks/memory_probe.py), --mem-steps steps on random batches, each step's resident-set high-water
@@ -40,7 +43,9 @@ from benchmarks.output import write_json  # noqa: E402
 from benchmarks.peers_methods import METHODS, PLANS, Workload  # noqa: E402
 from benchmarks.peers_models import LLAMA_SPEC  # noqa: E402
 
-ALIASES = {"llama": LLAMA_SPEC}
+# Two decoder layers of Llama-3.2-1B's shape, LoRA r=16 on q and v, bf16 base or float32 (train with --optimizer adamw)
+ALIASES = {"llama": LLAMA_SPEC, "llama_1b_slice": "tests/llm_models.py:llama_1b_slice",
+           "llama_1b_slice_fp32": "benchmarks/peers_models.py:llama_1b_slice_fp32"}
 
 
 class UsageError(Exception):
@@ -74,7 +79,7 @@ def workload(model: str, a) -> Workload:
 
     spec = ALIASES.get(model, model)
     return Workload(model=spec, loss=loss_for(spec), batch_size=a.batch_size, seed=a.seed, target=a.target,
-                    threads=a.threads, time_limit=a.time_limit)
+                    threads=a.threads, time_limit=a.time_limit, optimizer=a.optimizer)
 
 
 # -- one configuration's real peak, in this process ------------------------------------------------
@@ -92,14 +97,17 @@ def child(model: str, method: str, setting: str, a) -> dict:
     w = workload(model, a)
     step = make_step(w, method, setting, a.work)
     probe = Probe("cpu")
-    reals = []
+    reals, walls = [], []
     for x, y in batches(w, a.mem_steps):
         state = step.state_bytes()
+        t0 = time.perf_counter()
         with probe.span() as s:
             step.step(x, y)
+        walls.append(time.perf_counter() - t0)
         reals.append(state + s.growth)
     row = {"real_peak_bytes": max(reals[1:]), "real_first_step_bytes": reals[0], "real_steps_bytes": reals,
-           "state_bytes": step.state_bytes(), "malloc_isolated": isolated}
+           "state_bytes": step.state_bytes(), "malloc_isolated": isolated, "mem_steps_s": walls,
+           "tokens_per_step": x.numel() if x.dtype == torch.int64 else 0}
     if method in PLANS:
         row["ledger_peak_bytes"] = step.ledger_peak()
     step.close()
@@ -109,7 +117,7 @@ def child(model: str, method: str, setting: str, a) -> dict:
 def run_child(model: str, method: str, setting: str, a) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", model, method, setting, "--work", a.work,
            "--mem-steps", str(a.mem_steps), "--target", a.target, "--batch-size", str(a.batch_size),
-           "--threads", str(a.threads), "--seed", str(a.seed)]
+           "--threads", str(a.threads), "--seed", str(a.seed), "--optimizer", a.optimizer]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         lines = (r.stderr or r.stdout).strip().splitlines()
@@ -120,8 +128,9 @@ def run_child(model: str, method: str, setting: str, a) -> dict:
 # -- step times: every configuration alternating in one process -----------------------------------
 
 
-def time_configs(w: Workload, configs: list[tuple[str, str]], a) -> dict:
-    """{config: [seconds of each timed step]}, the configurations' steps alternating, the order rotating."""
+def time_configs(w: Workload, configs: list[tuple[str, str]], a) -> tuple[dict, int]:
+    """({config: [seconds of each timed step]}, tokens a step: 0 but for token ids), the configurations' steps
+    alternating, the order rotating."""
     import torch
 
     from benchmarks.peers_methods import batches, make_step
@@ -129,7 +138,9 @@ def time_configs(w: Workload, configs: list[tuple[str, str]], a) -> dict:
     torch.set_num_threads(a.threads)
     steps = {c: make_step(w, *c, a.work) for c in configs}
     times = {c: [] for c in configs}
+    tokens = 0
     for k, (x, y) in enumerate(batches(w, a.warmup + a.steps)):
+        tokens = x.numel() if x.dtype == torch.int64 else 0
         turn = k % len(configs)
         for c in configs[turn:] + configs[:turn]:
             t0 = time.perf_counter()
@@ -138,7 +149,7 @@ def time_configs(w: Workload, configs: list[tuple[str, str]], a) -> dict:
                 times[c].append(time.perf_counter() - t0)
     for s in steps.values():
         s.close()
-    return times
+    return times, tokens
 
 
 def bench_model(model: str, configs: list[tuple[str, str]], a) -> list[dict]:
@@ -168,7 +179,9 @@ def bench_model(model: str, configs: list[tuple[str, str]], a) -> list[dict]:
               file=sys.stderr)
     if ("eager", "-") not in runnable:
         return rows
-    times = time_configs(w, runnable, a)
+    if not a.steps:  # no paired timing: each configuration's steps after the first in its memory process
+        return _sequential_times(rows)
+    times, tokens = time_configs(w, runnable, a)
     eager = times[("eager", "-")]
     for row in rows:
         t = times.get((row["method"], row["setting"]))
@@ -177,7 +190,26 @@ def bench_model(model: str, configs: list[tuple[str, str]], a) -> list[dict]:
             row["eager_step_s"] = statistics.median(eager)
             row["time_ratio"] = statistics.median(m / e for m, e in zip(t, eager))
             row["steps_s"] = t
+            if tokens:
+                row["tokens_per_s"] = tokens / row["step_s"]
         if row.get("budget_bytes") is not None and row["real_peak_bytes"] is not None:
+            row["within_budget"] = row["real_peak_bytes"] <= row["budget_bytes"]
+    return rows
+
+
+def _sequential_times(rows: list[dict]) -> list[dict]:
+    """Step times from the memory processes (run one after another, not alternating): the median of each
+    configuration's steps after the first, its ratio to eager's."""
+    eager = next(r for r in rows if r["method"] == "eager")
+    e = statistics.median(eager["mem_steps_s"][1:])
+    for row in rows:
+        if "error" in row:
+            continue
+        row["step_s"], row["eager_step_s"] = statistics.median(row["mem_steps_s"][1:]), e
+        row["time_ratio"], row["timing"] = row["step_s"] / e, "sequential"
+        if row.get("tokens_per_step"):
+            row["tokens_per_s"] = row["tokens_per_step"] / row["step_s"]
+        if row.get("budget_bytes") is not None:
             row["within_budget"] = row["real_peak_bytes"] <= row["budget_bytes"]
     return rows
 
@@ -194,8 +226,9 @@ def print_table(rows: list[dict], title: str) -> None:
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("model", "method", "setting", "real peak MB", "vs eager", "time ratio", "step ms", "budget MB",
-                "predicted MB", "note"):
+    tokens = any(r.get("tokens_per_s") for r in rows)
+    for col in ("model", "method", "setting", "real peak MB", "vs eager", "time ratio", "step ms",
+                *(("tokens/s",) if tokens else ()), "budget MB", "predicted MB", "ledger MB", "note"):
         t.add_column(col, justify="right")
     eager = {r["model"]: r["real_peak_bytes"] for r in rows if r["method"] == "eager"}
     for r in rows:
@@ -203,8 +236,9 @@ def print_table(rows: list[dict], title: str) -> None:
         t.add_row(r["model"], r["method"], r["setting"], _mb(real),
                   f"{real / base:.2f}" if real and base else "-",
                   f"{r['time_ratio']:.2f}x" if r.get("time_ratio") else "-",
-                  f"{r['step_s'] * 1e3:.0f}" if r.get("step_s") else "-", _mb(r.get("budget_bytes")),
-                  _mb(r.get("predicted_peak_bytes")),
+                  f"{r['step_s'] * 1e3:.0f}" if r.get("step_s") else "-",
+                  *((f"{r['tokens_per_s']:.1f}" if r.get("tokens_per_s") else "-",) if tokens else ()),
+                  _mb(r.get("budget_bytes")), _mb(r.get("predicted_peak_bytes")), _mb(r.get("ledger_peak_bytes")),
                   r.get("error", "") or ("over budget" if r.get("within_budget") is False else ""))
     Console(width=170).print(t)
 
@@ -213,15 +247,18 @@ def table_title(rows: list[dict]) -> str:
     load = next((r["loadavg_1min_before_after"] for r in rows if "loadavg_1min_before_after" in r), None)
     r0 = rows[0] if rows else {}
     where = f"load {load[0]:.2f} -> {load[1]:.2f}" if load else "load not recorded"
+    paired = ("median step over eager's, each in its own process one after another"
+              if any(r.get("timing") == "sequential" for r in rows) else "paired median over eager")
     return (f"real peak and step time against eager (batch {r0.get('batch_size')}, torch threads "
-            f"{r0.get('threads')}; MB = 1e6 B; time ratio: paired median over eager; {where})")
+            f"{r0.get('threads')}; MB = 1e6 B; time ratio: {paired}; {where})")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet18,mobilenetv2,gpt_small,llama")
     ap.add_argument("--methods", default="all", help="all, or a comma list of method or method:setting")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps of each configuration, after the warm-up")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps of each configuration, after the warm-up (0: "
+                    "no paired timing; the memory processes' steps after the first, one process after another)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps of each first (torch.compile compiles)")
     ap.add_argument("--mem-steps", type=int, default=3, help="steps of each memory child (the first not counted)")
     ap.add_argument("--target", default="host", help="the target edgetrain plans are compiled for")
@@ -229,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads, every method alike")
     ap.add_argument("--time-limit", type=float, default=30.0, help="solver time limit per compile (s)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--optimizer", default="sgd", help="every method's optimizer, with its defaults (sgd: with "
+                    "momentum, compile's default; adam; adamw; adagrad)")
     ap.add_argument("--json", default="build/bench/peers.json", metavar="PATH", help="rows written here")
     ap.add_argument("--figures", default=None, metavar="DIR", help="also draw peers_<model>.png/.svg here")
     ap.add_argument("--table", default=None, metavar="JSON", help="print the table of a JSON written before; no run")
@@ -245,12 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.child:
         print(json.dumps(child(*a.child, a)))
         return 0
-    if a.steps < 1 or a.mem_steps < 2 or a.warmup < 1:
-        ap.error("--steps must be >= 1, --mem-steps >= 2 (the first step is not counted), --warmup >= 1")
+    if a.steps < 0 or a.mem_steps < 2 or a.warmup < 1:
+        ap.error("--steps must be >= 0, --mem-steps >= 2 (the first step is not counted), --warmup >= 1")
     from edgetrain.compiler.errors import EdgetrainError
 
     try:
         configs = parse_methods(a.methods)
+        from edgetrain.compiler.graph.ir import OPTIMIZERS
+
+        if a.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown --optimizer {a.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         models = [m.strip() for m in a.models.split(",") if m.strip()]
         for m in models:  # an unknown model fails here, before any run
             workload(m, a)

@@ -35,7 +35,8 @@ PLANS = ("edgetrain", "edgetrain-fused")  # the methods that compile an edgetrai
 @dataclass(frozen=True)
 class Workload:
     """What every method trains: the model spec (a zoo name or path/file.py:fn), its loss, the batch size, the
-    seed the weights and batches come from, the target edgetrain plans are compiled for, torch's thread count."""
+    seed the weights and batches come from, the target edgetrain plans are compiled for, torch's thread count,
+    and the optimizer every method trains with (a unit of runtime/python/optimizers by name, its defaults)."""
 
     model: str
     loss: str
@@ -44,6 +45,7 @@ class Workload:
     target: str
     threads: int
     time_limit: float
+    optimizer: str = "sgd"
 
 
 def loss_for(spec: str) -> str:
@@ -81,12 +83,12 @@ def batches(w: Workload, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _optimizer_config() -> dict:
-    """The optimizer every edgetrain plan here trains with (compile's default: SGD with momentum), as a plan
-    records it."""
+def optimizer_config(name: str):
+    """The optimizer every method trains with: the named unit with its defaults, as compile's --optimizer sets it
+    (`sgd`: compile's default, SGD with momentum; `adamw`: lr 1e-3, weight decay 0.01)."""
     from edgetrain.compiler.graph.ir import OptimizerConfig
 
-    return OptimizerConfig().to_json()
+    return OptimizerConfig.of(name)
 
 
 def _tensor_bytes(tensors) -> int:
@@ -121,7 +123,7 @@ class TorchStep:
         model, resolved = build_model(w)
         self.model = model
         self.objective = Objective(model, w.loss, resolved.input_dtype == "int64")
-        self.opt_config = _optimizer_config()
+        self.opt_config = optimizer_config(w.optimizer).to_json()
         self.optimizers = [make_optimizer(model.parameters(), self.opt_config)]
         self.prepare(setting, make_optimizer)
 
@@ -256,7 +258,8 @@ def compile_plan(w: Workload, budget: str, out: str, method: str = "edgetrain") 
 
     return compile_model(CompileOptions(model=w.model, target=w.target, budget=budget, out=out,
                                         batch_size=w.batch_size, time_limit=w.time_limit, loss=w.loss,
-                                        seed=w.seed, fuse=method == "edgetrain-fused"))
+                                        seed=w.seed, fuse=method == "edgetrain-fused",
+                                        optimizer=optimizer_config(w.optimizer)))
 
 
 class EdgetrainStep:

@@ -37,6 +37,21 @@ def llama() -> nn.Module:
     return CausalLM(LlamaForCausalLM(cfg), LLAMA_SEQ, cfg.vocab_size)
 
 
+def llama_1b_slice_fp32() -> nn.Module:
+    """tests/llm_models.py's llama_1b_slice (two layers of Llama-3.2-1B's shape, vocabulary 32000, sequence 512,
+    LoRA r=16 on q and v) with its base in float32: a CPU without bf16 instructions (AVX2 only) multiplies bf16
+    matrices ~50x slower than float32 ones, which makes a bf16 step there take many minutes."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "llm_models.py")
+    spec = importlib.util.spec_from_file_location("edgetrain_llm_models", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.llama("float32", True, hidden=2048, mlp=8192, layers=2, heads=32, kv_heads=8, vocab=32000, seq=512,
+                     r=16)
+
+
 def block_types() -> tuple[type, ...]:
     """The module classes `torch.utils.checkpoint` wraps one call each of: a residual block of a ResNet, an
     inverted residual of MobileNetV2, a transformer block. (A Hugging Face model checkpoints its own layers:

@@ -76,6 +76,7 @@ OTHERS = [  # label, op, operand shapes (tensors) and literals
     ("max pool 3x3 s2 8x64x32x32", "aten.max_pool2d_with_indices.default", [(8, 64, 32, 32), [3, 3], [2, 2], [1, 1]]),
     ("relu 8x64x32x32", "aten.relu.default", [(8, 64, 32, 32)]),
     ("softmax 8x4x64x64", "aten._softmax.default", [(8, 4, 64, 64), -1, False]),
+    ("masked softmax 8x8x256x256", "aten._safe_softmax.default", [(8, 8, 256, 256), -1]),
     ("layer norm 8x64x256", "aten.native_layer_norm.default", [(8, 64, 256), [256], (256,), (256,), 1e-5]),
 ]
 

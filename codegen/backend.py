@@ -58,6 +58,7 @@ class Backend(Protocol):
     streams_from_storage: bool  # reads frozen weights from its weights file per op when the budget asks it
     # its ReLU6 backward is torch's hardtanh_backward, exact on the ReLU6's output (graph/clamp_backward.py)
     clamp_grad_from_output: bool
+    runs_int8_prefix: bool  # lowers an int8 frozen prefix (`compile --quantize-frozen int8`) to its kernels
 
     def check_model(self, model, target, optimizer: OptimizerConfig, name: str) -> None:
         """Refuse, before any tracing, a model the device cannot hold (its weights alone)."""

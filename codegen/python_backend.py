@@ -22,6 +22,7 @@ class PythonBackend:
     overlaps_paging = True  # the page store's threads read ahead and write behind (scheduling/overlap.py)
     streams_from_storage = True  # frozen weights read from weights.safetensors by each op that reads them
     clamp_grad_from_output = True  # torch's kernels run the graph's ops
+    runs_int8_prefix = False  # no int8 executor yet: compile --quantize-frozen needs --emit c
     in_place = IN_PLACE_ARGS  # torch's out= overloads and in-place twins (runtime/python/inplace.py)
 
     def check_model(self, model, target, optimizer, name: str) -> None:

@@ -141,6 +141,8 @@ def render_plan_text(schedule: dict, schedule_file: str = "schedule.json") -> st
             "budget_bytes": s["budget"]["bytes"],
             "predicted_peak_bytes": s["predicted"]["peak_bytes"],
             "threads": Target(**s["target"]).cpu_threads}  # the profile's, or the field's own default
+    if graph.get("memory_format"):  # `--fuse` on a convolutional model: its weights channels-last
+        plan["memory_format"] = graph["memory_format"]
     streamed = {n["name"]: n["streamed"] for n in nodes if n.get("streamed")}
     if streamed:  # node -> the frozen weights it reads from weights.safetensors each time it runs
         plan["streamed"] = streamed

@@ -16,7 +16,7 @@ from .frontend.meta_weights import check_meta_weights
 from .frontend.modelspec import resolve
 from .graph.clamp_backward import read_clamp_output
 from .graph.costs import costed
-from .graph.fuse_chains import fuse_pointwise_chains
+from .graph.fuse_chains import channels_last_convolutions, fuse_pointwise_chains
 from .graph.inplace import mark_in_place
 from .graph.streaming import choose_streamed, sliceable_weights, stream_weights
 from .graph.workspace import applies as scratch_applies, scratch_threads
@@ -49,6 +49,9 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
     graph = capture_graph(opts, resolved, model, example,
                           scratch_threads(target) if scratch_applies(target) else 0, gpu=target.gpu,
                           widen_fusion=backend.widen_fusion)
+    int8 = None
+    if opts.quantize_frozen is not None:  # before lowering: the backend lowers the int8 nodes to its kernels
+        graph, int8 = quantize_prefix(opts, graph, model, backend)
     graph = backend.lower(graph)
     if device_check:
         graph = stream_beyond_flash(graph, target, backend)
@@ -56,13 +59,49 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
         graph, _ = read_clamp_output(graph)
     if opts.fuse:  # before profiling: a measured target times each chain as its kernel runs it
         graph, _ = fuse_pointwise_chains(graph)
+        graph = channels_last_convolutions(graph)
     graph = mark_in_place(graph, backend.in_place)  # on the graph's final nodes (a fused chain is not marked)
     measured = None
     if getattr(target, "measured", False):
         from .graph.profiler import profile_nodes
 
         measured = profile_nodes(graph, threads=scratch_threads(target))
-    return Traced(resolved, model, costed(graph, target, measured), measured)
+    return Traced(resolved, model, costed(graph, target, measured), measured, int8)
+
+
+CALIBRATION_BATCHES = 4  # batches the int8 prefix's activation ranges are measured on
+
+
+def quantize_prefix(opts: CompileOptions, graph, model, backend):
+    """The graph with its frozen prefix in int8 (graph/quantize.py), its activation ranges calibrated on
+    CALIBRATION_BATCHES batches of `opts.calibrate`; and what was done, in words, for the compile's report."""
+    from .graph.quantize import calibrate, prefix_or_error, quantize_frozen
+
+    flag = f"--quantize-frozen {opts.quantize_frozen}"
+    if opts.quantize_frozen != "int8":
+        raise UnsupportedModelError(f"{flag}: the only quantisation there is, is int8")
+    if not backend.runs_int8_prefix:  # compile_model says so before tracing; a graph built alone, here
+        raise UnsupportedModelError(f"{flag}: an int8 prefix runs in C firmware only (--emit c); the {backend.name} "
+                                    "runtime has no int8 kernels yet. Compile with --emit c, or drop the flag")
+    prefix = prefix_or_error(graph, flag)
+    batches, said = calibration_batches(opts, graph.input_shape)
+    weights = dict(model.named_parameters())
+    q = quantize_frozen(graph, prefix, calibrate(graph, prefix, weights, batches), weights)
+    return q.graph, {"nodes": len(prefix), "first": prefix[0], "last": prefix[-1], "calibration": said}
+
+
+def calibration_batches(opts: CompileOptions, shape) -> tuple[list[torch.Tensor], str]:
+    """CALIBRATION_BATCHES input batches of `shape`: from `opts.calibration` (a dataset's, which the caller loads),
+    or standard normal from the seed (`--calibrate random`: what `run --data random` trains on); and the words that
+    say which."""
+    said = f"{CALIBRATION_BATCHES} batches of {shape[0]} from --calibrate {opts.calibrate}"
+    if opts.calibration is not None:
+        return opts.calibration(tuple(shape), opts.seed, CALIBRATION_BATCHES), said
+    if opts.calibrate != "random":
+        raise UnsupportedModelError(f"--calibrate {opts.calibrate}: no batches were loaded for it; use the CLI, or "
+                                    "give CompileOptions.calibration")
+    gen = torch.Generator().manual_seed(opts.seed)
+    return [torch.randn(tuple(shape), generator=gen) for _ in range(CALIBRATION_BATCHES)], said + " (standard normal)"
 
 
 def check_batch_size(batch_size: int, shape, input_dtype: str, target) -> None:

@@ -40,7 +40,11 @@ FRAGMENTATION_RETRIES = 3  # solves for less when a backend's arena packing leav
 def trace(req: Request) -> Traced:
     """The model as the backend's costed training graph."""
     req.say(f"tracing {req.opts.model}")
-    return trace_model(req.opts, req.profile, req.backend)
+    t = trace_model(req.opts, req.profile, req.backend)
+    if t.int8:
+        req.say(f"{t.int8['nodes']} frozen forward nodes ({t.int8['first']} .. {t.int8['last']}) in int8, ranges "
+                f"from {t.int8['calibration']}")
+    return t
 
 
 def measure_paging(req: Request, t: Traced) -> Measured:

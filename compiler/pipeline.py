@@ -52,6 +52,10 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     if opts.fuse and not backend.generates_kernels:
         raise EdgetrainError(f"--fuse generates kernels with torch's inductor, for the Python runtime; --emit "
                              f"{opts.emit} plans run every op as written: drop --fuse")
+    if opts.quantize_frozen is not None and not backend.runs_int8_prefix:  # before any tracing
+        raise EdgetrainError(f"--quantize-frozen {opts.quantize_frozen}: an int8 prefix runs in C firmware only "
+                             f"(--emit c); the {backend.name} runtime has no int8 kernels yet. Compile with --emit c, "
+                             "or drop the flag")
     target = load_target(opts.target)
     check_budget_size(budget, target)  # `--budget 100GB` fails before tracing
     with StagedOutput(opts.out) as stage, deadline(opts.time_limit):  # the old output stays whole until the end
@@ -83,6 +87,7 @@ def summary(req: Request, done: Compiled) -> dict:
         "emit": opts.emit,
         "fused_kernels": sum(n.op == FUSED_OP for n in p.graph.nodes),  # --fuse: chains run as generated kernels
         "fused_ops": sum(len(n.attrs["chain"]) for n in p.graph.nodes if n.op == FUSED_OP),
+        "memory_format": p.graph.memory_format,  # --fuse on a convolutional model: channels_last
         "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }
     if p.graph.input_dtype == "int64" and rep.time_s:  # token ids: a language model's throughput
@@ -102,6 +107,8 @@ def summary(req: Request, done: Compiled) -> dict:
     out.update(s.selection)
     if p.streaming is not None:
         out["streaming"] = p.streaming
+    if m.traced.int8 is not None:
+        out["int8_prefix"] = m.traced.int8
     tiled = tiled_prefixes(p.graph)
     if tiled:
         out["tiled"] = tiled

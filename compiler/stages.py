@@ -33,6 +33,10 @@ class CompileOptions:
     repeats: str = "auto"  # repeated blocks: auto | flat | reuse (scheduling/repeats.py)
     fuse: bool = False  # `--fuse`: pointwise chains as generated kernels (graph/fuse_chains.py); False: exact plans
     train: str | None = None  # `--train`: which parameters train (compiler/frontend/train_select.py); None: the model's flags
+    quantize_frozen: str | None = None  # `--quantize-frozen int8`: the frozen prefix in int8 (graph/quantize.py)
+    calibrate: str = "random"  # `--calibrate`: the batches the int8 prefix's ranges are measured on
+    # (input shape, seed, count) -> that many input batches of `calibrate`'s dataset; None: standard normal
+    calibration: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Traced:
     model: object  # the torch module, in training mode, holding the initial weights
     graph: TrainingGraph
     measured_s: dict[str, float] | None = None
+    int8: dict | None = None  # the int8 prefix made (`--quantize-frozen`): its nodes and its calibration, in words
 
 
 @dataclass(frozen=True)

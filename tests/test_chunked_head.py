@@ -13,6 +13,7 @@ import torch.nn as nn  # noqa: E402
 from edgetrain.compiler.frontend.capture import capture  # noqa: E402
 from edgetrain.compiler.frontend.chunked_head import chunk_count, chunk_lm_head  # noqa: E402
 from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
+from edgetrain.compiler.schedule_file import format as schedule_format  # noqa: E402
 from edgetrain.compiler.workbench.run import run_plan  # noqa: E402
 
 import llm_models  # noqa: E402
@@ -101,6 +102,11 @@ def test_full_fine_tuning_with_a_tied_head_trains_as_eager(tmp_path, budget):
                                        optimizer=OPTIMIZERS["adamw"], model_kwargs={"lora": False}))
     assert res["peak_bytes"] <= res["budget_bytes"]
     assert res["tokens_per_step"] == SEQ and res["tokens_per_s"] == pytest.approx(SEQ / res["time_s"])
+    # The tied gradient is one buffer: each chunk's addmm and the embedding's index_put write into the accumulator.
+    nodes = schedule_format.load(str(tmp_path))["graph"]["nodes"]
+    into = {n["op"]: n["attrs"].get("into") for n in nodes
+            if n["op"] in ("aten.addmm.default", "aten.index_put.default")}
+    assert into == {"aten.addmm.default": 0, "aten.index_put.default": 0}
     result = run_plan(str(tmp_path), steps=2, check=True)
     assert result["ok"], result.get("error")
     assert result["max_abs_err"] <= 1e-6

@@ -11,8 +11,9 @@ import pytest
 
 import edgetrain.targets as targets
 from edgetrain.codegen.c.device_fit import (STACK_BYTES, FirmwareFigures, check_elf, device_budget, device_fit,
-                                            runtime_reserve_bytes)
+                                            figures_of_firmware, runtime_reserve_bytes)
 from edgetrain.compiler.errors import BudgetError, DeviceFitError
+from edgetrain.compiler.graph.ir import OptimizerConfig
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.workbench import cli
 from edgetrain.codegen.c.runner import check_size, elf_size
@@ -127,6 +128,36 @@ def test_a_budget_over_the_boards_linked_ram_is_refused_before_solving(tmp_path)
     assert r["budget_bytes"] == 262_144 - runtime_reserve_bytes(4 * (36 + 1 + 3))  # auto: the linked RAM
 
 
+WIDE_MLP = """
+import torch
+from torch import nn
+
+
+def wide_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Flatten(), nn.Linear(192, 400), nn.ReLU(), nn.Linear(400, 10))
+    m.input_shape, m.num_classes = (3, 8, 8), 10
+    return m
+"""
+
+
+def test_the_fit_holds_the_ram_the_board_links_not_the_profiles(tmp_path):
+    # mps2-an386's profile has 4 MB of RAM, its board's link script 256 KB: 300 KB of weights would fit the
+    # profile and overflow the link; it is refused before tracing, naming the link script.
+    qemu = load_target("mps2-an386")
+    fig = FirmwareFigures(trainable_bytes=300_000)
+    fit = device_fit(fig, qemu)
+    assert fig.ram_bytes < qemu.ram_bytes and not fit.fits and fit.ram_bytes == 262_144
+    assert "link script gives the image 262144 B" in fit.message
+    assert "over the 262144 B" in check_elf({"text_bytes": 1000, "data_bytes": 300_000, "bss_bytes": 0}, qemu)
+    (tmp_path / "wide.py").write_text(WIDE_MLP)  # 77,210 weights: 308,840 B, trained by SGD without momentum
+    with pytest.raises(DeviceFitError, match=r"weights and optimizer state alone.*RAM: needs .*link script gives"):
+        compile_model(CompileOptions(model=f"{tmp_path / 'wide.py'}:wide_mlp", target="mps2-an386", budget="auto",
+                                     out=str(tmp_path / "o"), batch_size=1, emit="c", time_limit=10.0,
+                                     optimizer=OptimizerConfig.of("sgd", momentum=0.0)))
+    assert not (tmp_path / "o").exists()
+
+
 def test_auto_budget_needs_a_microcontroller(tmp_path):
     with pytest.raises(BudgetError, match="give --budget"):
         compile_model(CompileOptions(model="tests.c_models:tiny_cnn", target="rpi4", budget="auto",
@@ -145,6 +176,7 @@ def test_size_check_reads_a_real_build(tmp_path):
     assert sizes["text_bytes"] > 1000 and sizes["data_bytes"] > 0 and sizes["bss_bytes"] > 0
     nrf = load_target("nrf52840")
     assert check_elf(sizes, nrf) is None
+    _estimate_is_conservative(out, sizes)
     check_size(sizes, json.loads((out / "schedule.json").read_text())["target"])  # fits: no error
     ram = sizes["data_bytes"] + sizes["bss_bytes"] + STACK_BYTES
     small = Target(**{**nrf.to_dict(), "ram_bytes": ram - 1, "flash_bytes": sizes["text_bytes"]})
@@ -152,3 +184,23 @@ def test_size_check_reads_a_real_build(tmp_path):
     assert f"= {ram} B, over the {ram - 1} B" in msg and "flash: .text" in msg
     with pytest.raises(DeviceFitError, match="does not fit"):
         check_size(sizes, {k: v for k, v in small.to_dict().items()})
+
+
+def _estimate_is_conservative(out: Path, sizes: dict) -> None:
+    """The flash the plan's figures estimate (code at CODE_BASE_BYTES + CODE_PER_STEP_BYTES a step) is at least
+    the build's .text + .data, and over it by no more than 12 KB (measured: 1.2 KB tiny_cnn, 8.6 KB mcu_mobilenetv3)."""
+    schedule = json.loads((out / "schedule.json").read_text())
+    fig = figures_of_firmware(schedule, json.loads((out / "firmware.json").read_text()))
+    built = sizes["text_bytes"] + sizes["data_bytes"]
+    assert built <= fig.flash_bytes <= built + 12 * 1024, (fig.steps, fig.code_bytes, built, fig.flash_bytes)
+
+
+@pytest.mark.slow
+@needs_arm
+def test_the_code_size_estimate_holds_a_mobilenet_build(tmp_path):
+    # 194 schedule steps, squeeze-excitation and hardswish kernels, frozen weights const in flash
+    out = tmp_path / "fw"
+    compile_model(CompileOptions(model="mcu_mobilenetv3", target="mps2-an386", budget="auto", out=str(out),
+                                 batch_size=1, emit="c", time_limit=15.0))
+    subprocess.run(["make", "-s", "-C", str(out), "qemu"], check=True, capture_output=True, timeout=600)
+    _estimate_is_conservative(out, elf_size(str(out / "build" / "m4f" / "fw.elf")))

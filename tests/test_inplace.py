@@ -171,7 +171,10 @@ KWARGS = {"aten.gelu.default": {"approximate": "tanh"}, "aten.gelu_backward.defa
           "aten.add.Tensor": {"alpha": 3}, "aten.sub.Tensor": {"alpha": 2}}
 
 
-@pytest.mark.parametrize("op", sorted(COUNTED))
+ACCUMULATING = ("aten.addmm.default", "aten.index_put.default")  # not elementwise: tested apart below
+
+
+@pytest.mark.parametrize("op", sorted(set(COUNTED) - set(ACCUMULATING)))
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_every_counted_op_writes_into_each_allowed_operand_the_functional_ops_bits(tmp_path, op, layout):
     g = torch.Generator().manual_seed(5)
@@ -208,6 +211,31 @@ def test_every_counted_op_writes_into_each_allowed_operand_the_functional_ops_bi
         rt.free("o")
         rt.end_step()
         assert rt.leftovers == []
+
+
+@pytest.mark.parametrize("op", ACCUMULATING)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gradient_accumulates_into_its_accumulator_with_the_functional_ops_bits(tmp_path, op, dtype):
+    g = torch.Generator().manual_seed(6)
+    acc = torch.randn(40, 8, generator=g).to(dtype)
+    if op == "aten.addmm.default":  # a chunk of the head's weight gradient: t(G) @ rows
+        tensors = [acc, torch.randn(6, 40, generator=g).to(dtype).t(), torch.randn(6, 8, generator=g).to(dtype)]
+        args, want = [T(0), T(1), T(2)], resolve(op)(*tensors)
+    else:  # a tied embedding's rows scattered into it, a repeated token's twice
+        ids = torch.tensor([3, 17, 3, 0, 39])
+        tensors, args = [acc, ids, torch.randn(5, 8, generator=g).to(dtype)], [T(0), [T(1)], T(2), True]
+        want = resolve(op)(acc, [ids], tensors[2], True)
+    save_file({"param/w": torch.ones(1)}, str(tmp_path / "w.safetensors"))
+    rt = Runtime(tmp_path / "w.safetensors", tmp_path / "pages", device="cpu", lr=0.1)
+    rt.begin_step(torch.zeros(1), torch.zeros(1, dtype=torch.long))
+    names = ["acc", "a", "b"]
+    for name, t in zip(names, tensors):
+        rt._hold(name, t.clone(), t.nbytes)
+    before, target = rt.ledger.live_bytes, rt.tensor("acc")
+    out = rt.compute("o", op, names, attrs={"args": args, "into": 0})
+    assert out.data_ptr() == target.data_ptr() and rt.in_place_ops == 1
+    assert torch.equal(out, want) and out.stride() == want.stride()
+    assert rt.ledger.live_bytes == rt.ledger.peak_bytes == before
 
 
 def test_a_counted_node_that_cannot_write_into_its_operand_fails_naming_it(tmp_path):

@@ -56,6 +56,24 @@ def test_peers_rows_table_and_figure(tmp_path, capsys):
     assert (figures / "peers_small_cnn.svg").stat().st_size > 0
 
 
+@pytest.mark.skipif(not cpu_probe_available(), reason="needs Linux's resettable resident-set high-water mark")
+def test_without_paired_timing_each_memory_process_times_its_own_steps(tmp_path, capsys):
+    out = tmp_path / "peers.json"
+    r = _run("--models", "small_cnn", "--methods", "edgetrain:100%", "--steps", "0", "--mem-steps", "3",
+             "--target", "rpi4", "--optimizer", "adamw", "--time-limit", "10", "--json", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    for row in rows:
+        assert len(row["mem_steps_s"]) == 3 and row["timing"] == "sequential" and "steps_s" not in row
+        assert row["time_ratio"] == row["step_s"] / row["eager_step_s"] > 0
+    plan = rows[1]
+    assert plan["ledger_peak_bytes"] == plan["predicted_peak_bytes"] and plan["within_budget"]
+    assert main(["--table", str(out)]) == 0
+    assert "one after another" in capsys.readouterr().out
+    assert main(["--models", "small_cnn", "--optimizer", "lion"]) == 2
+    assert "unknown --optimizer 'lion'" in capsys.readouterr().err
+
+
 def test_bad_method_is_one_line_naming_the_choices(capsys):
     assert main(["--models", "small_cnn", "--methods", "eager,jit"]) == 2
     err = capsys.readouterr().err.strip()

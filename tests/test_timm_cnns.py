@@ -11,22 +11,15 @@ float32 torch's do (within 3x), while the check's rtol of 1e-5 is below what eag
 """
 from __future__ import annotations
 
-import copy
-import os
 import shutil
 
 import pytest
-import torch
 
 from edgetrain.codegen.backends import backend_for
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.graph.ir import OptimizerConfig
 from edgetrain.compiler.model_graph import trace_model
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
-from edgetrain.codegen.c.runner import run_program, verified_firmware
-from edgetrain.compiler.frontend.modelspec import resolve
-from edgetrain.compiler.workbench.reference import load_weights
-from edgetrain.compiler.workbench.run import schedule_batches
 from edgetrain.compiler.workbench.run_c import run_firmware
 from edgetrain.targets.loader import load_target
 
@@ -82,32 +75,17 @@ ROUNDING = ("ghostnet_050", "mobilenetv3_small_050")  # batch norm over 4 values
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_ARM, reason="arm-none-eabi-gcc / qemu-system-arm build and run the firmware")
-@pytest.mark.parametrize("model", sorted(set(RUNS) - set(ROUNDING)))
+@pytest.mark.parametrize("model", sorted(RUNS))
 def test_last_layer_trains_exactly_under_qemu(tmp_path, model):
     side, batch, momentum = RUNS[model]
     compile_model(_opts(model, tmp_path / "o", "last:1", batch, side, momentum))
     r = run_firmware(str(tmp_path / "o"), qemu=True, steps=2, check=True)
     assert r["ok"] and not r["mismatched"], r.get("error")
     assert r["losses"] == pytest.approx(r["reference_losses"], rel=1e-5)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not HAVE_ARM, reason="arm-none-eabi-gcc / qemu-system-arm build and run the firmware")
-@pytest.mark.parametrize("model", ROUNDING)
-def test_running_statistics_under_qemu_are_as_exact_as_float32_torch(tmp_path, model):
-    side, batch, momentum = RUNS[model]
-    out = str(tmp_path / "o")
-    compile_model(_opts(model, out, "last:1", batch, side, momentum))
-    body, manifest = verified_firmware(out)
-    batches = schedule_batches(body, "random", 1, 1)
-    r = run_program(out, body, manifest, batches, qemu=True).result
-    m = resolve(f"{MODELS}:{model}").module.train()
-    load_weights(m, os.path.join(out, "weights.safetensors"))
-    m64 = copy.deepcopy(m).double()
-    x = batches[0][0]
-    with torch.no_grad():
-        m(x), m64(x.double())
-    b32, b64 = dict(m.named_buffers()), dict(m64.named_buffers())
-    ours = max(float((r["params"][k].double() - v).abs().max()) for k, v in b64.items() if v.is_floating_point())
-    torchs = max(float((b32[k].double() - v).abs().max()) for k, v in b64.items() if v.is_floating_point())
-    assert 0 < ours <= 3 * torchs, (ours, torchs)
+    held = r["check_tensors"]  # the tensors beyond rtol/atol, each held to the float64 run
+    assert all(c["rule"] == "float64" and c["float64_err"] <= r["check_rounding_factor"] * c["eager_float64_err"]
+               for c in held)
+    if model in ROUNDING:  # seed 1's batches: a few running statistics, never a trained weight
+        assert held and all(".running_" in c["name"] for c in held), held
+    else:
+        assert not held, held

@@ -9,7 +9,9 @@ predicted. Fragmentation can make a packing larger; the planner tries a few orde
 best-fit placement (largest first as in TFLite Micro's greedy planner, earliest first, longest first),
 then, until one reaches the lower bound, orderings drawn from a fixed-seed generator (shuffles and
 size orders with jitter; a fixed number of them, so the result never depends on the machine's speed),
-and keeps the smallest arena. Offsets and sizes are in 4-byte words (float32 and int32 are all there is).
+and keeps the smallest arena. Offsets and sizes are in 4-byte words: every tensor starts on a word (float32 and
+int32 need it; an int8 tensor's kernels load words), and an int8 tensor's lifetime also counts its exact bytes, so
+the live bytes equal the schedule's prediction to the byte while the arena rounds each int8 tensor up to a word.
 """
 from __future__ import annotations
 
@@ -24,6 +26,16 @@ class Lifetime:
     end: int  # step index that frees it (inclusive)
     words: int  # size in 4-byte words
     offset: int = -1  # word offset in the arena, once placed
+    nbytes: int = -1  # the bytes it holds: 4 * words, or fewer for an int8 tensor (its last word's tail unused)
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            self.nbytes = 4 * self.words
+
+    @classmethod
+    def of_bytes(cls, name: str, start: int, end: int, nbytes: int) -> "Lifetime":
+        """A tensor of `nbytes` bytes, placed on whole words (an int8 tensor's kernels load words)."""
+        return cls(name, start, end, -(-nbytes // 4), nbytes=nbytes)
 
     def overlaps(self, other: "Lifetime") -> bool:
         return self.start <= other.end and other.start <= self.end
@@ -31,10 +43,19 @@ class Lifetime:
 
 def live_peak_words(lifetimes: list[Lifetime]) -> int:
     """The most words alive at any one step: the lower bound of every packing."""
+    return _live_peak(lifetimes, lambda lt: lt.words)
+
+
+def live_peak_bytes(lifetimes: list[Lifetime]) -> int:
+    """The most bytes the tensors alive at any one step hold: what the schedule's memory model counts."""
+    return _live_peak(lifetimes, lambda lt: lt.nbytes)
+
+
+def _live_peak(lifetimes: list[Lifetime], size) -> int:
     events: dict[int, int] = {}
     for lt in lifetimes:
-        events[lt.start] = events.get(lt.start, 0) + lt.words
-        events[lt.end + 1] = events.get(lt.end + 1, 0) - lt.words
+        events[lt.start] = events.get(lt.start, 0) + size(lt)
+        events[lt.end + 1] = events.get(lt.end + 1, 0) - size(lt)
     peak = live = 0
     for t in sorted(events):
         live += events[t]

@@ -11,7 +11,7 @@ from edgetrain.codegen.python_plan import write_weights
 from edgetrain.compiler.graph.ir import TrainingGraph
 
 from .device_fit import (applies, board_limit, check_fit, check_model_fits, device_budget, figures_of_firmware,
-                         flash_room_for_frozen, runtime_reserve_bytes, board_stack_bytes)
+                         flash_room_for_frozen, q8_table_bytes, runtime_reserve_bytes, board_stack_bytes)
 from .firmware import render_c_firmware
 from .lower import lower_for_c
 from .ops import IN_PLACE_ARGS
@@ -34,6 +34,7 @@ class CBackend:
     in_place = IN_PLACE_ARGS  # kernels whose loops read each element before writing it (ops.py)
     streams_from_storage = False  # frozen weights beyond flash stream by the device's own rule (weight_room)
     clamp_grad_from_output = False  # its int8 ReLU6 kernels read quantised values: kept as captured
+    runs_int8_prefix = True  # an int8 frozen prefix (--quantize-frozen int8) is lowered to its q8 kernels
 
     def check_model(self, model, target, optimizer, name: str) -> None:
         check_model_fits(model, target, optimizer, name)  # a model whose weights alone overflow fails before tracing
@@ -48,12 +49,13 @@ class CBackend:
         tb = sum(s.bytes for p, s in graph.params.items() if p in trained)
         return WeightRoom(frozen={p: s.bytes for p, s in graph.params.items() if p not in trained},
                           flash_bytes=flash_room_for_frozen(target, tb, CODE_STEPS_PER_NODE * len(graph.nodes),
-                                                            graph.buffer_bytes),
-                          ram_bytes=device_budget(target, io_bytes(graph), linked=True) - graph.state_bytes)
+                                                            graph.buffer_bytes)
+                          - q8_table_bytes(n.attrs for n in graph.nodes),
+                          ram_bytes=device_budget(target, io_bytes(graph)) - graph.state_bytes)
 
     def device_room(self, graph: TrainingGraph, target) -> DeviceRoom | None:
         io = io_bytes(graph)
-        room = device_budget(target, io, linked=True)  # the firmware links to its board's RAM
+        room = device_budget(target, io)  # the RAM the firmware links to
         return None if room is None else DeviceRoom(
             room, runtime_reserve_bytes(io, board_stack_bytes(target)), "the stack, the runtime and the batch buffers",
             board_limit(target))

@@ -15,14 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgetrain.compiler.errors import DeviceFitError  # the user's error, not a solver
+from edgetrain.compiler.graph.ir import DTYPE_BYTES  # a parameter's bytes by its dtype
 from edgetrain.runtime.python.optim import state_names, step_counter_bytes  # the optimizer's state per parameter
 from edgetrain.targets import Target
 from edgetrain.targets.boards import DEFAULT_BOARD, board_of, load_board
 
 STACK_BYTES = load_board(DEFAULT_BOARD).stack_bytes  # the default board's link script's minimum stack
 RUNTIME_STATIC_BYTES = 1024  # runtime and driver statics besides the batch buffers (~0.7 KB measured, mcu_cnn)
-CODE_BASE_BYTES = 20 * 1024  # runtime, kernels, newlib-nano and driver .text (~18.7 KB measured, mcu_cnn)
-CODE_PER_STEP_BYTES = 48  # the straight-line plan: ~30 B of Thumb-2 per schedule step measured
+# The code a firmware's flash holds (.text less const weights) as base + per step of its schedule: the least line
+# above eight Cortex-M4F builds for mps2-an386 (33 to 674 steps: 31.7 to 71.5 KB; tests/test_device_fit.py
+# holds it to fresh builds), GhostNet's 62 B a step the steepest.
+CODE_BASE_BYTES = 30 * 1024  # runtime, kernels, newlib-nano and driver
+CODE_PER_STEP_BYTES = 64  # the straight-line plan's calls, and its tables, per schedule step
 CODE_PER_PATCH_CALL_BYTES = 56  # a patch-by-patch node's kernel calls: ~52 B each measured (mcu_mbv2_40, 64 tiles)
 
 
@@ -91,18 +95,18 @@ def applies(target) -> bool:
     return target.is_mcu
 
 
-def device_budget(target, io_bytes: int = 0, linked: bool = False) -> int | None:
-    """`--budget auto`: the RAM a microcontroller leaves for the training state and the arena; None elsewhere.
-    `linked`: of the RAM the board's link script gives the image, where that is less than the profile's."""
+def device_budget(target, io_bytes: int = 0) -> int | None:
+    """`--budget auto`: the RAM a microcontroller's firmware links to (`linked_ram_bytes`) less what the runtime
+    keeps, left for the training state and the arena; None elsewhere."""
     if not applies(target):
         return None
-    ram = linked_ram_bytes(target) if linked else target.ram_bytes
-    return ram - runtime_reserve_bytes(io_bytes, board_stack_bytes(target))
+    return linked_ram_bytes(target) - runtime_reserve_bytes(io_bytes, board_stack_bytes(target))
 
 
 def linked_ram_bytes(target) -> int:
     """The RAM a firmware for `target` can use: its profile's, or less where its board's link script gives less
-    (a QEMU board linked to a smaller chip's memory map)."""
+    (a QEMU board linked to a smaller chip's memory map). The one figure the budget, the fit and the size check
+    hold a firmware to."""
     return min(target.ram_bytes, board_of(target).ram_bytes)
 
 
@@ -132,7 +136,7 @@ def _kb(n: int) -> str:
 
 def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> DeviceFit:
     """RAM and flash needs of `fig` against `target`; the message says what is over and what would fit."""
-    ram, flash = target.ram_bytes, linked_flash_bytes(target)
+    ram, flash = linked_ram_bytes(target), linked_flash_bytes(target)
     over = []
     if fig.ram_bytes > ram:
         parts = [f"arena {fig.arena_bytes} B"] if fig.arena_bytes else []
@@ -144,7 +148,8 @@ def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> Devi
         fixes.append(f"freeze more with --train so that the trainable weights and their optimizer state take at most "
                      f"{room} B (about {int(room / per)} B of trainable weights)" if room > 0 else
                      "a smaller model (the stack, runtime and arena alone fill the RAM)")
-        over.append(f"RAM: needs {_kb(fig.ram_bytes)} = {' + '.join(parts)}; the device has {_kb(ram)}; "
+        linked = f" ({board_limit(target)})" if ram < target.ram_bytes else ""
+        over.append(f"RAM: needs {_kb(fig.ram_bytes)} = {' + '.join(parts)}; the device has {_kb(ram)}{linked}; "
                     f"what would fit: {'; '.join(fixes)}.")
     if flash is not None and fig.flash_bytes > flash:
         streamed = f" (and {fig.streamed_bytes} B streamed from storage)" if fig.streamed_bytes else ""
@@ -195,9 +200,8 @@ def figures_of_model(model, optimizer, target=None) -> FirmwareFigures:
     stack = board_stack_bytes(target) if target is not None else STACK_BYTES
     # Before tracing, any frozen conv weight may turn out to be read by forward convolutions alone: by blocks.
     rows = {k: p[0].numel() * p.element_size() for k, p in model.named_parameters() if not p.requires_grad and p.dim() == 4}
-    streamed = streamed_of(frozen, target, tb, 0, target.ram_bytes - runtime_reserve_bytes(0, stack) - tb - ob - bb,
-                           rows, bb) \
-        if target is not None else []
+    streamed = streamed_of(frozen, target, tb, 0, linked_ram_bytes(target) - runtime_reserve_bytes(0, stack) - tb - ob
+                           - bb, rows, bb) if target is not None else []
     kept = sum(b for k, b in frozen.items() if k not in streamed)
     return FirmwareFigures(trainable_bytes=tb, frozen_bytes=kept, optimizer_bytes=ob,
                            streamed_bytes=sum(frozen.values()) - kept, stack_bytes=stack, buffer_bytes=bb)
@@ -217,17 +221,26 @@ def _numel(shape) -> int:
     return n
 
 
+def q8_table_bytes(node_attrs) -> int:
+    """The flash an int8 prefix's requantisation tables take: a Q31 multiplier and a shift (int32 each) per output
+    channel of each convolution (`node_attrs`: every node's attrs)."""
+    return sum(8 * len(a["q8"]["mult"]) for a in node_attrs if "mult" in a.get("q8", {}))
+
+
 def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
     """The figures of a rendered firmware: its arena and batch buffers (firmware.json), its weights (schedule)."""
     g = schedule["graph"]
     trainable = set(g.get("trainable", g["params"]))
     streamed = {p for n in g["nodes"] for p in n.get("streamed", ())}
-    sizes = {k: 4 * _numel(v["shape"]) for k, v in g["params"].items()}  # the C runtime holds float32
+    sizes = {k: DTYPE_BYTES[v.get("dtype", "float32")] * _numel(v["shape"]) for k, v in g["params"].items()}
+    # an int8 prefix's convolutions: a Q31 multiplier and a shift (int32 each) per output channel, in flash
+    tables = q8_table_bytes(n["attrs"] for n in g["nodes"])
     tb = sum(b for k, b in sizes.items() if k in trainable)
     io = 4 * (manifest["input_floats"] + manifest["batch"] + manifest["logits_floats"])  # x, int32 labels, logits
     return FirmwareFigures(arena_bytes=manifest["arena_bytes"], trainable_bytes=tb,
                            optimizer_bytes=optimizer_state_bytes(g["optimizer"], tb, len(trainable)),
-                           frozen_bytes=sum(b for k, b in sizes.items() if k not in trainable and k not in streamed),
+                           frozen_bytes=tables + sum(b for k, b in sizes.items()
+                                                     if k not in trainable and k not in streamed),
                            io_bytes=io, steps=len(schedule["steps"]),
                            streamed_bytes=sum(sizes[k] for k in streamed), patch_calls=manifest.get("patch_calls", 0),
                            stack_bytes=board_stack_bytes(Target(**schedule["target"])),
@@ -240,11 +253,11 @@ def check_elf(sizes: dict, target) -> str | None:
     flash_need = sizes["text_bytes"] + sizes["data_bytes"]
     stack = board_stack_bytes(target)
     ram_need = sizes["data_bytes"] + sizes["bss_bytes"] + stack
-    flash = linked_flash_bytes(target)
+    ram, flash = linked_ram_bytes(target), linked_flash_bytes(target)
     over = []
-    if ram_need > target.ram_bytes:
+    if ram_need > ram:
         over.append(f"RAM: .data {sizes['data_bytes']} B + .bss {sizes['bss_bytes']} B + stack {stack} B = "
-                    f"{ram_need} B, over the {target.ram_bytes} B of {target.name}")
+                    f"{ram_need} B, over the {ram} B of {target.name}")
     if flash is not None and flash_need > flash:
         over.append(f"flash: .text {sizes['text_bytes']} B + .data {sizes['data_bytes']} B = {flash_need} B, over "
                     f"the {flash} B of {target.name}")

@@ -2,62 +2,55 @@
 
 Everything comes from schedule.json and weights.safetensors; no solver runs here. The steps of the
 schedule become straight-line kernel calls at literal offsets of one static arena, whose offsets the
-planner in `arena.py` packs from the steps' lifetimes. Frozen weights the graph streams from storage are
-written as CRC-checked blocks to storage/ (the SD card's files) and paged into the arena before each
-computation that reads them. If the packed arena plus the parameters and
-momentum buffers would exceed the budget, rendering fails with the figures: no firmware that can
-overflow is ever written.
+planner in `arena.py` packs from the steps' lifetimes (`lifetimes.py`). Parameters are C initializers, and
+frozen weights the graph streams from storage are written as CRC-checked blocks to storage/ (the SD card's
+files; both `flash_data.py`) and paged into the arena before each computation that reads them. If the packed
+arena plus the parameters and momentum buffers would exceed the budget, rendering fails with the figures: no
+firmware that can overflow is ever written.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import struct
-import zlib
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 
-import numpy as np
-from safetensors.numpy import load_file
-
-from edgetrain.compiler.errors import ArenaOverflowError, UnsupportedModelError  # messages for the user, not a solver
+from edgetrain.compiler.errors import ArenaOverflowError  # messages for the user, not a solver
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
+from edgetrain.compiler.graph.quantize import Q8_DEQUANTIZE  # an int8 prefix's boundary
 from edgetrain.compiler.graph.tiling import TILED_OP  # a frozen prefix computed patch by patch
 from edgetrain.compiler.schedule_file.format import content_hash  # the schedule format
 from edgetrain.targets import Target
 from edgetrain.targets.boards import board_of
 
 from edgetrain.codegen.templating import environment
-from .arena import Lifetime, Packing, pack
+from .arena import Lifetime, Packing, live_peak_bytes, pack
+from .flash_data import C_TYPES, STORAGE_DIR, WEIGHT_PAGE_BASE, BLOCK_PAGES, buffer_rows, float_rows, \
+    q8_integers, read_weights, write_storage
+from .lifetimes import step_lifetimes, stream_words, tensor_bytes, tensor_lifetime, transient_lifetimes
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
 from .patches import emit_patches
 from .weight_blocks import emit_blocked_conv
 from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
-from .ops import DROPOUT, kernel_sources  # the C op table
+from .ops import DROPOUT, Q8_OPS, CodegenError, kernel_sources  # the C op table
+from .q8_emit import emit_q8
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
 VENDORED = "et_runtime"  # the runtime's copy inside the firmware folder
 FIRMWARE_FILES = ("plan.c", "plan.h", "main_host.c", "main_qemu.c", "Makefile", "firmware.json")
-STORAGE_DIR = "storage"  # the streamed weights' blocks, to be copied onto the device's page store
-WEIGHT_PAGE_BASE = 0x10000  # page ids of streamed weights: above any activation page's
-BLOCK_PAGES = 0x100  # page ids per streamed weight: one per block of output channels where it is paged by blocks
-BLOCK_MAGIC = 0x47505445  # runtime/c/storage.h: "ETPG"
 # Runtime sources every build compiles. Both builds keep pages in files (storage_file.c); each adds the
 # raw-I/O back end under it (storage_stdio.c on the host, storage_semihost.c under QEMU).
 RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c") + kernel_sources()
+Q8_SOURCES = {f"kernels/{s}.c" for k in Q8_OPS.values() for s in k.source_files}  # an int8 prefix's kernels
 
 _ENV = environment("templates/c")
 
 
 _ENV.filters.update(comment=c_comment, cfloat=c_float, size=lambda n: f"{n >> 20} MB" if n % (1 << 20) == 0 else f"{n >> 10} KB",
                     hex32=lambda n: f"0x{n:08X}u")
-
-
-class CodegenError(UnsupportedModelError):
-    """The schedule asks for something the C runtime cannot do."""
 
 
 @dataclass
@@ -95,6 +88,8 @@ class _Emitter:
         self._layer = ""
         self.ctx = Context({**self.pident, **self.bident}, self.mident, self._struct)
         self.state = state_shapes(self.graph)
+        self.shapes = {n.name: n.shape for n in self.graph.nodes}
+        self.q8_tables: dict[str, dict] = {}  # an int8 convolution's requantisation, by node: const data
         # Streamed weights: a page id each; they have no array, a reader finds them where they were paged in.
         self.patch_calls = 0  # kernel calls emitted for patch-by-patch nodes: code the per-step estimate misses
         self.streamed = {p: WEIGHT_PAGE_BASE + BLOCK_PAGES * k for k, p in enumerate(self.graph.streamed_params)}
@@ -130,6 +125,11 @@ class _Emitter:
         if node.attrs.get("stream_rows"):  # a weight paged in block by block: the op per block (weight_blocks.py)
             return emit_blocked_conv(node, offsets, self.ctx, self.params, self.blocks, paged or {},
                                      self.node_objs[node.inputs[0].name].shape)
+        if node.op in Q8_OPS:  # an int8 frozen prefix's node: its kernel call (q8_emit.py)
+            try:
+                return emit_q8(node, offsets, self.ctx, self.shapes, self.params, self.q8_tables, self.namer)
+            except EmitError as e:
+                raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
         if node.op == TILED_OP:  # a frozen prefix, patch by patch: its own statements (patches.py)
             try:
                 lines = emit_patches(node, offsets, self.ctx, self.params)
@@ -163,90 +163,6 @@ def _why(st: dict, prefix: str) -> str:
     return reason[len(prefix):] if reason.startswith(prefix) else reason
 
 
-def _words(node: dict) -> int:
-    """4-byte words a node holds (float32 and int32 alike; a tuple's items one after the other)."""
-    specs = node["items"] if node.get("items") else ([{"shape": node["shape"], "dtype": node["dtype"]}]
-                                                     if node["shape"] is not None else [])
-    for spec in specs:
-        if spec["dtype"] not in ("float32", "int32"):
-            raise CodegenError(f"tensor `{c_comment(node['name'])}` has dtype {spec['dtype']}; the C runtime holds "
-                               "float32 and int32 only (compile with --emit c)")
-    return sum(_numel(spec["shape"]) for spec in specs)
-
-
-def _lifetimes(em: _Emitter, steps: list[dict]) -> tuple[list[tuple], list[Lifetime]]:
-    """Each step with the lifetimes of the tensors it touches, and all lifetimes (to be packed before the
-    code is rendered: the offsets go into the code)."""
-    by_name = em.by_name
-    lifetimes: list[Lifetime] = []
-    current: dict[str, Lifetime] = {}
-    handed: set[str] = set()  # operands an output was written over: their free ends nothing
-    # step, operand lifetimes, output lifetime, the streamed weights' lifetimes (only while the node runs)
-    plan: list[tuple[dict, dict, Lifetime | None, dict[str, Lifetime]]] = []
-    for k, st in enumerate(steps):
-        a, name = st["action"], st["tensor"]
-        node = by_name.get(name)
-        if node is None and a not in ("free", "page_out"):
-            raise CodegenError(f"step {k} {a}s `{c_comment(name)}`, which is not a node of the graph")
-        if a in ("compute", "recompute"):
-            lts = {r["t"]: current[r["t"]] for r in node["inputs"]}
-            if node["op"] == TILED_OP:  # its patch buffers, only while it runs
-                lts[f"{name}.patches"] = Lifetime(f"{name} (patches)", k, k, node["workspace_bytes"] // 4)
-                lifetimes.append(lts[f"{name}.patches"])
-            for stats in (f"{node['aux_of']}.aux" if node.get("aux_of") else None, f"{name}.aux"):
-                if stats in current:  # statistics read by a backward, or rewritten by a recompute
-                    lts[stats] = current[stats]
-            out = None
-            into = node["attrs"].get("into")
-            if into is not None:  # the output is written over a dying operand: its bytes, its offset
-                x = node["inputs"][into]["t"]
-                out = current[name] = lts[x]
-                out.name = f"{out.name} -> {name}"
-                handed.add(x)
-            elif _words(node):
-                out = Lifetime(name, k, -1, _words(node))
-                lifetimes.append(out)
-                current[name] = out
-            if a == "compute" and node["aux_bytes"]:  # the statistics are made with the first computation
-                stats = Lifetime(f"{name}.aux", k, -1, node["aux_bytes"] // 4)
-                lifetimes.append(stats)
-                current[stats.name] = lts[stats.name] = stats
-            streams = {p: Lifetime(f"{p} (streamed)", k, k, _stream_words(em, node, p))
-                       for p in node.get("streamed", ())}
-            lifetimes += streams.values()
-            plan.append((st, lts, out, streams))
-        elif a == "page_in":
-            out = Lifetime(name, k, -1, _words(node))
-            lifetimes.append(out)
-            current[name] = out
-            plan.append((st, {}, out, {}))
-        elif a == "page_out":
-            if name not in by_name:
-                raise CodegenError(f"the schedule pages out `{c_comment(name)}`, which the C runtime keeps in place")
-            plan.append((st, {}, current[name], {}))
-        elif a == "free":
-            lt = current.pop(name)
-            if name in handed:  # its bytes live on as the output written over it
-                handed.discard(name)
-                lt = None
-            else:
-                lt.end = k
-            plan.append((st, {}, lt, {}))
-        else:
-            raise CodegenError(f"unknown step action {a!r}")
-    if current:
-        raise CodegenError(f"the schedule leaves {sorted(current)[:5]} resident at the end of the step")
-    return plan, lifetimes
-
-
-def _stream_words(em: _Emitter, node: dict, p: str) -> int:
-    """Words a node's streamed weight takes in the arena while it runs: all of it, or its largest block."""
-    if p in em.blocks:
-        row = _numel(em.params[p]["shape"]) // em.params[p]["shape"][0]
-        return row * max(r1 - r0 for _, r0, r1 in em.blocks[p])
-    return _numel(em.params[p]["shape"])
-
-
 def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, predict: bool = False,
              streams: dict[str, Lifetime] | None = None) -> list[str]:
     """The statements that compute a node: the batch copied in, or its streamed weights paged in (stopping
@@ -254,7 +170,7 @@ def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, pre
     if node["kind"] in ("input", "labels"):
         src = "x" if node["kind"] == "input" else "y"
         return [f"memcpy({'ET_I' if node['dtype'] == 'int32' else 'ET_F'}({offsets[node['name']]}), {src}, "
-                f"{4 * _words(node)}u);"]
+                f"{tensor_bytes(node)}u);"]
     streams = streams or {}
     lines = [f"ET_TRY(et_page_in({em.streamed[p]}u, ET_F({lt.offset}), {4 * lt.words}u)); /* {c_comment(p)} */"
              for p, lt in streams.items() if p not in em.blocks]  # a blocked one: paged in by its op, block by block
@@ -284,25 +200,25 @@ def _render_train(em: _Emitter, plan) -> tuple[list[Block], list[dict]]:
             comments.append(f"{what}: {why}" if why else what)
             if streams:
                 comments.append("its frozen weights streamed from storage: " + ", ".join(
-                    f"{p} (page {em.streamed[p]}, {4 * t.words} B)" for p, t in streams.items()))
+                    f"{p} (page {em.streamed[p]}, {t.nbytes} B)" for p, t in streams.items()))
             blocks.append(Block(comments, _compute(em, node, offsets, a == "compute", streams=streams)))
         elif a == "page_out":
             if node["name"] not in page_ids:
                 page_ids[node["name"]] = len(page_ids) + 1
-                pages.append({"id": page_ids[node["name"]], "tensor": node["name"], "bytes": 4 * lt.words,
+                pages.append({"id": page_ids[node["name"]], "tensor": node["name"], "bytes": lt.nbytes,
                               "paged_in": False})
             pid = page_ids[node["name"]]
-            comments.append(f"page out {node['name']} (page {pid}, {4 * lt.words} B): {st['reason']}")
-            blocks.append(Block(comments, [f"ET_TRY(et_page_out({pid}u, ET_F({lt.offset}), {4 * lt.words}u));",
+            comments.append(f"page out {node['name']} (page {pid}, {lt.nbytes} B): {st['reason']}")
+            blocks.append(Block(comments, [f"ET_TRY(et_page_out({pid}u, ET_F({lt.offset}), {lt.nbytes}u));",
                                            f"if (et_page_out_hook != NULL) et_page_out_hook({pid}u);"]))
         elif a == "page_in":
             pid = page_ids.get(node["name"])
             if pid is None:
                 raise CodegenError(f"page-in of `{c_comment(node['name'])}` before any page-out")
             pages[pid - 1]["paged_in"] = True
-            comments.append(f"page in {node['name']} (page {pid}, {4 * lt.words} B): "
+            comments.append(f"page in {node['name']} (page {pid}, {lt.nbytes} B): "
                             f"{_why(st, 'page in ' + node['name'] + ': ')}")
-            blocks.append(Block(comments, [f"ET_TRY(et_page_in({pid}u, ET_F({lt.offset}), {4 * lt.words}u));"]))
+            blocks.append(Block(comments, [f"ET_TRY(et_page_in({pid}u, ET_F({lt.offset}), {lt.nbytes}u));"]))
         elif lt is None:  # free of an operand an output was written over: its floats are that output's
             comments.append(f"free {node['name']}: {st['reason']} (its floats hold the output written over it)")
             blocks.append(Block(comments, []))
@@ -322,7 +238,7 @@ def _logits(em: _Emitter) -> dict:
     return ref
 
 
-def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str, int]:
+def _predict(em: _Emitter, logits_ref: dict) -> "Predict":
     """A forward pass only, no paging but of streamed weights, no buffer updates: every forward tensor freed
     after its last forward reader, up to the logits."""
     fwd = [n for n in em.nodes if n["kind"] in ("input", "forward")]
@@ -333,47 +249,40 @@ def _predict(em: _Emitter, logits_ref: dict) -> tuple[list[Block], Packing, str,
         for r in n["inputs"]:
             last[r["t"]] = max(last[r["t"]], i)
     last[logits_ref["t"]] = len(fwd)
-    lts = {n["name"]: Lifetime(n["name"], i, last[n["name"]], _words(n)) for i, n in enumerate(fwd)}
-    lts.update({f"{n['name']}.patches": Lifetime(f"{n['name']} (patches)", i, i, n["workspace_bytes"] // 4)
-                for i, n in enumerate(fwd) if n["op"] == TILED_OP})
-    streams = {n["name"]: {p: Lifetime(f"{p} (streamed)", i, i, _stream_words(em, n, p))
+    lts = {n["name"]: tensor_lifetime(n, i, last[n["name"]]) for i, n in enumerate(fwd)}
+    for i, n in enumerate(fwd):  # patch buffers, int8 scratch
+        lts.update(transient_lifetimes(n, i))
+    streams = {n["name"]: {p: Lifetime(f"{p} (streamed)", i, i, stream_words(em, n, p))
                            for p in n.get("streamed", ())} for i, n in enumerate(fwd)}
     packing = pack(list(lts.values()) + [lt for s in streams.values() for lt in s.values()])
     offsets = {name: lt.offset for name, lt in lts.items()}
-    blocks = []
+    blocks, boundary, at = [], [], 0
     for n in fwd:
         blocks.append(Block([f"{n['name']} ({n['op']})" + (f" -- {n['source']}" if n["source"] else "")],
                             _compute(em, n, offsets, False, predict=True, streams=streams[n["name"]])))
+        if n["kind"] == "input" or n["op"] in Q8_OPS:  # the int8 prefix alone, to its dequantised boundary
+            boundary.append(Block(blocks[-1].comments, list(blocks[-1].code)))
+            if n["op"] == Q8_DEQUANTIZE:  # copied out at once: its slot may serve a later tensor
+                count = _numel(n["shape"])
+                boundary[-1].code.append(f"memcpy(out + {at}, ET_F({offsets[n['name']]}), {4 * count}u);")
+                at += count
     logits = operand_meta(em.node_objs, TensorRef.from_json(logits_ref), offsets)
     if not logits.is_contiguous():
         raise CodegenError("the model's output is not contiguous in the arena")
-    return blocks, packing, f"ET_F({logits.storage_offset()})", logits.numel()
+    return Predict(blocks, packing, f"ET_F({logits.storage_offset()})", logits.numel(), boundary if at else [], at)
 
 
-def _weights(path: str, state: dict, kind: str = "param") -> dict[str, np.ndarray]:
-    """The initial values of the parameters (kind "param") or buffers ("buffer"), flat, in their dtype."""
-    tensors = load_file(path)
-    out = {}
-    for name, spec in state.items():
-        key = f"{kind}/{name}"
-        if key not in tensors:
-            raise CodegenError(f"{path} has no tensor for {kind} `{c_comment(name)}`; recompile the model")
-        a = np.ascontiguousarray(tensors[key], dtype=spec.get("dtype", "float32")).reshape(-1)
-        if a.size != _numel(spec["shape"]):
-            raise CodegenError(f"{path}: {kind} `{c_comment(name)}` has {a.size} values, the schedule {spec['shape']}")
-        out[name] = a
-    return out
+@dataclass
+class Predict:
+    """Inference as C: its statements and arena; and, with an int8 prefix, the statements that run that prefix
+    alone and copy its dequantised boundary tensors out (`boundary_floats` of them, in graph order)."""
 
-
-def _buffer_rows(values: np.ndarray, dtype: str) -> list[str]:
-    if dtype == "float32":
-        return _rows(values)
-    return [", ".join(f"{int(v)}" for v in values.tolist())]
-
-
-def _rows(values: np.ndarray, per_row: int = 6) -> list[str]:
-    lits = [c_float(v) for v in values.tolist()]
-    return [", ".join(lits[i:i + per_row]) for i in range(0, len(lits), per_row)]
+    blocks: list[Block]
+    packing: Packing
+    logits_ptr: str
+    logits_floats: int
+    boundary_blocks: list[Block]
+    boundary_floats: int
 
 
 def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights.safetensors",
@@ -386,21 +295,28 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     g = schedule["graph"]
     em = _Emitter(schedule)
     for n in em.nodes:  # the only workspace the C runtime has: the weights a node pages in, or its patches
-        if n["op"] != TILED_OP and n["workspace_bytes"] != sum(4 * _stream_words(em, n, p) for p in n.get("streamed", ())):
+        if n["op"] in Q8_OPS and n.get("streamed"):
+            raise CodegenError(f"node `{c_comment(n['name'])}` of the int8 prefix streams its weights from storage, "
+                               "which the C runtime does not do for int8 weights yet; train fewer parameters "
+                               "(--train) so that the frozen ones fit the flash, or drop --quantize-frozen")
+        own = n["workspace_bytes"] if n["op"] in (TILED_OP, *Q8_OPS) else 0  # patches, int8 scratch
+        if n["workspace_bytes"] != own + sum(4 * stream_words(em, n, p) for p in n.get("streamed", ())):
             raise CodegenError(f"node `{c_comment(n['name'])}` holds a workspace the C runtime does not have; "
                                "compile with --emit c")
     steps = schedule["steps"]
-    plan, lifetimes = _lifetimes(em, steps)
+    plan, lifetimes = step_lifetimes(em, steps)
     packing = pack(lifetimes)
     blocks, pages = _render_train(em, plan)
-    predict_blocks, predict_packing, logits_ptr, logits_floats = _predict(em, _logits(em))
+    pr = _predict(em, _logits(em))
+    predict_blocks, predict_packing, logits_ptr, logits_floats = pr.blocks, pr.packing, pr.logits_ptr, pr.logits_floats
 
     # The memory figures, held against the schedule's prediction and the budget.
     state_bytes = em.graph.state_bytes  # parameters, and momentum for the trained ones
     predicted_activation = schedule["predicted"]["peak_bytes"] - state_bytes
-    if 4 * packing.lower_bound_words != predicted_activation:
+    live = live_peak_bytes(lifetimes)  # int8 tensors count their bytes, not the words they are placed on
+    if live != predicted_activation:
         raise CodegenError(  # the schedule's memory model and the firmware's must count the same bytes
-            f"memory model mismatch: the steps keep at most {4 * packing.lower_bound_words} B of tensors alive, "
+            f"memory model mismatch: the steps keep at most {live} B of tensors alive, "
             f"the schedule predicted {predicted_activation} B of activations")
     arena_words = max(packing.words, predict_packing.words)
     budget = schedule["budget"]["bytes"]
@@ -413,19 +329,21 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
             f"--budget to at least {state_bytes + 4 * arena_words}B or try another --scheduler.",
             state_bytes + 4 * arena_words - budget)
 
-    weights = _weights(os.path.join(out_dir, weights_file), g["params"])
-    streamed = _write_storage(out_dir, em, weights)
-    buffer_values = _weights(os.path.join(out_dir, weights_file), g["buffers"], "buffer")
+    weights = read_weights(os.path.join(out_dir, weights_file), g["params"])
+    streamed = write_storage(out_dir, em, weights)
+    buffer_values = read_weights(os.path.join(out_dir, weights_file), g["buffers"], "buffer")
     for name, spec in g["buffers"].items():
         if spec["dtype"] not in ("float32", "int64"):
             raise CodegenError(f"buffer `{c_comment(name)}` has dtype {spec['dtype']}; the C runtime keeps float32 "
                                "and int64 buffers")
     buffers = [{"name": name, "ident": em.bident[name], "ctype": "float" if spec["dtype"] == "float32" else "int64_t",
-                "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": _buffer_rows(buffer_values[name],
+                "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": buffer_rows(buffer_values[name],
                                                                                           spec["dtype"])}
                for name, spec in g["buffers"].items()]
+    integers = q8_integers(em, weights)  # an int8 prefix's weights and biases, from the float ones
     params = [{"name": name, "ident": em.pident[name], "mident": em.mident.get(name), "trainable": name in em.trainable,
-               "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": _rows(weights[name])}
+               "floats": _numel(spec["shape"]), "shape": spec["shape"], "ctype": C_TYPES[spec.get("dtype", "float32")],
+               "rows": buffer_rows(integers[name], "int") if name in integers else float_rows(weights[name])}
               for name, spec in g["params"].items() if name not in em.streamed]
     input_node = em.nodes[0]
     board = board_of(Target(**schedule["target"]))  # where the QEMU build runs
@@ -436,13 +354,16 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "params": params,
         "buffers": buffers,
         # What the driver writes back after training: the parameters, then the float buffers.
-        "dumped": params + [b for b in buffers if b["ctype"] == "float"],
+        "dumped": [p for p in params if p["ctype"] == "float"] + [b for b in buffers if b["ctype"] == "float"],
+        "q8_tables": list(em.q8_tables.values()),
         "momentum": bool(g["optimizer"]["momentum"]),
         "sgd": {k: c_float(g["optimizer"][k]) for k in ("lr", "momentum", "weight_decay")},
         "structs": list({id(e): e for e in em.structs.values()}.values()),
         "blocks": blocks,
         "predict_blocks": predict_blocks,
         "logits_ptr": logits_ptr,
+        "boundary_blocks": pr.boundary_blocks,
+        "boundary_floats": pr.boundary_floats,
         "arena_words": arena_words,
         "train_arena_bytes": packing.bytes,
         "predict_arena_bytes": predict_packing.bytes,
@@ -458,7 +379,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "input_floats": _numel(input_node["shape"]),
         "logits_floats": logits_floats,
         "num_classes": logits_floats // input_node["shape"][0],
-        "runtime_sources": RUNTIME_SOURCES,
+        "runtime_sources": RUNTIME_SOURCES if em.q8_tables or any(n["op"] in Q8_OPS for n in em.nodes) else tuple(
+            s for s in RUNTIME_SOURCES if s not in Q8_SOURCES),  # a float plan's image holds no int8 code
         "vendored": VENDORED,
         "board": board,
         "instructions_per_tick": board.instructions_per_tick,
@@ -482,6 +404,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "batch": ctx["batch"], "input_floats": ctx["input_floats"], "logits_floats": ctx["logits_floats"],
         "num_classes": ctx["num_classes"], "instructions_per_tick": board.instructions_per_tick,
         "patch_calls": em.patch_calls,
+        "int8_boundary": [n["name"] for n in em.nodes if n["op"] == Q8_DEQUANTIZE],  # et_int8_boundary's tensors
+        "int8_boundary_floats": pr.boundary_floats,
     }
     texts["firmware.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     for name, text in texts.items():
@@ -489,32 +413,6 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
             f.write(text)
     _vendor_runtime(os.path.join(out_dir, VENDORED))
     return manifest
-
-
-def _block(page: int, payload: bytes) -> bytes:
-    """A page-store block (runtime/c/storage.h): magic, id, size, CRC-32 of those 12 bytes and the payload."""
-    head = struct.pack("<3I", BLOCK_MAGIC, page, len(payload))
-    return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
-
-
-def _write_storage(out_dir: str, em: _Emitter, weights: dict[str, np.ndarray]) -> list[dict]:
-    """The streamed weights as blocks in OUT/storage/ (one file per page, the page store's names); their table."""
-    table = []
-    readers = {p: [n["name"] for n in em.nodes if p in n.get("streamed", ())] for p in em.streamed}
-    for p, page in em.streamed.items():
-        shape = em.params[p]["shape"]
-        values = np.ascontiguousarray(weights[p], dtype="<f4").reshape(shape)
-        for page, r0, r1 in em.blocks.get(p, [(page, 0, shape[0])]):  # one page, or one per block of rows
-            data = values[r0:r1].tobytes()
-            rel = f"{STORAGE_DIR}/et_page_{page:08x}.bin"
-            path = os.path.join(out_dir, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "wb") as f:
-                f.write(_block(page, data))
-            os.replace(path + ".tmp", path)
-            table.append({"param": p, "page": page, "bytes": len(data), "file": rel, "shape": [r1 - r0, *shape[1:]],
-                          "rows": [r0, r1], "readers": readers[p]})
-    return table
 
 
 def _vendor_runtime(dest: str) -> None:

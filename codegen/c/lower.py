@@ -15,7 +15,8 @@ from edgetrain.compiler.graph.ir import Node, TrainingGraph  # the graph it lowe
 
 from .emitters import ELEMENTWISE
 from .operands import bind, node_cases, node_ops, state_shapes
-from .ops import AUX_ITEMS, BATCH_NORM, C_OPS, DROPOUT, DROPOUT_BACKWARD, STATS_OPS, supported_text
+from .ops import AUX_ITEMS, BATCH_NORM, C_OPS, DROPOUT, DROPOUT_BACKWARD, Q8_OPS, STATS_OPS, supported_text
+from .q8_emit import q8_scratch_bytes
 
 
 def lower_for_c(g: TrainingGraph) -> TrainingGraph:
@@ -44,7 +45,7 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
         missing = [o["op"] for o in node_ops(n) if o["op"] not in C_OPS]
         for op in missing:
             problems.setdefault((op, "has no kernel in the C runtime"), []).append(where)
-        if missing:
+        if missing or n.op in Q8_OPS:  # an int8 prefix node: the pass that made it admitted only what C runs
             continue
         try:
             cases = node_cases(n, by_name, state)
@@ -65,7 +66,9 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
         raise UnsupportedModelError(
             f"--emit c: {len(problems)} op(s) of the model cannot run in the C runtime:\n  - {listed}\n"
             f"The C runtime supports: {supported_text()}. Remove or replace these ops, or use --emit python.")
-    nodes = [_as_c(n) for n in g.nodes]
+    # an int8 convolution's kernel takes its int16 scratch: the node's workspace
+    nodes = [replace(n, workspace_bytes=q8_scratch_bytes(n, g.params)) if n.op in Q8_OPS else _as_c(n)
+             for n in g.nodes]
     return replace(g, nodes=nodes, frozen_in_flash=True)  # frozen weights are const: flash, not RAM
 
 

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from edgetrain.compiler.errors import UnsupportedModelError  # messages for the user
 from edgetrain.runtime.python.optimizers import OPTIMIZERS
 
 
@@ -32,6 +33,10 @@ DROPOUT, DROPOUT_BACKWARD = "aten.native_dropout.default", "aten.native_dropout_
 LAYER_NORM = "aten.native_layer_norm.default"
 STATS_OPS = (BATCH_NORM, LAYER_NORM)  # forward ops whose statistics ride to their backward as the node's aux
 AUX_ITEMS = 3  # batch norm's statistics in the C runtime: save_mean, save_invstd and (first compute) var_sum
+
+
+class CodegenError(UnsupportedModelError):
+    """The schedule asks for something the C runtime cannot do."""
 
 
 @dataclass(frozen=True)
@@ -426,6 +431,18 @@ C_OPS: dict[str, CKernel] = {
     "aten.sub.Tensor": CKernel("sub", refuse=_both(_same_shape_refuse, _no_update), in_place=_A_B),
     "aten.add.Scalar": CKernel("add", refuse=_both(_scalar_refuse, _no_update), in_place=_X),
 }
+# An int8 frozen prefix (compiler/graph/quantize.py, `--quantize-frozen int8`): its nodes are the graph pass's own
+# ops, not aten's, so no table check binds them (the pass admits only what these kernels run); emitted by q8_emit.py.
+Q8_OPS: dict[str, CKernel] = {
+    "edgetrain.q8_quantize.default": CKernel("q8_convert", "an int8 frozen prefix (--quantize-frozen int8: "
+                                             "convolutions, ReLU/ReLU6, residual adds)"),
+    "edgetrain.q8_dequantize.default": CKernel("q8_convert"),
+    "edgetrain.q8_add.default": CKernel("q8_convert"),
+    "edgetrain.q8_conv2d.default": CKernel("q8_conv2d"),
+    "edgetrain.q8_relu.default": CKernel("q8_relu", in_place=_X),
+    "edgetrain.q8_relu6.default": CKernel("q8_relu6", in_place=_X),
+}
+C_OPS.update(Q8_OPS)
 IN_PLACE_ARGS = {op: k.in_place for op, k in C_OPS.items() if k.in_place}  # what the compiler's graph pass reads
 ALSO = "views (flatten, reshape, channel slices at batch 1); SGD with momentum and weight decay"
 

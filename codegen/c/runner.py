@@ -191,8 +191,10 @@ def read_result(work: str, manifest: dict) -> dict:
         raise FirmwareError(f"{work}/result.bin is not a result file")
     status = struct.unpack("<i", struct.pack("<I", status))[0]
     floats = np.frombuffer(raw, dtype="<f4", offset=32)
-    if floats.size != n_params + n_logits:
-        raise FirmwareError(f"{work}/result.bin is truncated ({floats.size} floats, expected {n_params + n_logits})")
+    n_boundary = manifest.get("int8_boundary_floats", 0)  # an int8 prefix's output, after the logits
+    if floats.size != n_params + n_logits + n_boundary:
+        raise FirmwareError(f"{work}/result.bin is truncated ({floats.size} floats, expected "
+                            f"{n_params + n_logits + n_boundary})")
     params, k = {}, 0
     for p in manifest["params"]:
         params[p["name"]] = torch.from_numpy(floats[k:k + p["floats"]].copy()).reshape(p["shape"])
@@ -200,7 +202,8 @@ def read_result(work: str, manifest: dict) -> dict:
     losses = np.fromfile(os.path.join(work, "losses.bin"), dtype="<f4").tolist()
     ticks = np.fromfile(os.path.join(work, "ticks.bin"), dtype="<u4").tolist()
     return {"status": status, "steps_done": done, "paged_out": p_out, "paged_in": p_in, "params": params,
-            "logits": torch.from_numpy(floats[n_params:].copy()), "losses": losses, "ticks": ticks,
+            "logits": torch.from_numpy(floats[n_params:n_params + n_logits].copy()),
+            "int8_boundary": floats[n_params + n_logits:].copy(), "losses": losses, "ticks": ticks,
             "params_sha256": hashlib.sha256(raw[32:32 + 4 * n_params]).hexdigest()}
 
 

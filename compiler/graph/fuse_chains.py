@@ -7,6 +7,10 @@ last op's; its operands are the chain's outside operands. Its cost: on a measure
 times the node as the runtime runs it, the generated kernel included, so a recompute costs what the fused chain
 costs; on a profile's FLOP rate it is the chain's FLOPs summed (the arithmetic fusing does not change; the memory
 traffic it saves is not in that model).
+
+A fused plan of a model with 2-D convolutions also holds their weights channels-last (`channels_last_convolutions`;
+runtime/python/memory_format.py), so its convolutions, batch norms and activations run in the layout inductor
+would pick for them; the profiler times the nodes in that layout, so the schedule's costs are those it runs.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import torch
 
 from edgetrain.runtime.python import aten_call
 from edgetrain.runtime.python.fused_kernels import FUSED_OP
+from edgetrain.runtime.python.memory_format import CHANNELS_LAST
 
 from .fusion import remap_operands
 from .ir import Node, TrainingGraph
@@ -110,3 +115,37 @@ def _fused(by_name: dict[str, Node], members: list[str]) -> Node:
                 buffers=tuple(dict.fromkeys(b for n in parts for b in n.buffers)),
                 attrs={"args": [{"$t": k} for k in range(len(inputs))], "chain": chain},
                 shape=last.shape, dtype=last.dtype, flops=sum(n.flops for n in parts), source=last.source)
+
+
+_CONVOLUTION = "aten.convolution.default"
+# Views that read their tensor as rows in the default layout: a channels-last image refuses them.
+_ROW_VIEWS = ("aten.view.default", "aten._unsafe_view.default")
+
+
+def channels_last_convolutions(graph: TrainingGraph) -> TrainingGraph:
+    """`graph` marked to hold its convolution weights channels-last where it has a 2-D convolution (a 4-D weight
+    read by aten.convolution) and no operand views an image (or a convolution weight) of more than one pixel as
+    rows (a flatten before a linear head: `view` cannot see a channels-last image so); unchanged otherwise."""
+    weights = {name for name, spec in graph.params.items() if len(spec.shape) == 4}
+    if not any(n.op == _CONVOLUTION and weights.intersection(n.params) for n in graph.nodes):
+        return graph
+    shapes = {n.name: n.shape for n in graph.nodes}
+    for n in graph.nodes:
+        seen = [(shapes.get(r.name), r.view) for r in n.inputs]
+        seen += [(graph.params[p].shape, tuple(view)) for p, view in _param_views(n.attrs) if p in weights]
+        if any(view and view[0][0] in _ROW_VIEWS and shape is not None and len(shape) == 4 and shape[2] * shape[3] > 1
+               for shape, view in seen):
+            return graph
+    return replace(graph, memory_format=CHANNELS_LAST)
+
+
+def _param_views(v):
+    """(parameter, its view chain) for each parameter an argument template reads through a view."""
+    if isinstance(v, dict):
+        if "$p" in v and v.get("view"):
+            yield v["$p"], v["view"]
+        for x in v.values():
+            yield from _param_views(x)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _param_views(x)

@@ -11,6 +11,10 @@ takes (`attrs["into"]`, the operand's index) where that operand
   input batch nor the labels), read once by the node, and no op fused after it reads it,
 - has the output's shape and dtype.
 
+A node whose one output is dropped into its workspace (a gradient its fused optimizer step reads, `keep: none`)
+records no shape: its output is the operand's shape and dtype where the op says so (`dropped_output_bytes`), so a
+gradient accumulated by addmm or index_put ends in the accumulator's buffer.
+
 Every memory model counts it alike: the output adds no bytes at its node (liveness `shared`, the validator,
 the Python runtime's ledger, the C arena's offsets), and the operand's free that ends the stage releases none.
 """
@@ -44,6 +48,22 @@ def _then_reads(attrs: dict, k: int) -> bool:
     return walk(attrs.get("then", []))
 
 
+def dropped_output_bytes(n) -> int:
+    """The bytes of a node's one output that it drops into its workspace (`keep: none`, no shape recorded), the
+    kernel scratch aside; 0 for any other node."""
+    if n.attrs.get("keep") != "none" or n.items is not None or n.shape is not None:
+        return 0
+    return n.workspace_bytes - n.attrs.get("scratch", 0)
+
+
+def _dropped_like(n, p) -> bool:
+    """A dropped output has operand `p`'s shape and dtype: index_put's is its first argument's; addmm's first
+    argument broadcasts to its 2-D output and shares its dtype, so a 2-D one as large is the output's shape."""
+    if dropped_output_bytes(n) != p.bytes or p.shape is None:
+        return False
+    return n.op == "aten.index_put.default" or (n.op == "aten.addmm.default" and len(p.shape) == 2)
+
+
 def candidates(g: TrainingGraph, table: Mapping[str, tuple[int, ...]]) -> dict[int, int]:
     """Stage -> the input index whose bytes node t's output takes, by the rule above (the first allowed)."""
     lv = analyze(g)
@@ -52,7 +72,9 @@ def candidates(g: TrainingGraph, table: Mapping[str, tuple[int, ...]]) -> dict[i
     out: dict[int, int] = {}
     for t, n in enumerate(g.nodes):
         positions = table.get(n.op)
-        if not positions or n.items is not None or n.shape is None or n.kind in ("input", "labels"):
+        dropped = dropped_output_bytes(n) > 0
+        if not positions or n.items is not None or (n.shape is None and not dropped) \
+                or n.kind in ("input", "labels"):
             continue
         names = [r.name for r in n.inputs]
         for k in _arg_inputs(n.attrs.get("args", []), positions):
@@ -61,8 +83,9 @@ def candidates(g: TrainingGraph, table: Mapping[str, tuple[int, ...]]) -> dict[i
             r = n.inputs[k]
             p = g.nodes[index[r.name]] if r.name in index else None
             if (p is None or r.view or names.count(r.name) != 1 or r.name in decision or lv.end.get(r.name) != t
-                    or p.kind in ("input", "labels") or p.items is not None or p.shape != n.shape
-                    or p.dtype != n.dtype or _then_reads(n.attrs, k) or r.name == n.aux_of):
+                    or p.kind in ("input", "labels") or p.items is not None
+                    or (not _dropped_like(n, p) if dropped else p.shape != n.shape or p.dtype != n.dtype)
+                    or _then_reads(n.attrs, k) or r.name == n.aux_of):
                 continue
             out[t] = k
             break

@@ -195,6 +195,8 @@ class TrainingGraph:
     trainable: tuple[str, ...] | None = None  # parameters the optimizer updates; None: every parameter
     frozen_in_flash: bool = False  # frozen parameters live in read-only memory (C firmware), not in the budget
     exported: bool = False  # traced as torch.export traces (a library's helper needed it): the reference runs so too
+    # "channels_last": the plan holds its convolution weights so (`--fuse`; runtime/python/memory_format.py)
+    memory_format: str = "contiguous"
 
     def __post_init__(self) -> None:
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -298,6 +300,7 @@ class TrainingGraph:
             **({"trainable": list(self.trainable)} if self.trainable is not None else {}),
             **({"frozen_in_flash": True} if self.frozen_in_flash else {}),
             **({"exported": True} if self.exported else {}),
+            **({"memory_format": self.memory_format} if self.memory_format != "contiguous" else {}),
             # Token-id inputs only, so image models' schedules (and their content hashes) stay as they were.
             **({"input_dtype": self.input_dtype, "input_high": self.input_high} if self.input_dtype != "float32" else {}),
             "params": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.params.items()},
@@ -324,6 +327,7 @@ class TrainingGraph:
             trainable=tuple(d["trainable"]) if "trainable" in d else None,
             frozen_in_flash=bool(d.get("frozen_in_flash", False)),
             exported=bool(d.get("exported", False)),
+            memory_format=d.get("memory_format", "contiguous"),
             input_dtype=d.get("input_dtype", "float32"),
             input_high=d.get("input_high"),
         )

@@ -119,7 +119,7 @@ def _profile_aten(graph: TrainingGraph, repeats: int, seed: int, warmup: int, ov
                   weights)
         del params, buffers  # the runtime holds its own copies
         rt = Runtime(weights, os.path.join(tmp, "pages"), device="cpu", optimizer=graph.optimizer.to_json(),
-                     trainable=graph.trainable_params, seed=seed)
+                     trainable=graph.trainable_params, seed=seed, memory_format=graph.memory_format)
         walk, timed_from, fastest = 0, None, float("inf")
         while walk < warmup + repeats or (time.perf_counter() - timed_from < min_walk_s
                                           and walk < warmup + MAX_REPEATS):

@@ -22,6 +22,7 @@ import torch
 
 from edgetrain.runtime.python.int8_reference import quantize_multiplier
 
+from ..errors import UnsupportedModelError
 from .ir import Node, TensorRef, TensorSpec, TrainingGraph
 
 CONV = "aten.convolution.default"
@@ -90,6 +91,24 @@ def frozen_prefix(g: TrainingGraph) -> tuple[str, ...]:
     return tuple(chain)
 
 
+def prefix_or_error(g: TrainingGraph, flag: str = "--quantize-frozen int8") -> tuple[str, ...]:
+    """`frozen_prefix(g)`, or one error saying why there is none and what to do (nothing frozen, or an op int8 has
+    no kernel for where the prefix would begin)."""
+    frozen = set(g.params) - set(g.trainable_params)
+    if not frozen:
+        raise UnsupportedModelError(f"{flag}: every parameter of the model trains, so there is no frozen backbone to "
+                                    "quantise; freeze it with --train (e.g. --train last:2), or drop the flag")
+    prefix = frozen_prefix(g)
+    if prefix:
+        return prefix
+    first = next(n for n in g.nodes if n.kind not in ("input", "labels"))
+    why = "reads trained parameters" if set(first.params) - frozen else "has no int8 kernel"
+    raise UnsupportedModelError(
+        f"{flag}: the model's first op, node `{first.name}` ({first.op}{', ' + first.source if first.source else ''}), "
+        f"{why}; an int8 prefix is the frozen convolutions, ReLU/ReLU6 and residual adds from the input on. Freeze "
+        "the first layers (--train) or drop the flag")
+
+
 def boundary(g: TrainingGraph, prefix: tuple[str, ...]) -> tuple[str, ...]:
     """The prefix's tensors that a node outside it reads."""
     inside, readers = set(prefix), _readers(g)
@@ -140,6 +159,24 @@ def weight_quant(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scales
 
 
+def conv_integers(q8: dict, weights) -> dict[str, np.ndarray]:
+    """An int8 convolution's integer parameters from its float ones and the scales its attrs["q8"] holds: int8
+    weights (round(w / s_w[oc])) and int32 biases (round(b / (s_x * s_w[oc]))). The one definition of both: the
+    pass calls it, and so does every backend that writes them out."""
+    s_w = np.asarray(q8["w_scales"], np.float64)
+    w = np.asarray(weights[q8["weight"]].detach().double().numpy() if isinstance(weights[q8["weight"]], torch.Tensor)
+                   else weights[q8["weight"]], np.float64)
+    out = {q8["weight"]: np.clip(np.round(w / s_w.reshape((-1,) + (1,) * (w.ndim - 1))), -127, 127).astype(np.int8)}
+    if q8["bias"]:
+        b = weights[q8["bias"]]
+        b = np.asarray(b.detach().double().numpy() if isinstance(b, torch.Tensor) else b, np.float64)
+        bias = np.round(b / (q8["x_scale"] * s_w)).astype(np.int64)
+        if np.abs(bias).max(initial=0) >= 1 << 31:
+            raise ValueError(f"{q8['bias']} does not fit int32 at its input's and weights' scales")
+        out[q8["bias"]] = bias.astype(np.int32)
+    return out
+
+
 def quantize_frozen(g: TrainingGraph, prefix: tuple[str, ...], ranges: dict[str, tuple[float, float]],
                     weights: dict[str, torch.Tensor]) -> Quantized:
     """`g` with `prefix` in int8 (module docstring); `ranges` from `calibrate`."""
@@ -168,21 +205,16 @@ def quantize_frozen(g: TrainingGraph, prefix: tuple[str, ...], ranges: dict[str,
         if n.op == CONV:
             a = n.attrs["args"]
             wname, bname = a[1]["$p"], a[2]["$p"] if a[2] else None
-            qw, s_w = weight_quant(weights[wname].detach().double().numpy())
+            _, s_w = weight_quant(weights[wname].detach().double().numpy())
             s_y, zp_y = activation_quant(*ranges[name])
             ms = [quantize_multiplier(float(s_x * sw / s_y)) for sw in s_w]
-            values[wname] = qw
-            params[wname] = TensorSpec(params[wname].shape, "int8")
-            if bname:
-                bias = np.round(weights[bname].detach().double().numpy() / (s_x * s_w)).astype(np.int64)
-                if np.abs(bias).max(initial=0) >= 1 << 31:
-                    raise ValueError(f"{bname} does not fit int32 at its input's and weights' scales")
-                values[bname] = bias.astype(np.int32)
-                params[bname] = TensorSpec(params[bname].shape, "int32")
-            q8 = {"x_zp": zp_x, "scale": s_y, "zp": zp_y, "w_scales": [float(v) for v in s_w],
+            q8 = {"x_zp": zp_x, "x_scale": s_x, "scale": s_y, "zp": zp_y, "w_scales": [float(v) for v in s_w],
                   "mult": [m for m, _ in ms], "shift": [s for _, s in ms],
                   "stride": list(a[3]), "padding": list(a[4]), "dilation": list(a[5]), "groups": a[8],
                   "weight": wname, "bias": bname}
+            for p, v in conv_integers(q8, weights).items():
+                values[p] = v
+                params[p] = TensorSpec(params[p].shape, str(v.dtype))
             quant[name] = (s_y, zp_y)
             op = Q8_CONV
         else:  # ReLU/ReLU6 keep their input's quantisation: a clamp at the zero point (and at 6)
@@ -191,7 +223,9 @@ def quantize_frozen(g: TrainingGraph, prefix: tuple[str, ...], ranges: dict[str,
                 q8["q6"] = int(min(127, zp_x + round(6.0 / s_x)))
             quant[name] = (s_x, zp_x)
             op = Q8_RELU6 if n.op == HARDTANH else Q8_RELU
-        new[name] = replace(n, op=op, inputs=(TensorRef(prev),), dtype="int8", attrs={"q8": q8})
+        # args: the operand a backend's in-place table (graph/inplace.py) may write a ReLU's output over
+        args = {} if op == Q8_CONV else {"args": [{"$t": 0}]}
+        new[name] = replace(n, op=op, inputs=(TensorRef(prev),), dtype="int8", attrs={"q8": q8, **args})
     deq = {b: Node(f"{b}_dq", "forward", Q8_DEQUANTIZE, (TensorRef(b),), shape=g.node(b).shape, dtype="float32",
                    attrs={"q8": {"scale": quant[b][0], "zp": quant[b][1]}}, flops=int(np.prod(g.node(b).shape)))
            for b in boundary(g, prefix)}
@@ -212,8 +246,10 @@ def quantize_frozen(g: TrainingGraph, prefix: tuple[str, ...], ranges: dict[str,
     return Quantized(prefix, graph, values)
 
 
-def prefix_program(q: Quantized) -> str:
-    """The int8 nodes as the runtime reference reads them (JSON: name, op, operand and attrs["q8"], in order)."""
-    ops = [n for n in q.graph.nodes if n.op.startswith("edgetrain.q8_")]
+def prefix_program(q: Quantized | TrainingGraph) -> str:
+    """The int8 nodes (of a rewrite, or of a graph that holds them) as the runtime reference reads them (JSON: name,
+    op, operand and attrs["q8"], in order)."""
+    g = q.graph if isinstance(q, Quantized) else q
+    ops = [n for n in g.nodes if n.op.startswith("edgetrain.q8_")]
     return json.dumps([{"name": n.name, "op": n.op.split(".")[1], "inputs": [r.name for r in n.inputs],
                         "q8": n.attrs["q8"]} for n in ops])

@@ -9,8 +9,9 @@ resident-set high-water growth over each node of the zoo's models and over singl
 - convolutions: the rule in `runtime/python/kernel_scratch.py` (the weight re-laid out in oneDNN's blocked
   format and one or two activation-sized buffers beside it; details there), shared with the local-learning step
   counter;
+- a masked softmax (`_safe_softmax`): a boolean mask of its input, one byte an element (same module);
 - every other op measured no scratch beyond the pages its outputs map (elementwise ops, batch norm, pooling,
-  matrix products, softmax, layer norm): none.
+  matrix products, plain softmax, layer norm): none.
 
 Batch 1 and pointwise convolutions measured far less than the rule (oneDNN then keeps the plain layout): the
 rule stays an upper bound rather than follow each of oneDNN's choices. A plan is compiled for its target's

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from edgetrain.compiler.errors import OverBudgetError, ValidationError
 from edgetrain.compiler.graph.costs import stream_in
+from edgetrain.compiler.graph.inplace import dropped_output_bytes
 from edgetrain.compiler.graph.ir import TrainingGraph
 
 
@@ -91,9 +92,10 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
             if n.aux_of and f"{n.aux_of}.aux" not in resident:
                 raise fail(k, st, f"statistics {n.aux_of}.aux are not resident")
             into = n.into
-            if into is not None and resident[into] != n.bytes:
-                raise fail(k, st, f"its output ({n.bytes} B) cannot take the {resident[into]} B of {into}")
-            shared = n.bytes if into is not None else 0
+            out_bytes = n.bytes or dropped_output_bytes(n)  # a dropped output is in the workspace
+            if into is not None and resident[into] != out_bytes:
+                raise fail(k, st, f"its output ({out_bytes} B) cannot take the {resident[into]} B of {into}")
+            shared = out_bytes if into is not None else 0
             new = n.bytes - shared + (n.aux_bytes if st.action == "compute" else 0)
             at_node = live + new + n.workspace_bytes
             if budget_bytes is not None and at_node > budget_bytes:

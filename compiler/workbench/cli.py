@@ -166,6 +166,13 @@ def _parser() -> argparse.ArgumentParser:
                         "names ('classifier.*,features.16.*'), biases (names ending in bias), last:N (the last N "
                         "modules with parameters) or all; default: the model's requires_grad flags")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--quantize-frozen", choices=["int8"],
+                   help="with --emit c: run the frozen forward prefix (convolutions, ReLU/ReLU6, residual adds from the "
+                        "input on) in int8, per-channel weights, the trained head in float32 from its dequantised "
+                        "output; activation ranges measured on 4 batches of --calibrate")
+    c.add_argument("--calibrate", default="random", metavar="SOURCE",
+                   help="with --quantize-frozen: the batches its activation ranges come from: random (the default: "
+                        "standard normal, what `run --data random` trains on), fashion-mnist or digits")
     c.add_argument("--emit", default="python", choices=list(EMITS),
                    help="python: a plan for the torch runtime (Jetson, Pi, host); c: C training firmware for "
                         "runtime/c (Cortex-M: plan.c/plan.h, drivers, Makefile)")
@@ -256,8 +263,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_compile(a) -> dict:
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
+    from .calibration import calibration_of
 
+    if a.calibrate != "random" and a.quantize_frozen is None:
+        raise EdgetrainError(f"--calibrate {a.calibrate} chooses the batches an int8 prefix is calibrated on: give "
+                             "--quantize-frozen int8 too, or drop it")
     if a.mode == "local":
+        if a.quantize_frozen is not None:
+            raise EdgetrainError("--quantize-frozen makes an int8 prefix for backprop's plan (--mode poet); --mode "
+                                 "local trains every layer: drop one of them")
         if a.train is not None:
             raise EdgetrainError("--train selects what backprop trains; --mode local trains every layer block by "
                                  "block: drop --train or use --mode poet")
@@ -276,7 +290,8 @@ def _cmd_compile(a) -> dict:
                           deadline=a.deadline, batch_size=a.batch_size, input_shape=a.input_shape,
                           time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
                           lns=a.lns, cuts=a.cuts, train=a.train, repeats=a.repeats, fuse=a.fuse,
-                          optimizer=_optimizer(a))
+                          optimizer=_optimizer(a), quantize_frozen=a.quantize_frozen, calibrate=a.calibrate,
+                          calibration=calibration_of(a.calibrate))
     if a.json or not sys.stderr.isatty():  # a log or a pipe: one line per step, as it happens
         return compile_model(opts, progress=_progress_line)
     with console(stderr=True).status("compiling") as status:

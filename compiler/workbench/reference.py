@@ -84,14 +84,23 @@ def make_optimizer(params, config: dict) -> torch.optim.Optimizer:
     return getattr(torch.optim, unit.torch_class)(params, **unit.settings(config), foreach=False)
 
 
+def _as(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None) -> torch.Tensor:
+    return t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+
+
 def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                    device: torch.device, first_step: int = 0) -> tuple[nn.Module, list[float]]:
+                    device: torch.device, first_step: int = 0, feed=None,
+                    dtype: torch.dtype | None = None) -> tuple[nn.Module, list[float]]:
+    """The model trained by autograd on `batches`; `feed(model)`, where given, returns what is called with each
+    batch's input before its step (an int8 prefix's reference hands its head the integer prefix's output);
+    `dtype`: the eager run's floats where given (float64: what float32 rounding is measured against); else the
+    model's own."""
     check_draws(schedule)
     spec = schedule["model"]
     torch.manual_seed(schedule["seed"])
     model = resolve(spec["spec"], **spec["kwargs"]).module
     load_weights(model, weights_path)
-    model.to(device).train()
+    model.to(device=device, dtype=dtype).train()
     clock = [schedule["seed"], first_step, {}]
     keyed, drawn = _draws(schedule), []
     graph = schedule["graph"]
@@ -105,14 +114,16 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     fn = objective(loss if user_fn is None else "cross_entropy", graph.get("input_dtype") == "int64", user_fn)
     gpu = Target(**schedule["target"]).gpu
     losses = []
+    before = feed(model) if feed is not None else (lambda x: None)
     for k, (x, y) in enumerate(batches):
+        before(x)
         clock[1], clock[2] = first_step + k, {}
         opt.zero_grad(set_to_none=True)
         # C firmware hashes its masks; a GPU plan's attention is the kernel its graph was traced with; library code
         # takes the path it took in the trace
         with KeyedRandom(model, drawn, clock=clock, hashed=schedule.get("backend") == "c"), portable_kernels(gpu), \
                 as_export(graph.get("exported", False)):
-            value = fn(model, x.to(device), y.to(device))
+            value = fn(model, _as(x, device, dtype), _as(y, device, dtype))
         missing = [node for key, node in keyed.items() if key not in drawn]
         if missing:  # the eager forward drew other numbers than the plan: its steps would not compare
             raise EdgetrainError(_refusal(schedule, missing[0], "has no like draw in the model's eager forward"))

@@ -80,6 +80,9 @@ def print_human(cmd: str, r: dict) -> None:
         if r.get("fused_kernels"):
             con.print(f"fused: {r['fused_kernels']} chains of {r['fused_ops']} pointwise ops run as inductor kernels "
                       "(checked within a tolerance, not bitwise)")
+        if r.get("memory_format", "contiguous") != "contiguous":
+            con.print(f"layout: convolution weights {r['memory_format']}, activations following them "
+                      "(checked within a tolerance, not bitwise)")
         if r.get("train") is not None or r.get("trainable_tensors", 0) < r.get("param_tensors", 0):
             con.print(escape(selection_line(r)))
         if r.get("device_fit"):
@@ -113,6 +116,7 @@ def print_human(cmd: str, r: dict) -> None:
         if r.get("checked") and r.get("max_abs_err") is not None:
             con.print(f"check against autograd: max abs err {r['max_abs_err']:.3g}, max rel err "
                       f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
+            _print_float64_rule(con, r)
         if not r["ok"]:
             con.print(f"[red]{escape(error_message(r))}")
     elif cmd == "sweep":
@@ -153,9 +157,12 @@ def print_human(cmd: str, r: dict) -> None:
                       f"(training state, step {r['first_step'] + r['steps']})")
         if r.get("checked"):
             kernels = " (both sides with cuDNN off)" if r.get("cudnn") is False else ""
-            if r.get("fused_kernels"):  # inductor's kernels are not eager's to the bit: the check says how close
-                kernels += (f" ({r['fused_kernels']} fused kernels: within rtol {r['check_rtol']:g}, atol "
-                            f"{r['check_atol']:g}, not bitwise)")
+            if r.get("fused_kernels") or r.get("memory_format", "contiguous") != "contiguous":
+                # inductor's kernels and channels-last sums are not eager's to the bit: the check says how close
+                what = f"{r['fused_kernels']} fused kernels" if r.get("fused_kernels") else ""
+                if r.get("memory_format", "contiguous") != "contiguous":
+                    what += (", " if what else "") + f"{r['memory_format']} convolution weights"
+                kernels += f" ({what}: within rtol {r['check_rtol']:g}, atol {r['check_atol']:g}, not bitwise)"
             con.print(f"check against autograd{kernels}: max abs err {r['max_abs_err']:.3g}, max rel err "
                       f"{r['max_rel_err']:.3g} -> {'[green]OK' if r['ok'] else '[red]MISMATCH'}")
         if not r["ok"]:
@@ -191,3 +198,15 @@ def print_human(cmd: str, r: dict) -> None:
         con.print(f"solver {sol['name']}: {sol['status']}, gap {percent(sol.get('gap'))}, {seconds} s")
 
 
+def _print_float64_rule(con, r: dict) -> None:
+    """C firmware's check: how many tensors were within rtol/atol, and each one held to the float64 run instead."""
+    held = r.get("check_tensors") or []
+    if not held:
+        return
+    con.print(f"{r['within_rtol']} tensors within rtol {r['check_rtol']:g}, atol {r['check_atol']:g} of eager "
+              f"float32; {len(held)} beyond it, held to a float64 run of the same steps (pass: at most "
+              f"{r['check_rounding_factor']:g}x eager float32's error against it):")
+    for c in held:
+        verdict = "[green]rounding" if c["rule"] == "float64" else "[red]FAILED"
+        con.print(f"  {escape(c['name'])}: max abs err {c['max_abs_err']:.3g}; against float64: firmware "
+                  f"{c['float64_err']:.3g}, eager float32 {c['eager_float64_err']:.3g} -> {verdict}")

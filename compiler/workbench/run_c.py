@@ -1,7 +1,8 @@
 """`edgetrain run DIR [--qemu]` for C firmware: draw the batches, run the firmware (the C backend's runner:
 codegen/c/runner.py, on the host or under QEMU on the target's board), and hold the weights it trained
-against PyTorch autograd from the same initial weights and data. The run is gated on the firmware's exit
-code and status.
+against PyTorch autograd from the same initial weights and data (with an int8 prefix: the prefix bit for bit against
+the integer reference, the head against autograd from that prefix's output, int8_check.py). The run is gated on the
+firmware's exit code and status.
 """
 from __future__ import annotations
 
@@ -10,25 +11,9 @@ import os
 import torch
 
 from edgetrain.codegen.c.runner import STATUS, run_program, verified_firmware
+from .check_rules import ATOL, ROUNDING_FACTOR, RTOL, check_tensors, tensors_of
+from .int8_check import Int8Reference, boundary_mismatches
 from .reference import train_reference
-
-RTOL, ATOL = 1e-5, 1e-6
-
-
-def _compare(ours: dict, model) -> tuple[float, float, list[str]]:
-    """The firmware's parameters and float buffers (running statistics) against the reference's."""
-    max_abs = max_rel = 0.0
-    bad = []
-    refs = list(model.named_parameters()) + [(k, b) for k, b in model.named_buffers() if k in ours]
-    for k, ref in refs:
-        a, b = ours[k], ref.detach().cpu()
-        diff = (a - b).abs()
-        max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
-        max_rel = max(max_rel, float((diff / b.abs().clamp_min(ATOL)).max()) if diff.numel() else 0.0)
-        if not torch.allclose(a, b, rtol=RTOL, atol=ATOL):
-            bad.append(f"param {k}")
-    return max_abs, max_rel, bad
-
 
 def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "random", check: bool = False,
                  seed: int = 1, cycle: int | None = None, timeout_s: float = 600.0, corrupt_page: int | None = None,
@@ -76,18 +61,40 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                            + (f": page file {missing} is missing from the medium" if missing else ""))
         return result
     if check:
-        model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
-                                            torch.device("cpu"))
-        max_abs, max_rel, bad = _compare(r["params"], model)
+        weights = os.path.join(out_dir, "weights.safetensors")
+        int8 = Int8Reference(body, weights) if manifest.get("int8_boundary_floats") else None
+        if int8 is not None and batches:  # the int8 prefix first: bit for bit, or the head's check means nothing
+            bad_bits = boundary_mismatches(r["int8_boundary"], int8.flat(batches[-1][0]))
+            result.update(int8_boundary_floats=manifest["int8_boundary_floats"], int8_boundary_mismatches=bad_bits)
+            if bad_bits:
+                result.update(ok=False, error_kind="CheckMismatch", error=(
+                    f"the firmware's int8 prefix differs from the Python integer reference in {bad_bits} of its "
+                    f"{manifest['int8_boundary_floats']} boundary values (bit for bit expected)"))
+                return result
+        feed = int8.feed if int8 is not None else None
+        model, ref_losses = train_reference(body, weights, batches, torch.device("cpu"), feed=feed)
+        integers = int8.values if int8 is not None else {}  # const in flash, held by the prefix's check
+
+        def held(m) -> dict:
+            return {k: t for k, t in tensors_of(m, r["params"]).items() if k not in integers}
+        eager = held(model)
+        checks = check_tensors(r["params"], eager, lambda: held(train_reference(
+            body, weights, batches, torch.device("cpu"), feed=feed, dtype=torch.float64)[0]))
         model.eval()  # et_predict is inference: batch norm with its running statistics
         with torch.no_grad():
             ref_logits = model(batches[-1][0]).reshape(-1) if batches else torch.zeros(0)
         logit_err = float((r["logits"] - ref_logits).abs().max()) if batches else 0.0
-        result.update(max_abs_err=max_abs, max_rel_err=max_rel, reference_losses=ref_losses, mismatched=bad[:20],
-                      predict_max_abs_err=logit_err)
+        bad = [c for c in checks if c.rule == "failed"]
+        result.update(max_abs_err=max((c.max_abs_err for c in checks), default=0.0),
+                      max_rel_err=max((c.max_rel_err for c in checks), default=0.0), reference_losses=ref_losses,
+                      mismatched=[f"param {c.name}" for c in bad][:20], predict_max_abs_err=logit_err,
+                      check_rtol=RTOL, check_atol=ATOL, check_rounding_factor=ROUNDING_FACTOR,
+                      within_rtol=sum(c.rule == "rtol" for c in checks),
+                      check_tensors=[c.to_json() for c in checks if c.rule != "rtol"])
         if bad:
             result["ok"] = False
             result["error_kind"] = "CheckMismatch"
-            result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}: "
-                               f"{', '.join(bad[:5])} (max abs err {max_abs:.3g}, max rel err {max_rel:.3g})")
+            result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}, and from a "
+                               f"float64 run of the same steps by more than {ROUNDING_FACTOR:g}x eager float32's "
+                               f"error: {'; '.join(c.describe() for c in bad[:5])}")
     return result

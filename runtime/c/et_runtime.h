@@ -51,5 +51,6 @@
 #include "kernels/q8_relu6.h"
 #include "kernels/q8_maxpool2d.h"
 #include "kernels/q8_avgpool2d.h"
+#include "kernels/q8_convert.h"
 
 #endif /* ET_RUNTIME_H */

@@ -48,15 +48,15 @@ def load_plan(plan_dir) -> ModuleType:
 
 
 def runtime_for(plan: ModuleType, storage_dir=None, device=None) -> Runtime:
-    """A Runtime set up as a loaded plan says: weights relative to the plan's folder, its optimizer, seed and
-    thread count (1 for a plan from before plans named one)."""
+    """A Runtime set up as a loaded plan says: weights relative to the plan's folder, its optimizer, seed,
+    thread count (1 for a plan from before plans named one) and memory format."""
     p, plan_dir = plan.PLAN, Path(plan.PLAN_DIR)
     opt = p["optimizer"]
     outputs = getattr(plan, "OUTPUTS", None)
     return Runtime(plan_dir / p["weights"], storage_dir if storage_dir is not None else plan_dir / "pages",
                    device=device, optimizer=opt, trainable=p.get("trainable"), seed=p["seed"],
                    expected_tensors=outputs["tensors"] if outputs else None, threads=p.get("threads", PLAN_THREADS),
-                   streamed=p.get("streamed"))
+                   streamed=p.get("streamed"), memory_format=p.get("memory_format"))
 
 
 from .device_api import Trainer  # noqa: E402  (it builds on load_plan and runtime_for above)

@@ -4,7 +4,8 @@ The runtime holds every tensor by name, counts it in the ledger, runs each step'
 kernel, the one autograd runs), applies the optimizer right after a parameter's gradient is made, and pages
 tensors to files. It checks the plan as it goes: an operand that is not resident, a
 tensor computed twice, a page-in of something never paged out all raise `PlanError` naming the tensor and
-the step. What a node's call reads from the plan's literals is read once and reused (`prepared.py`).
+the step. What a node's call reads from the plan's literals is read once and reused (`prepared.py`); how a
+node's op runs (operands, kernel, held outputs, updates) is `op_runner.py`.
 """
 from __future__ import annotations
 
@@ -18,39 +19,19 @@ import torch
 from torch import Tensor
 
 from .integrity import read_weights
-from . import aten_call, cuda_memory, fused_kernels, heap, inplace, plan_api, prepared
+from . import cuda_memory, fused_kernels, heap, memory_format as layouts, plan_api, prepared
 from .ledger import Ledger
 from .streamed_weights import StreamedWeights
 from .optim import Optimizer
 from .storage import FileStore, PendingRead
+from .op_runner import OpRunner, Overwritten
+from .plan_error import PlanError
 
 INPUT, LABELS = "input", "labels"
 
 
-class PlanError(RuntimeError):
-    """The plan asked for something the runtime's state does not allow."""
-
-
-class _Overwritten:
-    """Stands for a resident tensor whose storage an in-place op took (`inplace.py`) until the plan frees it."""
-    __slots__ = ("op", "by")
-
-    def __init__(self, op: int, by: str) -> None:
-        self.op, self.by = op, by
-
-
 def nbytes(t: Tensor) -> int:
     return t.nbytes  # numel x element size
-
-
-def _aliases(outs, ins) -> bool:
-    """Whether an output with elements shares its storage with an operand with elements."""
-    ptrs = [o.untyped_storage().data_ptr() for o in outs if isinstance(o, Tensor) and o.numel()]
-    if ptrs:
-        for t in ins:
-            if isinstance(t, Tensor) and t.numel() and t.untyped_storage().data_ptr() in ptrs:
-                return True
-    return False
 
 
 def _name(ref) -> str:
@@ -62,13 +43,14 @@ def _words(what) -> str:
     return what if isinstance(what, str) else what[0].format(*what[1:])
 
 
-class Runtime:
+class Runtime(OpRunner):
     def __init__(self, weights_file: str | PathLike, storage_dir: str | PathLike, *, device=None,
                  optimizer: dict | None = None, trainable=None, lr: float | None = None,
                  momentum: float | None = None, weight_decay: float | None = None, seed: int = 0,
                  expected_tensors: dict | None = None, threads: int | None = None,
-                 streamed: dict | None = None) -> None:
-        """`streamed`: node name -> the frozen parameters it reads from the weights file each time it runs
+                 streamed: dict | None = None, memory_format: str | None = None) -> None:
+        """`memory_format`: the plan's layout of its convolution weights (memory_format.py; None: contiguous).
+        `streamed`: node name -> the frozen parameters it reads from the weights file each time it runs
         (streamed_weights.py), held only while it runs. `threads`: torch's intra-op thread count while a step trains on the CPU (the plan's: its kernel scratch
         was counted for it; `runtime_for` passes it), set back after the step; None leaves torch's own."""
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -105,6 +87,9 @@ class Runtime:
             (self._params if kind == "param" else self._buffers)[name] = t
             self.ledger.alloc(key, nbytes(t))
         self._resident_params = MappingProxyType({k: t for k, t in self._params.items() if k not in self.streamed.tensors})
+        self.memory_format = layouts.check(memory_format)
+        # before the optimizer's state copies their layout; a streamed weight is read as its file holds it
+        layouts.lay_out(dict(self._resident_params), self.memory_format)
         self.trainable = tuple(self._params) if trainable is None else tuple(trainable)
         missing = [p for p in self.trainable if p not in self._params]
         if missing:
@@ -187,7 +172,7 @@ class Runtime:
             value = self._live[name]
             if isinstance(value, PendingRead):  # a page-in read ahead: its bytes are needed now
                 value = self._live[name] = self._waited(value.result)
-            elif value.__class__ is _Overwritten:
+            elif value.__class__ is Overwritten:
                 raise PlanError(f"{self._what}: tensor '{name}' was overwritten in place by '{value.by}' at op "
                                 f"#{value.op}, where the plan said it would be freed next")
             return value
@@ -347,161 +332,6 @@ class Runtime:
         self._prepared[(name, first)] = node
         return node
 
-    def _operands(self, node: prepared.Node) -> list:
-        live, ins = self._live, []
-        for k, (r, view) in enumerate(node.operands):
-            t = live.get(r)
-            if t.__class__ is not Tensor:  # absent, overwritten, read ahead, or a held tuple: the full check
-                t = self._require(r)
-            if view is not None:
-                try:
-                    t = aten_call.view_of(t, view)
-                except (RuntimeError, IndexError, TypeError) as e:
-                    raise PlanError(f"{self._what}: view {node.inputs[k]['view']} of '{r}': {e}") from None
-            ins.append(t)
-        return ins
-
-    def _run_aten(self, first, name, node):
-        """One aten op: operands in, the outputs the plan keeps held, updates applied, the rest dropped."""
-        ins = self._operands(node)
-        aux = self._require(node.aux_name) if node.aux_name is not None else None
-        spot = self._inplace_spot(node, ins) if node.dying and node.into is None else None
-        ledger = self.ledger
-        grad_was = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)  # torch.no_grad() without its context object, once per op
-        try:
-            # A kernel's scratch (the compiler's rule, in the plan) is held while its op runs and its outputs are applied.
-            if node.scratch:
-                ledger.enter(node.scratch, node.scratch_label)
-                try:
-                    held, outs = self._own_op(first, name, node, ins, aux, spot)
-                finally:
-                    ledger.leave(node.scratch)
-            else:
-                held, outs = self._own_op(first, name, node, ins, aux, spot)
-            if spot is not None:  # the operand's bytes are the output's now: any read before its free is refused
-                self._live[node.operands[spot[0]][0]] = _Overwritten(self._op, name)
-                self.in_place_ops += 1
-            for sub in node.then:  # each holds nothing
-                ledger.enter(sub.scratch, sub.scratch_label)
-                try:
-                    more = aten_call.run(sub.call, ins, aux, self.seed, self.step, held)
-                    dropped = aten_call.dropped_bytes(more, "none")
-                    ledger.enter(dropped, sub.drop_label)
-                    try:
-                        self._apply_updates(more, sub.updates)
-                    finally:
-                        ledger.leave(dropped)
-                finally:
-                    ledger.leave(sub.scratch)
-        finally:
-            torch._C._set_grad_enabled(grad_was)
-        if node.loss_item is not None:
-            item = node.loss_item[0]
-            self._step_loss = float(outs[0] if item is None else outs[item])
-            self.losses.append(self._step_loss)
-        return held
-
-    def _inplace_spot(self, node, ins):
-        """(operand, arguments) where the op may write into an operand the plan frees right after it."""
-        spot = inplace.plan(node.op, node.attrs, ins, node.plain)
-        if spot is None or self.store.writing(node.operands[spot[0]][0]):  # a page-out still reading it keeps it
-            return None
-        return spot
-
-    def _own_op(self, first, name, node, ins, aux, spot=None):
-        """The node's own op: its outputs held (and aux), its updates applied while the rest are dropped.
-        `spot`: run the op's in-place twin into that operand (`inplace.plan`)."""
-        updates = node.updates
-        twin, self._twin = self._twin, None  # (key, operands, outputs) of the call just before, of this node's op
-        if spot is not None or node.into is not None:
-            twin = None  # an in-place twin runs instead
-        if node.into is not None:
-            outs = self._into(name, node, ins, aux)
-        elif spot is None and node.buffer_call is not None:
-            outs = aten_call.run(node.buffer_call, ins, aux, self.seed, self.step)
-            new = node.buffer_outs  # the new values, in place already
-            try:
-                outs += [new[k] for k in range(len(outs), len(outs) + len(new))]
-            except KeyError as e:
-                raise PlanError(f"{self._what}: unknown op, parameter or buffer {e.args[0]!r}") from None
-            updates = ()
-        elif spot is None and node.twin is not None:
-            # A node holding one output of an op whose outputs are held apart: the op's node computed by the call
-            # just before on the same operands ran it already (the graph's time model still counts both runs).
-            if twin is not None and len(twin[1]) == len(ins) and all(a is b for a, b in zip(twin[1], ins)):
-                outs = twin[2]
-            else:
-                twin = None  # its outputs go before this op makes its own
-                outs = aten_call.run(node.call, ins, aux, self.seed, self.step)
-                self._twin = (node.twin, ins, outs)
-        else:
-            outs = aten_call.run(node.call if spot is None else node.inplace_call(spot), ins, aux, self.seed,
-                                 self.step)
-        items = node.held_items
-        if not items:
-            held = None
-        elif node.keep_list:
-            held = tuple(outs[k] for k in items)
-        else:
-            held = outs[items[0]]
-        if node.into is not None:  # counted in the operand's bytes, as the schedule counts it
-            if held is not None:
-                x = node.operands[node.into][0]
-                self.ledger.hand_over(x, name)
-                self._live[name] = held
-                self._live[x] = _Overwritten(self._op, name)
-                self.in_place_ops += 1
-        elif held is not None and spot is None:
-            held_items = held if node.keep_list else (held,)
-            if _aliases(held_items, ins):
-                raise PlanError(f"{self._what}: the op's output aliases an operand")
-            self._hold(name, held, sum(o.nbytes for o in held_items) if node.keep_list else held.nbytes)
-        elif held is not None:  # counted as a new tensor, as the schedule does; the operand's bytes go at its free
-            self._hold(name, held, held.nbytes)
-        if first and node.aux_items:
-            aux_out = tuple(outs[k] for k in node.aux_items)
-            self._hold(f"{name}.aux", aux_out, sum(a.nbytes for a in aux_out))
-        dropped = aten_call.dropped_among(outs, node.kept) if len(outs) > 1 or node.multi_out else 0
-        if dropped:
-            self.ledger.enter(dropped, node.drop_label)
-            try:
-                self._apply_updates(outs, updates)
-            finally:
-                self.ledger.leave(dropped)
-        elif updates:  # nothing dropped: the updates add nothing to the count
-            self._apply_updates(outs, updates)
-        return held, outs
-
-    def _into(self, name, node, ins, aux) -> list:
-        """Run the node's op writing its output into operand `node.into`, which the schedule counts it in."""
-        k = node.into
-        x, t = node.operands[k][0], ins[k]
-        if node.operands[k][1] is not None or not isinstance(t, Tensor) or not inplace.sole_owner(t):
-            raise PlanError(f"{self._what}: cannot write into '{x}': another tensor shares its bytes")
-        if t.nbytes != self.ledger.bytes_of(x) or any(
-                j != k and isinstance(o, Tensor) and o.numel() and o.untyped_storage().data_ptr() ==
-                t.untyped_storage().data_ptr() for j, o in enumerate(ins)):
-            raise PlanError(f"{self._what}: cannot write into '{x}': another operand shares its bytes")
-        if self.store.writing(x):  # never for a tensor with a fixed life; a page-out would be reading it
-            self._waited(lambda: self.store.wait(x))
-        outs = aten_call.run(node.into_call, ins, aux, self.seed, self.step)
-        if outs[0] is not t and (not isinstance(outs[0], Tensor) or outs[0].data_ptr() != t.data_ptr()):
-            raise PlanError(f"{self._what}: {node.into_call.op} did not write into '{x}'")
-        return outs
-
-    @staticmethod
-    def _apply_updates(outs: list, updates) -> None:
-        """Each update reads its output item; a parameter's gradient nothing else holds dies with its update."""
-        for u in updates:
-            value = outs[u.item]
-            if u.view is not None:
-                value = aten_call.view_of(value, u.view)
-            if u.buffer is None:
-                u.apply(value, u.may_scratch and inplace.sole_owner(value))
-            else:
-                u.buffer.copy_(value)
-
     # -- paging and freeing ---------------------------------------------------------------------------
     def page_out(self, name) -> None:
         """Write a resident tensor (by name or handle) to storage; it stays resident until freed."""
@@ -538,7 +368,7 @@ class Runtime:
         if name.__class__ is not str:  # a handle (`_name`, inlined: a plan frees a tensor a step)
             name = name.name
         self._begin_op(("free '{}'", name))
-        if self._live.get(name).__class__ is not _Overwritten:
+        if self._live.get(name).__class__ is not Overwritten:
             self._require(name)
         if self.store.writing(name):  # a page-out still writing it lets go first: the bytes go when the ledger's do
             self._waited(lambda: self.store.wait(name))

@@ -3,7 +3,9 @@
 Counted (`COUNTED`): a node whose graph says its output takes a dying operand's bytes (`attrs["into"]`,
 compiler/graph/inplace.py) runs the op's variant that writes into that operand: its out= overload (a structured
 kernel: TensorIterator reads each element before it writes it, so an output that is exactly an input gives the
-values the functional op gives) or, for relu, whose out= overload allocates, its in-place twin. The ledger
+values the functional op gives) or, for relu, whose out= overload allocates, its in-place twin; and the two ops a
+gradient is accumulated with (addmm, index_put with accumulate), which read only their own element of the
+operand they add into. The ledger
 counts the output in the operand's bytes, as the schedule does; a node that cannot run so fails, naming why.
 
 Opportunistic (below):
@@ -71,6 +73,11 @@ COUNTED: dict[str, tuple[str, str | None, tuple[int, ...]]] = {
     "aten.tanh_backward.default": ("aten.tanh_backward.grad_input", _GRAD, (0, 1)),
     "aten.silu_backward.default": ("aten.silu_backward.grad_input", _GRAD, (0, 1)),
     "aten.gelu_backward.default": ("aten.gelu_backward.grad_input", _GRAD, (0, 1)),
+    # A gradient accumulated into (a chunked head's weight gradient, a tied embedding's rows scattered into it):
+    # addmm's out= copies nothing when out is self, then runs the same GEMM with beta; index_put is index_put_
+    # on a clone.
+    "aten.addmm.default": ("aten.addmm.out", "out", (0,)),
+    "aten.index_put.default": ("aten.index_put_.default", None, (0,)),
 }
 IN_PLACE_ARGS = {op: spec[2] for op, spec in COUNTED.items()}  # what the compiler's graph pass reads
 
@@ -128,6 +135,15 @@ def sole_owner(t: Tensor) -> bool:
         return False
     s = t.untyped_storage()
     return _use_count(s._cdata) <= 2 and s.nbytes() == t.numel() * t.element_size()
+
+
+def whole_view_owner(v: Tensor) -> bool:
+    """`v`, a view of one other tensor, is all of its storage, densely (the transposes of a transpose): it and that
+    tensor are the storage's only users, so writing into `v` changes nothing anyone else reads."""
+    if _use_count is None or not v.is_contiguous() or v.storage_offset():
+        return False
+    s = v.untyped_storage()
+    return _use_count(s._cdata) <= 3 and s.nbytes() == v.numel() * v.element_size()
 
 
 def plan(op: str, attrs: dict, ins: list, plain: list[bool]) -> tuple[int, list] | None:

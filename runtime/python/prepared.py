@@ -13,6 +13,7 @@ output sizes, storage sharing) is still read at every call.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -26,7 +27,9 @@ class Update:
     item: int
     view: tuple | None  # prepared (aten_call.prepared_view)
     apply: object = None  # the optimizer's update of a parameter: (grad, grad_is_scratch) -> None
-    may_scratch: bool = False  # a parameter's gradient not seen through a view nor held: SGD may add into it
+    # A parameter's gradient the node does not hold and no other update reads: SGD may add into it (through a view
+    # too, where the view is all of its bytes: a parameter-sized temporary there is memory no model counts)
+    may_scratch: bool = False
     buffer: Tensor | None = None  # a buffer's new value is copied into it (first computations only)
 
 
@@ -96,12 +99,13 @@ class Node:
 
 def _updates(specs, kept, first: bool, params: dict, buffers: dict, optim) -> tuple[Update, ...]:
     out = []
+    readers = Counter(u.get("item") or 0 for u in specs)
     for u in specs:
         item, view = u.get("item") or 0, u.get("view")
         if "param" in u:
             name = u["param"]
             out.append(Update(item, aten_call.prepared_view(view), apply=optim.updater(name, params[name]),
-                              may_scratch=not view and item not in kept))
+                              may_scratch=item not in kept and readers[item] == 1))
         elif first:  # a recompute never updates running statistics again
             out.append(Update(item, aten_call.prepared_view(view), buffer=buffers[u["buffer"]]))
     return tuple(out)

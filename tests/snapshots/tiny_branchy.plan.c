@@ -30,10 +30,11 @@
     } while (0)
 
 /* The arena: every tensor of a step at a fixed offset, in floats. int32 tensors (max-pool argmax,
- * labels) share the same 4-byte slots. */
+ * labels) share the same 4-byte slots; an int8 tensor starts on one and takes a byte an element. */
 static float et_arena[ET_ARENA_FLOATS];
 #define ET_F(off) (et_arena + (off))
 #define ET_I(off) ((int32_t *)(void *)(et_arena + (off)))
+#define ET_Q(off) ((int8_t *)(void *)(et_arena + (off)))
 
 void (*et_page_out_hook)(uint32_t id) = NULL;
 

@@ -1,0 +1,78 @@
+"""`run --check` of firmware with an int8 frozen prefix (compile --quantize-frozen int8).
+
+Two checks, each as strict as its arithmetic allows:
+- the prefix: the firmware's dequantised boundary on the last batch (et_int8_boundary) equals, bit for bit, the
+  Python integer reference's (runtime/python/int8_prefix.py) on the same input, integer weights and scales;
+- the head: the float model trained by autograd with each boundary module's output replaced by that reference's
+  boundary (a forward hook), so that the head trains from exactly what the firmware's head reads; its weights are
+  then held to the firmware's within the float check's tolerance (check_rules.RTOL, check_rules.ATOL).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from safetensors.numpy import load_file
+
+from edgetrain.compiler.errors import EdgetrainError
+from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.compiler.graph.quantize import Q8_CONV, Q8_DEQUANTIZE, conv_integers, prefix_program
+from edgetrain.runtime.python.int8_prefix import run_prefix
+
+
+class Int8Reference:
+    """The integer reference of a schedule's int8 prefix: its program, integer parameters and boundary modules."""
+
+    def __init__(self, body: dict, weights_path: str) -> None:
+        g = TrainingGraph.from_json(body["graph"])
+        self.program = prefix_program(g)
+        floats = load_file(weights_path)
+        self.values: dict[str, np.ndarray] = {}
+        for n in g.nodes:
+            if n.op == Q8_CONV:
+                q = n.attrs["q8"]
+                w = {p: floats[f"param/{p}"].astype(np.float64) for p in (q["weight"], q["bias"]) if p}
+                self.values.update(conv_integers(q, w))
+        self.boundary = [n for n in g.nodes if n.op == Q8_DEQUANTIZE]  # in graph order: the firmware's order
+        self.graph = g
+
+    def outputs(self, x: torch.Tensor) -> dict[str, np.ndarray]:
+        """The dequantised boundary tensors (float32, by dequantize node) on the float input `x`."""
+        return run_prefix(self.program, self.values, x.detach().cpu().numpy().astype(np.float32))
+
+    def flat(self, x: torch.Tensor) -> np.ndarray:
+        out = self.outputs(x)
+        return np.concatenate([out[n.name].reshape(-1) for n in self.boundary]).astype(np.float32)
+
+    def feed(self, model: torch.nn.Module):
+        """Hooks on the modules whose outputs are the boundary tensors, each returning the reference's value for the
+        batch last given to the function this returns."""
+        current: dict[str, np.ndarray] = {}
+        for n in self.boundary:
+            src = self.graph.node(n.inputs[0].name)
+            module = _conv_module(model, src)
+            module.register_forward_hook(
+                lambda m, args, out, name=n.name: torch.from_numpy(current[name]).reshape(out.shape).to(out.device, out.dtype))
+
+        def before(x: torch.Tensor) -> None:
+            current.clear()
+            current.update(self.outputs(x))
+        return before
+
+
+def _conv_module(model: torch.nn.Module, node) -> torch.nn.Module:
+    """The convolution module whose output is `node` (the int8 prefix's last op there), found by its weight."""
+    if node.op == Q8_CONV:
+        path = node.attrs["q8"]["weight"].rsplit(".", 1)[0]
+        module = model.get_submodule(path) if path != node.attrs["q8"]["weight"] else None
+        if isinstance(module, torch.nn.Conv2d):
+            return module
+    raise EdgetrainError(f"--check: the int8 prefix hands the float head `{node.name}` ({node.op}), which is no "
+                         "nn.Conv2d module's output, so the autograd reference cannot feed its head the integer "
+                         "prefix's value there; run without --check")
+
+
+def boundary_mismatches(ours: np.ndarray, ref: np.ndarray) -> int:
+    """Elements whose float32 bits differ (a size mismatch counts every element)."""
+    if ours.shape != ref.shape:
+        return max(ours.size, ref.size)
+    return int(np.count_nonzero(ours.view(np.uint32) != ref.view(np.uint32)))

@@ -71,7 +71,7 @@ def print_human(cmd: str, r: dict) -> None:
         if r.get("streaming"):  # which frozen weights stream: the rule's or the MILP's, and what choosing took
             st = r["streaming"]
             con.print(f"streamed weights: the {'MILP' if st.get('kept') == 'milp' else 'rule'}'s choice, chosen in "
-                      f"{st.get('seconds', 0.0):.1f} s of {st.get('share_s', 0.0):.0f} s"
+                      f"{st.get('seconds', 0.0):.1f} s of {st.get('share_s', 0.0):.1f} s"
                       + (f" (MILP not tried: {st['skipped']})" if st.get("skipped") else
                          f" (MILP {st.get('solver_status')})"))
         if r.get("interrupted"):

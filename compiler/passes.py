@@ -128,7 +128,8 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
 
 def place_weights(req: Request, b: Budgeted) -> Placed:
     """The graph with the frozen weights in storage that the POET MILP chooses (the rule's choice when the MILP
-    finds none, or with another scheduler); what was chosen, by which, for the output."""
+    finds none, is too large for its share of --time-limit, or with another scheduler); what was chosen, by which
+    and in how long, for the output."""
     traced, target = b.measured.traced, b.measured.target
     graph = traced.graph
     if not graph.streamed_params or req.opts.scheduler != "poet" or \
@@ -156,7 +157,8 @@ def place_weights(req: Request, b: Budgeted) -> Placed:
             "rule_objective_j": solver.get("proposed", solver["free"]).get("objective"),
             "seconds": round(solver["seconds"], 3), "share_s": round(solver["share_s"], 3),
             "skipped": solver["skipped"]}
-    req.say(f"kept the {'MILP' if kept == 'milp' else 'rule'}'s choice of streamed weights after {solver['seconds']:.1f} s"
+    req.say(f"kept the {'MILP' if kept == 'milp' else 'rule'}'s choice of streamed weights after "
+            f"{solver['seconds']:.1f} s"
             + (f" (MILP not tried: {solver['skipped']})" if solver["skipped"] else ""))
     if kept == "milp":
         graph = restreamed(plain, chosen, target, traced.measured_s)

@@ -26,7 +26,7 @@ from .repeats import choose as choose_repeats
 STREAM_SHARE = 0.25  # of the time the compile has left: the whole choice, the model's build and its solves
 BUILD_SHARE = 0.5  # of that share, the most the model's build may be expected to take
 MIN_SOLVE_S = 1.0  # a solve given less than this is not started
-CELLS_PER_S = 20_000.0  # stages x decision tensors built per second (a 2-core x86-64 VM; the 7B slice: ~40k/s)
+CELLS_PER_S = 10_000.0  # stages x decision tensors built a second (a 2-core x86-64 VM: 11k-26k on the 7B slices)
 
 
 def choice_seconds(time_limit: float) -> float:

@@ -6,6 +6,7 @@ The kernel library and helpers are tests/test_c_kernels.py's (one build per modu
 """
 from __future__ import annotations
 
+import ctypes
 import re
 
 import numpy as np
@@ -107,10 +108,34 @@ CASES = {
 }
 
 
+def _i8(x: np.ndarray):
+    return x.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+
+# An int8 prefix's activations (codegen/c/q8_emit.py): zero point -3, ReLU6's six at 40.
+Q8_CASES = {
+    "edgetrain.q8_relu.default": [(lambda lib, x, out: lib.et_q8_relu_forward(COUNT, _i8(x), -3, _i8(out)), (0,))],
+    "edgetrain.q8_relu6.default": [(lambda lib, x, out: lib.et_q8_relu6_forward(COUNT, _i8(x), -3, 40, _i8(out)),
+                                    (0,))],
+}
+
+
 def test_every_op_the_table_writes_in_place_has_its_kernels_checked_here():
-    assert set(CASES) == set(IN_PLACE_ARGS)
-    for op, cases in CASES.items():
+    assert set(CASES) | set(Q8_CASES) == set(IN_PLACE_ARGS)
+    for op, cases in (CASES | Q8_CASES).items():
         assert {k for _, ks in cases for k in ks} == set(C_OPS[op].in_place), op
+
+
+@pytest.mark.parametrize("op", sorted(Q8_CASES))
+def test_int8_kernel_written_over_its_operand_gives_the_same_bytes(lib, op):
+    (call, _), = Q8_CASES[op]
+    x = np.random.default_rng(len(op)).integers(-128, 128, COUNT, dtype=np.int8)
+    want = np.zeros(COUNT, np.int8)
+    call(lib, x.copy(), want)
+    assert not np.array_equal(want, x)  # the op changed something: the comparison below can fail
+    ops = x.copy()
+    call(lib, ops, ops)  # the output at its operand's address
+    assert np.array_equal(ops, want), op
 
 
 @pytest.mark.parametrize("op, k", [(op, k) for op in sorted(CASES) for k in range(len(CASES[op]))])

@@ -128,7 +128,8 @@ def resolve_budget(req: Request, m: Measured) -> Budgeted:
 
 def place_weights(req: Request, b: Budgeted) -> Placed:
     """The graph with the frozen weights in storage that the POET MILP chooses (the rule's choice when the MILP
-    finds none, or with another scheduler); what was chosen, by which, for the output."""
+    finds none, is too large for its share of --time-limit, or with another scheduler); what was chosen, by which
+    and in how long, for the output."""
     traced, target = b.measured.traced, b.measured.target
     graph = traced.graph
     if not graph.streamed_params or req.opts.scheduler != "poet" or \
@@ -150,10 +151,16 @@ def place_weights(req: Request, b: Budgeted) -> Placed:
     with stoppable():  # Ctrl-C stops the solves, and the compile goes on with what they found
         chosen, solver = choose_streamed(plain, target, b.budget_bytes, candidates, need, rule,
                                          time_limit=req.opts.time_limit, solver=req.opts.solver)
-    info = {"rule": rule, "milp": chosen, "solver_status": solver["free"].get("status"),
+    kept = "milp" if chosen is not None and set(chosen) != set(rule) else "rule"
+    info = {"rule": rule, "milp": chosen, "kept": kept, "solver_status": solver["free"].get("status"),
             "objective_j": solver["free"].get("objective"),
-            "rule_objective_j": solver.get("proposed", solver["free"]).get("objective")}
-    if chosen is not None and set(chosen) != set(rule):
+            "rule_objective_j": solver.get("proposed", solver["free"]).get("objective"),
+            "seconds": round(solver["seconds"], 3), "share_s": round(solver["share_s"], 3),
+            "skipped": solver["skipped"]}
+    req.say(f"kept the {'MILP' if kept == 'milp' else 'rule'}'s choice of streamed weights after "
+            f"{solver['seconds']:.1f} s"
+            + (f" (MILP not tried: {solver['skipped']})" if solver["skipped"] else ""))
+    if kept == "milp":
         graph = restreamed(plain, chosen, target, traced.measured_s)
     lv = analyze(graph)
     return Placed(b, graph, lv, anchors(graph, lv, target), info)

@@ -3,6 +3,7 @@ streamed_weights.py): a bf16 Llama with LoRA whose frozen base does not fit the 
 its ledger equal to the predicted peak, every streamed weight read once per reader per step."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -98,3 +99,17 @@ def test_real_memory_of_a_streaming_step_stays_within_the_budget():
     assert row["malloc_isolated"] and row["streamed_weights"] > 0 and row["frozen_bytes"] > row["budget_bytes"]
     assert row["ledger_peak_bytes"] == row["schedule_peak_bytes"] <= row["budget_bytes"]
     assert row["real_bytes"] <= row["budget_bytes"], row
+
+
+def test_the_stream_choice_spends_only_its_share_of_a_short_time_limit(tmp_path, graph):
+    """At --time-limit 1 the choice has a quarter second: a MILP whose build alone takes seconds is not tried, the
+    rule's weights stream, and choosing them takes a fraction of the limit (it took 8 s when the MILP was built
+    regardless)."""
+    budget = min_budget(analyze(graph)) * 3 // 4
+    o = _opts(tmp_path, str(budget))
+    c = compile_model(dataclasses.replace(o, time_limit=1.0))
+    s = c["streaming"]
+    assert s["kept"] == "rule" and s["skipped"] and "decision tensors" in s["skipped"]
+    assert set(c["streamed"]) == set(s["rule"]) and c["peak_bytes"] <= budget
+    assert s["seconds"] <= s["share_s"] == pytest.approx(0.25)
+    assert c["phases"]["place_weights"] < 1.0  # the choice's pass as a whole, within the limit asked for

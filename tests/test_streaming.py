@@ -169,6 +169,7 @@ def test_the_milp_streams_the_weight_read_once_where_the_rule_takes_the_largest(
     s = c["streaming"]
     assert s["rule"] == ["post.weight"] and s["milp"] == ["pre.weight"] == c["streamed"]
     assert s["objective_j"] < s["rule_objective_j"]  # one page-in a step instead of two larger ones
+    assert s["kept"] == "milp" and s["skipped"] is None and s["seconds"] <= s["share_s"] + 2.0  # a solve's overrun
     assert c["paged_bytes_per_step"] == 784 * 40 * 4
     body = json.loads((out / "schedule.json").read_text())
     readers = [n["op"] for n in body["graph"]["nodes"] if n.get("streamed")]

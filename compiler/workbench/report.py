@@ -68,6 +68,12 @@ def print_human(cmd: str, r: dict) -> None:
         if r.get("time_limit_notice"):  # where the time went, when it left the solve short (--json: always)
             con.print(f"[yellow]{r['time_limit_notice']}")
             con.print("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in r["phases"].items()))
+        if r.get("streaming"):  # which frozen weights stream: the rule's or the MILP's, and what choosing took
+            st = r["streaming"]
+            con.print(f"streamed weights: the {'MILP' if st.get('kept') == 'milp' else 'rule'}'s choice, chosen in "
+                      f"{st.get('seconds', 0.0):.1f} s of {st.get('share_s', 0.0):.1f} s"
+                      + (f" (MILP not tried: {st['skipped']})" if st.get("skipped") else
+                         f" (MILP {st.get('solver_status')})"))
         if r.get("interrupted"):
             con.print(f"[yellow]solve interrupted (Ctrl-C) after {s['seconds']:.1f} s: kept the best schedule found by "
                       f"then (gap {percent(s.get('gap'))}); a longer solve may find a cheaper one")

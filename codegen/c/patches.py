@@ -3,7 +3,9 @@
 The node's plan gives, per output tile, every tensor's region and each operand's crop and zero padding; the
 patch buffers sit in the node's workspace at the plan's offsets. Per tile and op: each operand that is not
 its patch as it is gets gathered (runtime/c/kernels/patch.h), the op's kernel runs on the patches (a
-convolution with its padding made explicit), and the last patch is placed into the output.
+convolution with its padding made explicit), and the last patch is placed into the output. An input batch read
+from storage (compiler/graph/input_storage.py) is gathered through the plan's reader instead: each patch's rows
+straight from where the batch lies into the patch buffer.
 """
 from __future__ import annotations
 
@@ -17,15 +19,17 @@ def _count(shape_n: int, c: int, r) -> int:
     return shape_n * c * (r[1] - r[0]) * (r[3] - r[2])
 
 
-def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict) -> list[str]:
-    """`node` (op edgetrain.patch_forward) as C: its input at `offsets[input]`, its output at `offsets[name]`,
-    its workspace at `offsets[name + ".patches"]` (arena words); `ctx`: parameter identifiers;
-    `param_shapes`: the schedule's parameter shapes."""
+def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, reader: str | None = None) -> list[str]:
+    """`node` (op edgetrain.patch_forward) as C: its input at `offsets[input]` (or, with `reader`, the C expression
+    of an `et_input_reader *`, read from storage), its output at `offsets[name]`, its workspace at
+    `offsets[name + ".patches"]` (arena words); `ctx`: parameter identifiers; `param_shapes`: the schedule's
+    parameter shapes."""
     plan = json.loads(node.attrs["args"][2])
     params = node.params
     shapes, ops = plan["tensors"], plan["ops"]
     m = len(shapes) - 1
-    base_in, base_out, ws = offsets[node.inputs[0].name], offsets[node.name], offsets[f"{node.name}.patches"]
+    base_in = None if reader else offsets[node.inputs[0].name]
+    base_out, ws = offsets[node.name], offsets[f"{node.name}.patches"]
     buf = plan["buffers"]
     n = shapes[0][0]
     lines = [f"/* {len(plan['tiles'])} tiles of {c_comment(', '.join(plan['replaces']))} */"]
@@ -38,6 +42,8 @@ def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict) -> list
             for j, g in enumerate(gathers):
                 a = g["from"]
                 src = f"ET_F({base_in})" if a == 0 else f"ET_F({ws + buf[f't{a}']})"
+                if reader and a == 0 and not g["copy"]:
+                    raise EmitError("a patch reads the input batch in place, which is in storage")
                 if not g["copy"]:
                     ptrs.append(src)
                     continue
@@ -45,8 +51,12 @@ def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict) -> list
                 cy, ch, cx, cw = g["crop"]
                 top, bottom, left, right = g["pad"]
                 dst = f"ET_F({ws + buf[f'g{i}.{j}']})"
-                lines.append(f"et_patch_gather({n}, {shapes[a][1]}, {ra[1] - ra[0]}, {ra[3] - ra[2]}, {src}, {cy}, {ch}, "
-                             f"{cx}, {cw}, {top}, {bottom}, {left}, {right}, {dst});")
+                if reader and a == 0:  # the region (the whole batch's coordinates) read where it lies
+                    lines.append(f"ET_TRY(et_patch_read({reader}, {n}, {shapes[0][1]}, {ra[1] - ra[0]}, {ra[3] - ra[2]}, "
+                                 f"{cy}, {ch}, {cx}, {cw}, {top}, {bottom}, {left}, {right}, {dst}));")
+                else:
+                    lines.append(f"et_patch_gather({n}, {shapes[a][1]}, {ra[1] - ra[0]}, {ra[3] - ra[2]}, {src}, {cy}, "
+                                 f"{ch}, {cx}, {cw}, {top}, {bottom}, {left}, {right}, {dst});")
                 ptrs.append(dst)
             out = f"ET_F({ws + buf[f't{i + 1}']})"
             r = reg[i + 1]

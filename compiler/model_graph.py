@@ -119,8 +119,7 @@ def stream_beyond_flash(graph, target, backend):
     room = backend.weight_room(graph, target)
     if room is None:
         return graph
-    if room.ram_bytes <= 0:  # the fixed state alone overflows the RAM: say whether any plan could hold less
-        refuse_over_ram(graph, target, backend)
+    refuse_over_ram(graph, target, backend)  # before any solve: no plan holds less than what no tiling splits
     chosen = choose_streamed(room.frozen, room.flash_bytes, room.ram_bytes, target.storage_bytes, target.name,
                              sliceable_weights(graph))
     return stream_weights(graph, chosen, room.ram_bytes)
@@ -137,7 +136,7 @@ def refuse_over_ram(graph, target, backend) -> None:
         return
     graph = mark_in_place(graph, backend.in_place)  # as the plan will run: outputs over their dying operands
     text = over_ram_text(graph, analyze(graph), room.bytes + room.reserved_bytes, room.reserved_bytes,
-                         room.reserved_for, target.name)
+                         room.reserved_for, target.name, backend.reads_input_from_storage)
     if text is not None:
         raise DeviceFitError(f"{text} No firmware was written.")
 

@@ -14,7 +14,7 @@ import json
 from dataclasses import replace
 
 from .ir import IN_STORAGE, Node, TrainingGraph
-from .tiling import TILED_OP
+from .tiling import TILED_OP, tileable_stages
 
 
 def input_node(g: TrainingGraph) -> Node | None:
@@ -46,6 +46,19 @@ def with_input_in_storage(g: TrainingGraph) -> TrainingGraph:
         return g
     marked = replace(x, attrs={**x.attrs, IN_STORAGE: True})
     return replace(g, nodes=[marked if n is x else n for n in g.nodes])
+
+
+def tiles_can_read_input(g: TrainingGraph) -> bool:
+    """Whether a tiling of `g`'s frozen forward prefix could read the input batch patch by patch alone (every
+    reader of it a stage the tiling may replace): no plan then needs the batch whole in RAM. True where it is read
+    from storage already."""
+    x = input_node(g)
+    if x is None or x.dtype != "float32" or x.shape is None or len(x.shape) != 4:
+        return False
+    if input_in_storage(g):
+        return True
+    readers = {t for t, n in enumerate(g.nodes) if any(r.name == x.name for r in n.inputs)}
+    return bool(readers) and readers <= tileable_stages(g)
 
 
 def input_in_storage(g: TrainingGraph) -> bool:

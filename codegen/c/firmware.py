@@ -322,6 +322,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     packing = pack(lifetimes)
     blocks, pages = _render_train(em, plan)
     pr = _predict(em, _logits(em))
+    if em.input_in_storage and pr.boundary_floats:  # et_int8_boundary takes the batch in RAM
+        raise CodegenError("an int8 prefix whose input batch is read from storage has no boundary check yet")
     predict_blocks, predict_packing, logits_ptr, logits_floats = pr.blocks, pr.packing, pr.logits_ptr, pr.logits_floats
 
     # The memory figures, held against the schedule's prediction and the budget.

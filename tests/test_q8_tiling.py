@@ -16,7 +16,8 @@ import pytest
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.codegen.c.device_fit import figures_of_firmware, q8_table_bytes
 from edgetrain.compiler.graph.quantize import prefix_program, q8_layers
-from edgetrain.compiler.graph.tiling import TILED_OP, _cuts, _prefix, tiled_graph
+from edgetrain.compiler import passes
+from edgetrain.compiler.graph.tiling import TILED_OP, Tiling, _cuts, _prefix, tiled_graph
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.workbench.int8_check import Int8Reference
 from edgetrain.compiler.workbench.run_c import run_firmware
@@ -145,6 +146,18 @@ def test_every_grid_and_cut_gives_the_same_int8_values(tmp_path):
                 assert all(np.array_equal(got[n].view(np.uint32), w[n].view(np.uint32)) for n in w), (k, grid)
             tried += 1
     assert tried >= 8
+    # a further segment, from the first one's whole int8 output on (its convolution padding that tensor's patches)
+    k1 = next(k for k in cuts if k < len(ops) and ops[k]["op"] == "q8_conv")
+    tg, _ = tiled_graph(g, source, stages[:k1], ops[:k1], 2)
+    source2, stages2, ops2 = _prefix(tg)
+    assert source2 == g.nodes[stages[k1 - 1]].name and ops2[0]["op"] == "q8_conv"
+    k2 = _cuts(tg, stages2)[-1]
+    tg2, _ = tiled_graph(tg, source2, stages2[:k2], ops2[:k2], 3)
+    program = prefix_program(tg2)
+    assert json.loads(program)[1]["op"] == "q8_patches" and json.loads(program)[1]["inputs"] == [source2]
+    for x, w in zip(xs, want):
+        got = run_prefix(program, ref.values, x)
+        assert all(np.array_equal(got[n].view(np.uint32), w[n].view(np.uint32)) for n in w)
 
 
 def test_a_patch_padded_with_0_not_the_zero_point_is_caught(tiled, monkeypatch):
@@ -199,3 +212,31 @@ def test_under_qemu_the_tiled_int8_prefix_matches_the_reference_bit_for_bit(tile
     assert r["ok"], r.get("error")
     assert r["int8_boundary_mismatches"] == 0 and not r["mismatched"]
     assert r["arena_bytes"] + 13_400 <= BUDGET and r["ram_bytes"] < 256 << 10
+
+
+def _two_segments(g, fits, min_bytes):
+    """The frozen prefix tiled in two segments (2x2, then 3x3 from the first's whole int8 output on, through a
+    padded convolution), whatever the budget: the firmware's patches of an int8 tensor (not the float input)
+    gathered and padded with its zero point."""
+    source, stages, ops = _prefix(g)
+    k1 = next(k for k in _cuts(g, stages) if k < len(ops) and ops[k]["op"] == "q8_conv")
+    tg, added = tiled_graph(g, source, stages[:k1], ops[:k1], 2)
+    first = Tiling(tuple(g.nodes[s].name for s in stages[:k1]), 2, tg, added)
+    source2, stages2, ops2 = _prefix(tg)
+    padded = [k for k in _cuts(tg, stages2) if any(op["op"] == "q8_conv" and any(op["padding"]) for op in ops2[:k])]
+    second = [tiled_graph(tg, source2, stages2[:k], ops2[:k], 3) + (k,) for k in padded]
+    tg2, added2, k2 = min(second, key=lambda t: min_bytes(t[0]))  # the one the budget below fits
+    return [first, Tiling(tuple(tg.nodes[s].name for s in stages2[:k2]), 3, tg2, added2)]
+
+
+@needs_host
+def test_a_second_int8_segment_runs_bit_for_bit_in_the_firmware(tmp_path, monkeypatch):
+    monkeypatch.setattr(passes, "tile_segments", _two_segments)
+    out = tmp_path / "fw"
+    _compile(out, "100000")
+    body = json.loads((out / "schedule.json").read_text())
+    tiled_nodes = [n for n in body["graph"]["nodes"] if n["op"] == TILED_OP]
+    assert len(tiled_nodes) == 2 and tiled_nodes[1]["inputs"][0]["t"] == tiled_nodes[0]["name"]
+    r = run_firmware(str(out), qemu=False, steps=1, check=True)
+    assert r["ok"], r.get("error")
+    assert r["int8_boundary_mismatches"] == 0 and r["int8_boundary_floats"] == 3200

@@ -63,12 +63,12 @@ def test_a_budget_below_the_untiled_least_tiles_the_int8_prefix(tiled):
     node = _node(body)
     plan = json.loads(node["attrs"]["args"][2])
     assert node["dtype"] == "int8" and plan["dtype"] == "int8"
-    assert [op["op"] for op in plan["ops"]][:3] == ["q8_quantize", "q8_conv", "q8_relu6"]
+    assert [op["op"] for op in plan["ops"]][:3] == ["q8_quantize", "q8_conv2d", "q8_relu6"]
     assert len(plan["tiles"]) > 1 and summary["peak_bytes"] <= BUDGET < UNTILED_LEAST
     assert all(v % 4 == 0 for v in plan["buffers"].values()) and plan["workspace_bytes"] % 4 == 0  # whole words
     # the workspace: the patch buffers, then the largest int8 convolution's int16 scratch, on whole words
     windows = [int(np.prod(body["graph"]["params"][op["q8"]["weight"]]["shape"][1:]))
-               for op in plan["ops"] if op["op"] == "q8_conv"]
+               for op in plan["ops"] if op["op"] == "q8_conv2d"]
     scratch = max(2 * (2 * w + (w + 4) // 2) for w in windows)  # et_q8_conv2d_scratch_size, in bytes
     assert node["workspace_bytes"] == -(-(plan["workspace_bytes"] + scratch) // 4) * 4
     # a patch a byte an element: the largest patch of the expansion's output is its region's element count
@@ -82,7 +82,7 @@ def test_the_firmware_pads_with_the_zero_point_and_runs_the_q8_kernels_per_patch
     plan = json.loads(_node(body)["attrs"]["args"][2])
     text = (out / "plan.c").read_text()
     tiles = len(plan["tiles"])
-    convs = [op for op in plan["ops"] if op["op"] == "q8_conv"]
+    convs = [op for op in plan["ops"] if op["op"] == "q8_conv2d"]
     assert text.count("et_q8_patch_quantize(") >= tiles and text.count("et_q8_patch_place(") >= tiles
     assert text.count("et_q8_conv2d_forward(&(const et_conv2d_shape)") >= tiles * len(convs)
     assert "et_patch_gather(" not in text  # no float patch
@@ -147,10 +147,10 @@ def test_every_grid_and_cut_gives_the_same_int8_values(tmp_path):
             tried += 1
     assert tried >= 8
     # a further segment, from the first one's whole int8 output on (its convolution padding that tensor's patches)
-    k1 = next(k for k in cuts if k < len(ops) and ops[k]["op"] == "q8_conv")
+    k1 = next(k for k in cuts if k < len(ops) and ops[k]["op"] == "q8_conv2d")
     tg, _ = tiled_graph(g, source, stages[:k1], ops[:k1], 2)
     source2, stages2, ops2 = _prefix(tg)
-    assert source2 == g.nodes[stages[k1 - 1]].name and ops2[0]["op"] == "q8_conv"
+    assert source2 == g.nodes[stages[k1 - 1]].name and ops2[0]["op"] == "q8_conv2d"
     k2 = _cuts(tg, stages2)[-1]
     tg2, _ = tiled_graph(tg, source2, stages2[:k2], ops2[:k2], 3)
     program = prefix_program(tg2)
@@ -219,11 +219,11 @@ def _two_segments(g, fits, min_bytes):
     padded convolution), whatever the budget: the firmware's patches of an int8 tensor (not the float input)
     gathered and padded with its zero point."""
     source, stages, ops = _prefix(g)
-    k1 = next(k for k in _cuts(g, stages) if k < len(ops) and ops[k]["op"] == "q8_conv")
+    k1 = next(k for k in _cuts(g, stages) if k < len(ops) and ops[k]["op"] == "q8_conv2d")
     tg, added = tiled_graph(g, source, stages[:k1], ops[:k1], 2)
     first = Tiling(tuple(g.nodes[s].name for s in stages[:k1]), 2, tg, added)
     source2, stages2, ops2 = _prefix(tg)
-    padded = [k for k in _cuts(tg, stages2) if any(op["op"] == "q8_conv" and any(op["padding"]) for op in ops2[:k])]
+    padded = [k for k in _cuts(tg, stages2) if any(op["op"] == "q8_conv2d" and any(op["padding"]) for op in ops2[:k])]
     second = [tiled_graph(tg, source2, stages2[:k], ops2[:k], 3) + (k,) for k in padded]
     tg2, added2, k2 = min(second, key=lambda t: min_bytes(t[0]))  # the one the budget below fits
     return [first, Tiling(tuple(tg.nodes[s].name for s in stages2[:k2]), 3, tg2, added2)]

@@ -110,7 +110,7 @@ def emit_q8_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, tabl
                              f"ET_F({base_in}), {cy}, {ch}, {cx}, {cw}, {c_float(q['scale'])}, {q['zp']}, {out});")
                 continue
             ptrs = []
-            pad = q["x_zp"] if op["op"] == "q8_conv" else 0
+            pad = q["x_zp"] if op["op"] == "q8_conv2d" else 0
             for j, g in enumerate(gathers):
                 a = g["from"]
                 src = f"ET_Q({base_in})" if a == 0 else f"ET_Q({buf[f't{a}']})"
@@ -124,7 +124,7 @@ def emit_q8_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, tabl
                 lines.append(f"et_q8_patch_gather({n}, {shapes[a][1]}, {ra[1] - ra[0]}, {ra[3] - ra[2]}, {src}, "
                              f"{cy}, {ch}, {cx}, {cw}, {top}, {bottom}, {left}, {right}, {pad}, {dst});")
                 ptrs.append(dst)
-            if op["op"] == "q8_conv":
+            if op["op"] == "q8_conv2d":
                 g, layer = gathers[0], plan["replaces"][i]
                 kh, kw = param_shapes[q["weight"]]["shape"][2:]
                 fields = dict(n=n, c_in=shapes[g["from"]][1], h_in=g["pad"][0] + g["crop"][1] + g["pad"][1],

@@ -27,16 +27,15 @@ import json
 from dataclasses import dataclass, replace
 
 from .ir import Node, TensorRef, TrainingGraph
+from .quantize import Q8_ADD, Q8_CONV, Q8_QUANTIZE, Q8_RELU, Q8_RELU6
 
 TILED_OP = "edgetrain.patch_forward.default"
 CONV = "aten.convolution.default"
 UNARY = {"aten.hardtanh.default": "hardtanh", "aten.relu.default": "relu"}
 ADD = "aten.add.Tensor"
-# int8 nodes (compiler/graph/quantize.py's ops, named here to keep the graph passes apart) and the plan's op names
-Q8_OPS = {"edgetrain.q8_quantize.default": "q8_quantize", "edgetrain.q8_conv2d.default": "q8_conv",
-          "edgetrain.q8_relu.default": "q8_relu", "edgetrain.q8_relu6.default": "q8_relu6",
-          "edgetrain.q8_add.default": "q8_add"}
-CONVS = ("conv", "q8_conv")
+# the int8 nodes a prefix may tile; the plan names each op as the integer reference's program does ("q8_conv2d")
+Q8_TILED = (Q8_QUANTIZE, Q8_CONV, Q8_RELU, Q8_RELU6, Q8_ADD)
+CONVS = ("conv", "q8_conv2d")
 DIRECT = ("q8_quantize",)  # ops that read their operand's crop in place: no gathered copy
 GRIDS = (2, 3, 4, 5, 6, 8)  # tiles per side tried
 
@@ -79,11 +78,11 @@ def _op_of(n: Node, frozen: set[str]) -> dict | None:
 
 def _q8_op_of(n: Node, frozen: set[str]) -> dict | None:
     """The int8 prefix op `n` is, as the plan writes it (its quantisation whole); None when it cannot be tiled."""
-    if n.op not in Q8_OPS or n.kind != "forward" or n.shape is None or len(n.shape) != 4 or n.streamed \
+    if n.op not in Q8_TILED or n.kind != "forward" or n.shape is None or len(n.shape) != 4 or n.streamed \
             or any(r.view for r in n.inputs) or not set(n.params) <= frozen or n.dtype != "int8":
         return None
-    q8, op = n.attrs["q8"], Q8_OPS[n.op]
-    if op == "q8_conv":
+    q8, op = n.attrs["q8"], n.op.split(".")[1]
+    if n.op == Q8_CONV:
         return {"op": op, "operands": [0], "weight": q8["weight"], "bias": q8["bias"], "stride": list(q8["stride"]),
                 "padding": list(q8["padding"]), "dilation": list(q8["dilation"]), "groups": q8["groups"], "q8": q8}
     return {"op": op, "operands": [0, 1] if op == "q8_add" else [0], "q8": q8}
@@ -107,7 +106,7 @@ def _prefix(g: TrainingGraph) -> tuple[str, list[int], list[dict]]:
     if len(g.node(source).shape or ()) != 4:
         return "", [], []
     known, stages, ops = {source}, [], []
-    int8 = g.nodes[start].op in Q8_OPS  # one dtype a chain: an int8 prefix's nodes, or float ones
+    int8 = g.nodes[start].op in Q8_TILED  # one dtype a chain: an int8 prefix's nodes, or float ones
     for i in range(start, len(g.nodes)):
         n = g.nodes[i]
         op = _q8_op_of(n, frozen) if int8 else _op_of(n, frozen)
@@ -170,7 +169,7 @@ def build_plan(g: TrainingGraph, source: str, stages: list[int], ops: list[dict]
     n_batch = shapes[0][0]
     ops = [dict(op, operands=[index[g.nodes[s].inputs[k].name] for k in op["operands"]]) for s, op in zip(stages, ops)]
     whw = [tuple(g.params[op["weight"]].shape[2:]) if op["op"] in CONVS else None for op in ops]
-    int8 = any(op["op"] in Q8_OPS.values() for op in ops)
+    int8 = any(op["op"].startswith("q8_") for op in ops)
     m = len(names) - 1
     h_out, w_out = shapes[m][2], shapes[m][3]
     tiles, sizes = [], {}

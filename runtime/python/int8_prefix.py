@@ -50,11 +50,6 @@ def _op(op: str, q: dict, xs: list[np.ndarray], values: dict) -> np.ndarray:
     raise ValueError(f"an int8 prefix has no op {op!r}")
 
 
-# the tiling plan's op names -> the program's (compiler/graph/tiling.py's Q8_OPS)
-PLAN_OPS = {"q8_quantize": "q8_quantize", "q8_conv": "q8_conv2d", "q8_relu": "q8_relu", "q8_relu6": "q8_relu6",
-            "q8_add": "q8_add"}
-
-
 def _operand(patches: dict, g: dict, pad_value: int) -> np.ndarray:
     """An op's operand patch: its crop of the tensor's patch, padded with `pad_value` (a zero point: a real 0)."""
     y, h, x, w = g["crop"]
@@ -73,9 +68,9 @@ def run_tiled(plan: dict, values: dict[str, np.ndarray], x: np.ndarray) -> np.nd
     for tile in plan["tiles"]:
         patches = {0: x}
         for i, (op, gathers) in enumerate(zip(plan["ops"], tile["steps"])):
-            q = dict(op["q8"], padding=[0, 0]) if op["op"] == "q8_conv" else op["q8"]  # the patch holds the padding
-            pad = op["q8"]["x_zp"] if op["op"] == "q8_conv" else 0
-            patches[i + 1] = _op(PLAN_OPS[op["op"]], q, [_operand(patches, g, pad) for g in gathers], values)
+            q = dict(op["q8"], padding=[0, 0]) if op["op"] == "q8_conv2d" else op["q8"]  # the patch holds the padding
+            pad = op["q8"]["x_zp"] if op["op"] == "q8_conv2d" else 0
+            patches[i + 1] = _op(op["op"], q, [_operand(patches, g, pad) for g in gathers], values)
         y0, y1, x0, x1 = tile["regions"][last]
         out[:, :, y0:y1, x0:x1] = patches[last]
     return out
@@ -91,7 +86,7 @@ def untiled(program: str) -> str:
         plan = step["plan"]
         names = step["inputs"][:1] + plan["replaces"]  # tensor j of the plan: its source, then the nodes replaced
         for i, op in enumerate(plan["ops"]):
-            steps.append({"name": names[i + 1], "op": PLAN_OPS[op["op"]], "q8": op["q8"],
+            steps.append({"name": names[i + 1], "op": op["op"], "q8": op["q8"],
                           "inputs": [names[a] for a in op["operands"]]})
     return json.dumps(steps)
 

@@ -222,8 +222,9 @@ def _tile_flops(op: dict, shapes, tile: dict, i: int, weight_hw) -> int:
 
 
 def _pack(ops: list[dict], sizes: dict, m: int) -> tuple[dict, int]:
-    """First-fit offsets (in the unit of `sizes`: floats, or bytes) for the patch buffers: tensor j's from its op (j - 1) to its last reader
-    (the output's through the last op, when it is placed), an operand copy during its op only."""
+    """First-fit offsets (in the unit of `sizes`: floats, or bytes) for the patch buffers: tensor j's from its op
+    (j - 1) to its last reader (the output's through the last op, when it is placed), an operand copy during its op
+    only."""
     last = {j: m - 1 for j in range(1, m + 1)}
     for i, op in enumerate(ops):
         for a in op["operands"]:

@@ -162,3 +162,21 @@ def test_on_the_nrf52840_the_image_holds_the_input_nowhere(tmp_path, capsys):
     assert b["ram_bytes"] + board_of(load_target("nrf52840")).stack_bytes <= 256 * 1024
     assert b["input_read_bytes"] == [stored["input_read_bytes_per_step"]] * 2 and b["max_abs_err"] < 1e-6
     assert b["text_bytes"] <= a["text_bytes"] + 4096  # a read per gathered plane's rows, in place of a copy
+
+
+def test_an_int8_prefix_quantises_its_patches_as_it_reads_them(tmp_path):
+    """mcu_mbv2_40 with its frozen prefix in int8, tiled to fit 65,000 B: the prefix's first op quantises each
+    tile's crop of the float batch as it reads it from storage (et_q8_patch_quantize_read), no float batch in RAM;
+    the host firmware's int8 boundary bit for bit the integer reference's, the head exact."""
+    from edgetrain.compiler.workbench.run_c import run_firmware
+
+    out = tmp_path / "q8"
+    r = compile_model(CompileOptions(model="mcu_mbv2_40", target="nrf52840", budget="65000", out=str(out),
+                                     batch_size=1, emit="c", time_limit=15.0, quantize_frozen="int8"))
+    assert r["tiled"] and r["input_read_bytes_per_step"] >= INPUT_40
+    plan = (out / "plan.c").read_text()
+    assert "et_q8_patch_quantize_read(x," in plan and "et_q8_patch_quantize(" not in plan
+    res = run_firmware(str(out), qemu=False, steps=2, check=True)
+    assert res["ok"], res.get("error")
+    assert res["int8_boundary_mismatches"] == 0 and not res["mismatched"]
+    assert res["input_read_bytes"] == [r["input_read_bytes_per_step"]] * 2

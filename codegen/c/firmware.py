@@ -138,7 +138,7 @@ class _Emitter:
         if node.op == TILED_OP:  # a frozen prefix, patch by patch: its own statements (patches.py)
             try:
                 reader = "x" if self.reads_stored_input(name) else None  # the input batch from storage
-                lines = (emit_q8_patches(node, offsets, self.ctx, self.params, self.q8_tables, self.namer)
+                lines = (emit_q8_patches(node, offsets, self.ctx, self.params, self.q8_tables, self.namer, reader)
                          if node.dtype == "int8" else emit_patches(node, offsets, self.ctx, self.params, reader))
                 self.patch_calls += sum(1 for line in lines if not line.startswith("/*"))
                 return lines
@@ -326,8 +326,6 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     packing = pack(lifetimes)
     blocks, pages = _render_train(em, plan)
     pr = _predict(em, _logits(em))
-    if em.input_in_storage and pr.boundary_floats:  # et_int8_boundary takes the batch in RAM
-        raise CodegenError("an int8 prefix whose input batch is read from storage has no boundary check yet")
     predict_blocks, predict_packing, logits_ptr, logits_floats = pr.blocks, pr.packing, pr.logits_ptr, pr.logits_floats
 
     # The memory figures, held against the schedule's prediction and the budget.

@@ -90,17 +90,20 @@ def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, reader:
     return lines
 
 
-def emit_q8_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, tables: dict, namer) -> list[str]:
+def emit_q8_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, tables: dict, namer,
+                    reader: str | None = None) -> list[str]:
     """An int8 prefix computed patch by patch (the plan's "dtype" int8) as C: as `emit_patches`, with int8 patches
     at the plan's byte offsets (multiples of 4) in the workspace, a convolution's operand padded with its input's
     zero point and run with its per-channel requantisation (`tables`, by layer: const data, as q8_emit.py's),
-    its int16 scratch after the patches; the quantisation reads its crop of the float input."""
+    its int16 scratch after the patches; the quantisation reads its crop of the float input (through `reader`,
+    as `emit_patches`, where it is in storage)."""
     from .q8_emit import requant_table
 
     plan = json.loads(node.attrs["args"][2])
     shapes, ops = plan["tensors"], plan["ops"]
     m = len(shapes) - 1
-    base_in, base_out, ws = offsets[node.inputs[0].name], offsets[node.name], offsets[f"{node.name}.patches"]
+    base_in = None if reader else offsets[node.inputs[0].name]
+    base_out, ws = offsets[node.name], offsets[f"{node.name}.patches"]
     buf = {k: ws + v // 4 for k, v in plan["buffers"].items()}  # arena words: every buffer starts on one
     scratch = f"(int16_t *)(void *)ET_F({ws + plan['workspace_bytes'] // 4})"
     n = shapes[0][0]
@@ -116,8 +119,11 @@ def emit_q8_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, tabl
             if op["op"] == "q8_quantize":  # from the float input, its crop
                 g, a = gathers[0], gathers[0]["from"]
                 cy, ch, cx, cw = g["crop"]
-                lines.append(f"et_q8_patch_quantize({n}, {shapes[a][1]}, {shapes[a][2]}, {shapes[a][3]}, "
-                             f"ET_F({base_in}), {cy}, {ch}, {cx}, {cw}, {c_float(q['scale'])}, {q['zp']}, {out});")
+                shape = f"{n}, {shapes[a][1]}, {shapes[a][2]}, {shapes[a][3]}"
+                where = f"{c_float(q['scale'])}, {q['zp']}, {out}"
+                lines.append(f"ET_TRY(et_q8_patch_quantize_read({reader}, {shape}, {cy}, {ch}, {cx}, {cw}, {where}));"
+                             if reader else
+                             f"et_q8_patch_quantize({shape}, ET_F({base_in}), {cy}, {ch}, {cx}, {cw}, {where});")
                 continue
             ptrs = []
             pad = q["x_zp"] if op["op"] == "q8_conv2d" else 0

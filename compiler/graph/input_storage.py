@@ -14,7 +14,7 @@ import json
 from dataclasses import replace
 
 from .ir import IN_STORAGE, Node, TrainingGraph
-from .tiling import TILED_OP, tileable_stages
+from .tiling import DIRECT, TILED_OP, tileable_stages
 
 
 def input_node(g: TrainingGraph) -> Node | None:
@@ -36,7 +36,9 @@ def readable_from_storage(g: TrainingGraph) -> bool:
 
 
 def _gathers_copy(plan: dict) -> bool:
-    return all(gt["copy"] for tile in plan["tiles"] for step in tile["steps"] for gt in step if gt["from"] == 0)
+    """Every read of the input a patch of its own: a gathered copy, or an int8 plan's quantisation of its crop."""
+    return all(gt["copy"] or op["op"] in DIRECT for tile in plan["tiles"]
+               for op, step in zip(plan["ops"], tile["steps"]) for gt in step if gt["from"] == 0)
 
 
 def with_input_in_storage(g: TrainingGraph) -> TrainingGraph:

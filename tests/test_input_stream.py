@@ -8,7 +8,7 @@ import json
 import random
 import shutil
 import subprocess
-from ctypes import POINTER, byref, c_float, c_int, c_uint32, c_void_p
+from ctypes import POINTER, byref, c_float, c_int, c_int32, c_uint32, c_void_p
 
 import numpy as np
 import pytest
@@ -71,12 +71,16 @@ def patch_lib(tmp_path_factory):
         pytest.skip("host gcc is not installed")
     so = tmp_path_factory.mktemp("patch") / "libpatch.so"
     subprocess.run([gcc, *WARN, "-O2", "-ffp-contract=off", "-shared", "-fPIC", f"-I{C_DIR}", "-o", str(so),
-                    str(C_DIR / "kernels" / "patch.c"), str(C_DIR / "storage_input.c")], check=True)
+                    *(str(C_DIR / "kernels" / f) for f in ("patch.c", "q8_patch.c", "q8_convert.c")),
+                    str(C_DIR / "storage_input.c")], check=True)
     lib = ctypes.CDLL(str(so))
     f = POINTER(c_float)
     lib.et_patch_gather.argtypes = [c_int] * 4 + [f] + [c_int] * 8 + [f]
     lib.et_patch_read.argtypes = [POINTER(_Reader)] + [c_int] * 12 + [f]
     lib.et_patch_read.restype = c_int
+    lib.et_q8_patch_quantize.argtypes = [c_int] * 4 + [f] + [c_int] * 4 + [c_float, c_int32, c_void_p]
+    lib.et_q8_patch_quantize_read.argtypes = [POINTER(_Reader)] + [c_int] * 8 + [c_float, c_int32, c_void_p]
+    lib.et_q8_patch_quantize_read.restype = c_int
     lib.et_input_memory.argtypes, lib.et_input_memory.restype = [f], _Reader
     lib.et_input_bytes_read.restype = c_uint32
     return lib
@@ -102,6 +106,19 @@ def test_a_patch_read_from_storage_is_the_gather_from_memory_bit_for_bit(patch_l
     assert patch_lib.et_patch_read(byref(reader), n, c, h, w, y, ch, x, cw, top, bottom, left, right, _ptr(got)) == 0
     assert want.tobytes() == got.tobytes()  # every padding float written, every row where it belongs
     assert patch_lib.et_input_bytes_read() - before == 4 * n * c * ch * cw  # only the region, never the padding
+
+
+@pytest.mark.parametrize("w", [5, 32, 70])  # within one read, exactly one, and three (32 floats at a time)
+def test_an_int8_patch_quantised_as_it_is_read_is_the_one_quantised_from_memory(patch_lib, w):
+    rng = np.random.default_rng(w)
+    src = (30 * rng.standard_normal((2, 3, 9, w + 4))).astype(np.float32)
+    want, got = np.zeros(2 * 3 * 5 * w, np.int8), np.ones(2 * 3 * 5 * w, np.int8)
+    patch_lib.et_q8_patch_quantize(2, 3, 9, w + 4, _ptr(src), 2, 5, 3, w, 0.25, -3, want.ctypes.data)
+    reader = patch_lib.et_input_memory(_ptr(src))
+    before = patch_lib.et_input_bytes_read()
+    assert patch_lib.et_q8_patch_quantize_read(byref(reader), 2, 3, 9, w + 4, 2, 5, 3, w, 0.25, -3,
+                                               got.ctypes.data) == 0
+    assert np.array_equal(want, got) and patch_lib.et_input_bytes_read() - before == 4 * 2 * 3 * 5 * w
 
 
 def test_a_failing_read_stops_the_patch_with_its_error(patch_lib):

@@ -81,7 +81,8 @@ def tile_to_fit(req: Request, m: Measured) -> Measured:
         low = now
     final = stored(segments[-1].graph)
     if input_in_storage(final):
-        req.say(f"reading the input batch ({input_node(graph).bytes} B) from storage patch by patch: never whole in RAM")
+        req.say(f"reading the input batch ({input_node(graph).bytes} B) from storage patch by patch: never whole "
+                "in RAM")
     tiled = costed(final, target, m.traced.measured_s)
     return dataclasses.replace(m, traced=dataclasses.replace(m.traced, graph=tiled))
 

@@ -163,7 +163,6 @@ class _Emitter:
             lines.append(f"step_loss = *ET_F({loss.storage_offset()});")
         return lines
 
-
     def reads_stored_input(self, name: str) -> bool:
         """Whether node `name` reads the input batch from storage (its bytes: input_storage.read_bytes)."""
         return any(in_storage(self.by_name[r["t"]]) for r in self.by_name[name]["inputs"])

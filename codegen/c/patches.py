@@ -53,8 +53,8 @@ def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, reader:
                 top, bottom, left, right = g["pad"]
                 dst = f"ET_F({ws + buf[f'g{i}.{j}']})"
                 if reader and a == 0:  # the region (the whole batch's coordinates) read where it lies
-                    lines.append(f"ET_TRY(et_patch_read({reader}, {n}, {shapes[0][1]}, {ra[1] - ra[0]}, {ra[3] - ra[2]}, "
-                                 f"{cy}, {ch}, {cx}, {cw}, {top}, {bottom}, {left}, {right}, {dst}));")
+                    lines.append(f"ET_TRY(et_patch_read({reader}, {n}, {shapes[0][1]}, {ra[1] - ra[0]}, "
+                                 f"{ra[3] - ra[2]}, {cy}, {ch}, {cx}, {cw}, {top}, {bottom}, {left}, {right}, {dst}));")
                 else:
                     lines.append(f"et_patch_gather({n}, {shapes[a][1]}, {ra[1] - ra[0]}, {ra[3] - ra[2]}, {src}, {cy}, "
                                  f"{ch}, {cx}, {cw}, {top}, {bottom}, {left}, {right}, {dst});")

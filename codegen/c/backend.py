@@ -43,13 +43,14 @@ class CBackend:
             return None
         trained = set(graph.trainable_params)
         tb = sum(s.bytes for p, s in graph.params.items() if p in trained)
+        ram = device_budget(target, batch_buffer_bytes(graph)) - graph.state_bytes
+        if ram <= 0 and tiles_can_read_input(graph):  # no plan holds the batch whole: the tiles will read it
+            ram = device_budget(target, batch_buffer_bytes(graph, input_from_storage=True)) - graph.state_bytes
         return WeightRoom(frozen={p: s.bytes for p, s in graph.params.items() if p not in trained},
                           flash_bytes=flash_room_for_frozen(target, tb, CODE_STEPS_PER_NODE * len(graph.nodes),
                                                             graph.buffer_bytes)
                           - q8_table_bytes(n.attrs for n in graph.nodes),
-                          # RAM for a weight paged in: without the input batch where the tiles can read it
-                          ram_bytes=device_budget(target, batch_buffer_bytes(graph, tiles_can_read_input(graph)))
-                          - graph.state_bytes)
+                          ram_bytes=ram)
 
     def device_room(self, graph: TrainingGraph, target) -> DeviceRoom | None:
         io = batch_buffer_bytes(graph)

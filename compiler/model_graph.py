@@ -5,6 +5,8 @@ The first pass of a compile (compiler/passes.py) and what tests and sweeps call 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -46,9 +48,12 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
     else:
         example = torch.randn(opts.batch_size, *shape, generator=gen)
-    graph = capture_graph(opts, resolved, model, example,
-                          scratch_threads(target) if scratch_applies(target) else 0, gpu=target.gpu,
-                          widen_fusion=backend.widen_fusion)
+    joint = capture_step(opts, resolved, model, example,
+                         scratch_threads(target) if scratch_applies(target) else 0, gpu=target.gpu,
+                         widen_fusion=backend.widen_fusion)
+    blocks = opts.head_blocks or (blocks_to_fit(joint, target, backend) if device_check else 1)
+    graph = joint.graph(blocks)
+    head = joint.blocks_said(blocks)
     int8 = None
     if opts.quantize_frozen is not None:  # before lowering: the backend lowers the int8 nodes to its kernels
         graph, int8 = quantize_prefix(opts, graph, model, backend)
@@ -66,7 +71,7 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
         from .graph.profiler import profile_nodes
 
         measured = profile_nodes(graph, threads=scratch_threads(target))
-    return Traced(resolved, model, costed(graph, target, measured), measured, int8)
+    return Traced(resolved, model, costed(graph, target, measured), measured, int8, head)
 
 
 CALIBRATION_BATCHES = 4  # batches the int8 prefix's activation ranges are measured on
@@ -142,11 +147,83 @@ def refuse_over_ram(graph, target, backend) -> None:
         raise DeviceFitError(f"{text} No firmware was written.")
 
 
-def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,
-                  gpu: bool = False, widen_fusion: bool = True):
-    """The training graph from torch's joint forward-backward graph of one step; kernel scratch counted for
-    `threads` intra-op threads (0: none); `gpu`: of kernels a CUDA device runs (a Jetson's plan); `widen_fusion`:
-    the backend's (codegen/backend.py)."""
+@dataclass
+class JointStep:
+    """torch's joint graph of one training step, captured once, and what makes training graphs of it (its CNN
+    heads in any number of output-channel blocks: frontend/channel_blocks.py)."""
+
+    cap: object  # frontend.capture.JointCapture
+    make: Callable  # JointCapture -> TrainingGraph
+
+    def graph(self, blocks: int = 1):
+        """The training graph with every CNN head of the pattern in `blocks` blocks of output channels (1: none)."""
+        from .frontend.channel_blocks import block_heads
+
+        return self.make(block_heads(self.cap, blocks) if blocks > 1 else self.cap)
+
+    def blocks_said(self, blocks: int) -> str | None:
+        """What `blocks` does to this step's heads, in words for the compile's report; None: nothing."""
+        from .frontend.channel_blocks import block_spans, find_heads
+
+        heads = find_heads(self.cap) if blocks > 1 else []
+        if not heads:
+            return None
+        said = []
+        for h in heads:
+            widths = sorted({c1 - c0 for c0, c1 in block_spans(h.channels, blocks)}, reverse=True)
+            said.append(f"`{h.conv.name}` .. `{h.mean.name}` ({h.channels} channels) in {len(block_spans(h.channels, blocks))} "
+                        f"blocks of {' or '.join(map(str, widths))} channels")
+        return "computing the head " + "; ".join(said) + ", forward and backward"
+
+
+# Output-channel blocks tried for a CNN head whose tensors bound the budget, fewest first.
+HEAD_BLOCKS = (2, 4, 8, 16, 32)
+
+
+def blocks_to_fit(joint: JointStep, target, backend) -> int:
+    """Blocks of output channels for the step's CNN heads (frontend/channel_blocks.py): 1 (none) unless the least
+    working set no tiling or streaming splits (scheduling/bound.py: untiled_bound) overflows what the device
+    leaves; then the fewest of HEAD_BLOCKS after which it fits, or after which more blocks lower it no further
+    (the bound is no longer in the head)."""
+    from .frontend.channel_blocks import find_heads
+    from .graph.liveness import analyze
+    from .scheduling.bound import untiled_bound
+
+    def need(graph) -> int | None:  # the untiled bound beside the input batch (read from storage, it is not)
+        graph = mark_in_place(backend.lower(graph), backend.in_place)  # as the plan will run
+        room = backend.device_room(graph, target)
+        if room is None:
+            return None
+        x = sum(n.bytes for n in graph.nodes if n.kind == "input")
+        return untiled_bound(graph, analyze(graph), with_input=False).budget_bytes - x - room.bytes
+
+    if not find_heads(joint.cap):
+        return 1
+    try:
+        over = need(joint.graph(1))
+    except UnsupportedModelError:  # the backend refuses the graph: the trace says so with the whole list
+        return 1
+    if over is None or over <= 0:
+        return 1
+    best = 1
+    for blocks in HEAD_BLOCKS:
+        try:
+            now = need(joint.graph(blocks))
+        except UnsupportedModelError:  # the backend cannot run the blocks (a strided channel slice): as it was
+            break
+        if now >= over:  # the head no longer bounds it
+            break
+        best, over = blocks, now
+        if over <= 0:
+            break
+    return best
+
+
+def capture_step(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,
+                 gpu: bool = False, widen_fusion: bool = True) -> JointStep:
+    """torch's joint forward-backward graph of one step, and what makes the training graph of it; kernel scratch
+    counted for `threads` intra-op threads (0: none); `gpu`: of kernels a CUDA device runs (a Jetson's plan);
+    `widen_fusion`: the backend's (codegen/backend.py)."""
     from .frontend.capture import capture, load_loss
     from .frontend.chunked_head import chunk_lm_head
     from .graph.joint import build_graph as joint_graph
@@ -160,7 +237,14 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, 
     cap = chunk_lm_head(cap)  # a language model's (positions, vocabulary) logits never whole
     for name, value in cap.constants.items():  # tensors torch lifted out of the code: buffers of the plan
         model.register_buffer(name, value.detach().clone())
-    return joint_graph(cap, opts.model, tuple(example.shape), labels.num_classes, opts.loss, opts.optimizer,
-                       input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys,
-                       widen_fusion=widen_fusion,
-                       scratch_threads=threads)
+    return JointStep(cap, lambda c: joint_graph(
+        c, opts.model, tuple(example.shape), labels.num_classes, opts.loss, opts.optimizer,
+        input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=c.seed_keys,
+        widen_fusion=widen_fusion, scratch_threads=threads))
+
+
+def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,
+                  gpu: bool = False, widen_fusion: bool = True):
+    """The training graph from torch's joint forward-backward graph of one step (its CNN heads in
+    `opts.head_blocks` blocks of output channels where given); the arguments as `capture_step`'s."""
+    return capture_step(opts, resolved, model, example, threads, gpu, widen_fusion).graph(opts.head_blocks or 1)

@@ -218,14 +218,23 @@ def block_spans(channels: int, blocks: int) -> list[tuple[int, int]]:
 
 
 def block_heads(cap: JointCapture, blocks: int) -> JointCapture:
-    """`cap` with every head of the pattern computed in `blocks` blocks of output channels (the graph is changed
-    in place; the capture returned names the new gradient and running-statistics nodes). Unchanged for
-    `blocks` <= 1 or where the pattern is not there."""
-    if blocks <= 1:
+    """A copy of `cap` with every head of the pattern computed in `blocks` blocks of output channels (`cap` is
+    left as it was; the copy names the new gradient and running-statistics nodes). `cap` itself for `blocks` <= 1
+    or where the pattern is not there."""
+    if blocks <= 1 or not find_heads(cap):
         return cap
+    cap = _copied(cap)
     for head in find_heads(cap):
         cap = _rewrite(cap, head, block_spans(head.channels, blocks))
     return cap
+
+
+def _copied(cap: JointCapture) -> JointCapture:
+    """`cap` with a graph of its own (the same node names, their traced values shared)."""
+    graph = fx.Graph()
+    out = graph.graph_copy(cap.gm.graph, {})
+    graph.output(out)
+    return replace(cap, gm=fx.GraphModule(cap.gm, graph))
 
 
 def _rewrite(cap: JointCapture, h: Head, spans: list[tuple[int, int]]) -> JointCapture:

@@ -283,7 +283,9 @@ def _rewrite(cap: JointCapture, h: Head, spans: list[tuple[int, int]]) -> JointC
             if h.act_back is not None:
                 read = items[0] if h.act.target is aten.hardtanh.default else a
                 gb = emit(h.act_back.target, gb, read, *h.act_back.args[2:])
-            back = emit(_BN_BACK, gb, y, sliced(gamma, c0, c1), items[3], items[4], items[1], items[2], True,
+            # training mode reads the saved statistics, not the running ones: those of the block's slice
+            back = emit(_BN_BACK, gb, y, sliced(gamma, c0, c1), sliced(rm, c0, c1), sliced(rv, c0, c1), items[1],
+                        items[2], True,
                         h.bn_back.args[8], list(h.bn_back.args[9]))
             for k in grads:
                 grads[k].append(emit(operator.getitem, back, k))

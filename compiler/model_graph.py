@@ -59,7 +59,7 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
         graph, int8 = quantize_prefix(opts, graph, model, backend)
     graph = backend.lower(graph)
     if device_check:
-        graph = stream_beyond_flash(graph, target, backend)
+        graph = stream_beyond_flash(graph, target, backend, head)
     if backend.clamp_grad_from_output:  # a ReLU6's backward reads the ReLU6's output, bitwise the same
         graph, _ = read_clamp_output(graph)
     if opts.fuse:  # before profiling: a measured target times each chain as its kernel runs it
@@ -119,21 +119,23 @@ def check_batch_size(batch_size: int, shape, input_dtype: str, target) -> None:
                           f"use at most --batch-size {max(1, target.ram_bytes // per_example)}")
 
 
-def stream_beyond_flash(graph, target, backend):
-    """A graph whose frozen weights overflow the device's flash: the largest streamed from storage."""
+def stream_beyond_flash(graph, target, backend, done: str | None = None):
+    """A graph whose frozen weights overflow the device's flash: the largest streamed from storage (`done`: what
+    was done to fit already, in words, for a refusal)."""
     room = backend.weight_room(graph, target)
     if room is None:
         return graph
     if room.ram_bytes <= 0:  # the fixed state alone overflows the RAM: say whether any plan could hold less
-        refuse_over_ram(graph, target, backend)
+        refuse_over_ram(graph, target, backend, done)
     chosen = choose_streamed(room.frozen, room.flash_bytes, room.ram_bytes, target.storage_bytes, target.name,
                              sliceable_weights(graph))
     return stream_weights(graph, chosen, room.ram_bytes)
 
 
-def refuse_over_ram(graph, target, backend) -> None:
-    """Refuse, with the figures, a graph whose least working set that no tiling or streaming splits overflows the
-    device's RAM with the training state and what the runtime reserves (scheduling/bound.py)."""
+def refuse_over_ram(graph, target, backend, done: str | None = None) -> None:
+    """Refuse, with the figures, a graph whose fixed state overflows the device's RAM: its parts, and what the least
+    working set that no tiling or streaming splits holds beside the training state and what the runtime reserves
+    (scheduling/bound.py)."""
     from .graph.liveness import analyze
     from .scheduling.bound import over_ram_text
 
@@ -143,8 +145,7 @@ def refuse_over_ram(graph, target, backend) -> None:
     graph = mark_in_place(graph, backend.in_place)  # as the plan will run: outputs over their dying operands
     text = over_ram_text(graph, analyze(graph), room.bytes + room.reserved_bytes, room.reserved_bytes,
                          room.reserved_for, target.name)
-    if text is not None:
-        raise DeviceFitError(f"{text} No firmware was written.")
+    raise DeviceFitError(f"{text}{f' (Figures after {done}.)' if done else ''} No firmware was written.")
 
 
 @dataclass
@@ -182,39 +183,40 @@ HEAD_BLOCKS = (2, 4, 8, 16, 32)
 
 def blocks_to_fit(joint: JointStep, target, backend) -> int:
     """Blocks of output channels for the step's CNN heads (frontend/channel_blocks.py): 1 (none) unless the least
-    working set no tiling or streaming splits (scheduling/bound.py: untiled_bound) overflows what the device
-    leaves; then the fewest of HEAD_BLOCKS after which it fits, or after which more blocks lower it no further
-    (the bound is no longer in the head)."""
+    working set no tiling or streaming splits (scheduling/bound.py: untiled_bound, the input batch aside) overflows
+    the RAM the device leaves beside the training state; then the fewest of HEAD_BLOCKS whose bound takes at most
+    half of that RAM (the rest for what tiling the frozen prefix adds), else the count that lowers it most."""
     from .frontend.channel_blocks import find_heads
     from .graph.liveness import analyze
     from .scheduling.bound import untiled_bound
 
-    def need(graph) -> int | None:  # the untiled bound beside the input batch (read from storage, it is not)
-        graph = mark_in_place(backend.lower(graph), backend.in_place)  # as the plan will run
+    def tensors(graph) -> tuple[int, int] | None:  # (the bound's tensors, the RAM for tensors), as the plan runs
+        graph = mark_in_place(backend.lower(graph), backend.in_place)
         room = backend.device_room(graph, target)
         if room is None:
             return None
+        b = untiled_bound(graph, analyze(graph), with_input=False)
         x = sum(n.bytes for n in graph.nodes if n.kind == "input")
-        return untiled_bound(graph, analyze(graph), with_input=False).budget_bytes - x - room.bytes
+        return b.budget_bytes - b.state_bytes, room.bytes + x - b.state_bytes
 
     if not find_heads(joint.cap):
         return 1
     try:
-        over = need(joint.graph(1))
+        plain = tensors(joint.graph(1))
     except UnsupportedModelError:  # the backend refuses the graph: the trace says so with the whole list
         return 1
-    if over is None or over <= 0:
+    if plain is None or plain[0] <= plain[1]:
         return 1
-    best = 1
+    best, least = 1, plain[0]
     for blocks in HEAD_BLOCKS:
         try:
-            now = need(joint.graph(blocks))
-        except UnsupportedModelError:  # the backend cannot run the blocks (a strided channel slice): as it was
+            held, left = tensors(joint.graph(blocks))
+        except UnsupportedModelError:  # the backend cannot run the blocks (a strided channel slice)
             break
-        if now >= over:  # the head no longer bounds it
+        if held >= least:  # the head no longer bounds it
             break
-        best, over = blocks, now
-        if over <= 0:
+        best, least = blocks, held
+        if held <= left // 2:
             break
     return best
 

@@ -10,13 +10,16 @@ from .ir import Node, TrainingGraph
 def stream_in(g: TrainingGraph, n: Node, target) -> tuple[int, float, float]:
     """Bytes, seconds and joules of paging node `n`'s streamed weights in (one page-in each, or one per block of
     output channels), per computation."""
+    from .streaming import read_rows
+
     rows = n.attrs.get("stream_rows", {})
     sizes = []
     for p in n.streamed:
         spec = g.params[p]
         per = rows.get(p, spec.shape[0])
         row = spec.bytes // spec.shape[0]
-        sizes += [row * min(per, spec.shape[0] - r) for r in range(0, spec.shape[0], per)]
+        r0, r1 = read_rows(n.attrs["args"][1], spec.shape[0]) if p in rows else (0, spec.shape[0])  # its rows
+        sizes += [row * min(per, r1 - r) for r in range(r0, r1, per)]
     return (sum(sizes), sum(target.page_in_time_s(b) for b in sizes),
             sum(target.page_in_energy_j(b) for b in sizes))
 

@@ -271,7 +271,7 @@ def _rewrite(cap: JointCapture, h: Head, spans: list[tuple[int, int]]) -> JointC
         features = said(emit(aten.cat.default, [p for *_, p in blocks], 1), h.mean)
         stats = {k: emit(aten.cat.default, [items[k] for _, items, _, _ in blocks]) for k in h.stats}
     h.mean.replace_all_uses_with(features)
-    g, shape = h.grad_features, tuple(_val(h.act_back or h.bn_back).shape)
+    g, shape = h.grad_features, tuple(_val(h.conv).shape)
     with graph.inserting_before(h.bn_back):  # backward, block by block, where the batch norm's was
         grads = {k: [] for k in h.grads}
         for (c0, c1), (y, items, a, _) in zip(spans, blocks):

@@ -169,3 +169,15 @@ def test_c_firmware_of_a_blocked_head_trains_exactly_under_qemu(tmp_path, capsys
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and res["ok"] and not res["mismatched"] and res["max_abs_err"] < 1e-6, res
     assert r["peak_bytes"] <= r["budget_bytes"]
+
+
+def test_c_firmware_of_a_blocked_head_at_batch_two_trains_exactly_on_the_host(tmp_path, capsys):
+    """At batch 2 a block's share of the features' gradient is strided (each sample's channels apart): the mean's
+    backward runs sample by sample; uneven blocks (43, 43, 42 channels)."""
+    out = tmp_path / "c"
+    compile_model(CompileOptions(model="mcu_mbv2_40", input_shape=(3, 16, 16), target="nrf52840", budget="auto",
+                                 emit="c", out=str(out), batch_size=2, time_limit=10.0, head_blocks=3))
+    assert (out / "plan.c").read_text().count("et_global_avgpool_backward(1, 43, 4,") == 4
+    rc = cli.main(["run", str(out), "--steps", "2", "--check", "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and res["ok"] and not res["mismatched"] and res["max_abs_err"] < 1e-6, res

@@ -353,7 +353,13 @@ def _mean_hw_bwd(c: OpCase, ctx: Context, out) -> list[str]:
     n, ch = gy.shape[:2]
     if mean_backward_planes(c) is None:
         raise EmitError("a division that is not a mean's backward")
-    return [f"et_global_avgpool_backward({n}, {ch}, {gy.shape[2] * gy.shape[3]}, {ctx.ptr(gy)}, {ctx.ptr(out)});"]
+    hw = gy.shape[2] * gy.shape[3]
+    if n == 1 or gy.stride()[0] == ch:
+        return [f"et_global_avgpool_backward({n}, {ch}, {hw}, {ctx.ptr(gy)}, {ctx.ptr(out)});"]
+    # a block of channels of a batch's gradient (a CNN head by channel blocks): sample by sample
+    at, y = gy.storage_offset(), out.storage_offset()
+    return [f"et_global_avgpool_backward(1, {ch}, {hw}, ET_F({at + s * gy.stride()[0]}), ET_F({y + s * ch * hw}));"
+            for s in range(n)]
 
 
 # -- batch norm ----------------------------------------------------------------------------------------------

@@ -236,10 +236,9 @@ def _mean_refuse(c: OpCase) -> str | None:
 
 def mean_backward_planes(c: OpCase) -> int | None:
     """H*W when a division is a mean-over-H,W's backward (the gradient expanded over each plane, divided by
-    the plane's size; the (N, C) gradient it expands contiguous), else None."""
+    the plane's size; each sample's channels of the (N, C) gradient it expands contiguous), else None."""
     x = c.args["self"]
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.stride()[2:] != (0, 0) \
-            or x.stride()[1] != 1 or (x.shape[0] > 1 and x.stride()[0] != x.shape[1]):
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.stride()[2:] != (0, 0) or x.stride()[1] != 1:
         return None
     hw = x.shape[2] * x.shape[3]
     return hw if c.args["other"] == hw else None

@@ -117,10 +117,10 @@ def stream_weights(g: TrainingGraph, streamed: list[str], ram_room: int | None =
     if not keep:
         return g
     rows_of = sliceable_weights(g)
-    sliced = {p for p in keep if p in rows_of and len(set(_reader_rows(g, p))) > 1}  # by blocks of rows
-    blocked = {p: block_rows(rows_of[p], g.params[p].shape[0], ram_room or g.params[p].bytes,
-                             tuple(b for r in _reader_rows(g, p) for b in r)) for p in keep
-               if p in sliced or (ram_room is not None and g.params[p].bytes > ram_room and p in rows_of)}
+    # Read by blocks of rows: paged in by blocks too, where a RAM room says pages come by blocks (the firmware's)
+    sliced = {p for p in keep if p in rows_of and len(set(_reader_rows(g, p))) > 1}
+    blocked = {p: block_rows(rows_of[p], g.params[p].shape[0], ram_room, tuple(b for r in _reader_rows(g, p) for b in r))
+               for p in keep if ram_room is not None and p in rows_of and (p in sliced or g.params[p].bytes > ram_room)}
     nodes = []
     for n in g.nodes:
         mine = tuple(dict.fromkeys(p for p in n.params if p in keep))

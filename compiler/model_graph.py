@@ -5,7 +5,7 @@ The first pass of a compile (compiler/passes.py) and what tests and sweeps call 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -155,12 +155,15 @@ class JointStep:
 
     cap: object  # frontend.capture.JointCapture
     make: Callable  # JointCapture -> TrainingGraph
+    made: dict = field(default_factory=dict)  # blocks -> the graph made (passes replace nodes, never change them)
 
     def graph(self, blocks: int = 1):
         """The training graph with every CNN head of the pattern in `blocks` blocks of output channels (1: none)."""
         from .frontend.channel_blocks import block_heads
 
-        return self.make(block_heads(self.cap, blocks) if blocks > 1 else self.cap)
+        if blocks not in self.made:
+            self.made[blocks] = self.make(block_heads(self.cap, blocks) if blocks > 1 else self.cap)
+        return self.made[blocks]
 
     def blocks_said(self, blocks: int) -> str | None:
         """What `blocks` does to this step's heads, in words for the compile's report; None: nothing."""
@@ -171,9 +174,11 @@ class JointStep:
             return None
         said = []
         for h in heads:
-            widths = sorted({c1 - c0 for c0, c1 in block_spans(h.channels, blocks)}, reverse=True)
-            said.append(f"`{h.conv.name}` .. `{h.mean.name}` ({h.channels} channels) in {len(block_spans(h.channels, blocks))} "
-                        f"blocks of {' or '.join(map(str, widths))} channels")
+            spans = block_spans(h.channels, blocks)
+            widths = " or ".join(map(str, sorted({c1 - c0 for c0, c1 in spans}, reverse=True)))
+            where = self.cap.sources.get(h.conv.name)
+            said.append(f"{f'at {where} ' if where else ''}(conv, batch norm, {h.act.target.__name__.split('.')[0] + ', ' if h.act else ''}"
+                        f"mean; {h.channels} channels) in {len(spans)} blocks of {widths} channels")
         return "computing the head " + "; ".join(said) + ", forward and backward"
 
 

@@ -149,9 +149,9 @@ class OpRunner:
         if first and node.aux_items:
             aux_out = tuple(outs[k] for k in node.aux_items)
             self._hold(f"{name}.aux", aux_out, sum(a.nbytes for a in aux_out))
-        dropped = aten_call.dropped_among(outs, node.kept) if len(outs) > 1 or node.multi_out else 0
-        if node.into is not None and held is None:  # a dropped output in the operand's bytes: counted there
-            dropped -= outs[0].nbytes
+        # a dropped output written into its operand is in the operand's bytes: counted there, not here
+        into_dropped = {0} if node.into is not None and held is None else set()
+        dropped = aten_call.dropped_among(outs, node.kept | into_dropped) if len(outs) > 1 or node.multi_out else 0
         if dropped:
             self.ledger.enter(dropped, node.drop_label)
             try:

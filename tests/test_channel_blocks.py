@@ -15,7 +15,8 @@ from edgetrain.compiler.workbench import cli
 from edgetrain.compiler.frontend.capture import capture
 from edgetrain.compiler.frontend.channel_blocks import block_heads, block_spans, find_heads
 from edgetrain.compiler.graph.costs import stream_in
-from edgetrain.compiler.graph.streaming import block_rows, read_rows, sliceable_weights, stream_weights
+from edgetrain.compiler.graph.aten_node import read_rows
+from edgetrain.compiler.graph.streaming import block_rows, sliceable_weights, stream_weights
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.stages import CompileOptions as StageOptions
 from edgetrain.targets.loader import load_target

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from math import prod
 
-from edgetrain.compiler.graph.streaming import read_rows
+from edgetrain.compiler.graph.aten_node import read_rows
 
 from .emitters import EmitError
 

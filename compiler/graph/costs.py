@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .aten_node import read_rows
 from .ir import Node, TrainingGraph
 
 
 def stream_in(g: TrainingGraph, n: Node, target) -> tuple[int, float, float]:
     """Bytes, seconds and joules of paging node `n`'s streamed weights in (one page-in each, or one per block of
     output channels), per computation."""
-    from .streaming import read_rows
-
     rows = n.attrs.get("stream_rows", {})
     sizes = []
     for p in n.streamed:

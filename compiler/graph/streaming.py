@@ -13,6 +13,7 @@ from math import gcd
 
 from edgetrain.compiler.errors import DeviceFitError
 
+from .aten_node import read_rows
 from .costs import costed
 from .ir import TrainingGraph
 
@@ -74,22 +75,6 @@ def sliceable_weights(g: TrainingGraph) -> dict[str, int]:
                 and len(g.params[p].shape) == 4 and set(n.attrs) == {"args"}
             ok[p] = ok.get(p, True) and conv and p not in trained
     return {p: g.params[p].bytes // g.params[p].shape[0] for p, good in ok.items() if good}
-
-
-def read_rows(arg: dict, rows: int) -> tuple[int, int] | None:
-    """The rows [r0, r1) of a parameter of `rows` rows that an operand `{"$p": name, "view": ...}` reads: all, or
-    one slice along dim 0 with step 1; None for any other view."""
-    view = [list(v) for v in arg.get("view", ())]
-    if not view:
-        return 0, rows
-    if len(view) != 1 or view[0][0] != "aten.slice.Tensor":
-        return None
-    args = list(view[0][1])
-    dim, start, end, step = args[0], args[1], args[2], args[3] if len(args) > 3 else 1
-    if dim != 0 or step != 1:
-        return None
-    r0, r1 = max(0, min(start, rows)), max(0, min(end, rows))
-    return (r0, r1) if r0 < r1 else None
 
 
 def _reader_rows(g: TrainingGraph, p: str) -> list[tuple[int, int]]:

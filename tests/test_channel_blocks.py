@@ -182,3 +182,19 @@ def test_c_firmware_of_a_blocked_head_at_batch_two_trains_exactly_on_the_host(tm
     rc = cli.main(["run", str(out), "--steps", "2", "--check", "--json"])
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and res["ok"] and not res["mismatched"] and res["max_abs_err"] < 1e-6, res
+
+
+def test_a_head_whose_weight_is_streamed_by_blocks_trains_exactly_in_blocks(tmp_path, capsys):
+    """tests/c_models.py's frozen_wide_head: its 1,310,720 B head weight is over the flash and the RAM and paged in
+    from storage by blocks of rows. In 4 blocks of 80 channels each block's conv pages in its own rows (the
+    weight is read once a step, as whole), the smallest budget falls, and the firmware matches autograd."""
+    kw = dict(model="tests.c_models:frozen_wide_head", input_shape=(16, 2, 2), target="nrf52840", budget="auto",
+              batch_size=2, emit="c", time_limit=10.0)
+    whole = compile_model(CompileOptions(out=str(tmp_path / "whole"), **kw))
+    out = tmp_path / "blocks"
+    r = compile_model(CompileOptions(out=str(out), head_blocks=4, **kw))
+    assert r["paged_bytes_per_step"] == whole["paged_bytes_per_step"] == 1024 * 320 * 4
+    assert r["min_feasible_bytes"] < whole["min_feasible_bytes"]
+    rc = cli.main(["run", str(out), "--steps", "2", "--check", "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and res["ok"] and not res["mismatched"] and res["max_abs_err"] < 1e-6, res

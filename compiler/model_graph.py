@@ -22,7 +22,6 @@ from .graph.fuse_chains import channels_last_convolutions, fuse_pointwise_chains
 from .graph.inplace import mark_in_place
 from .graph.streaming import choose_streamed, sliceable_weights, stream_weights
 from .graph.workspace import applies as scratch_applies, scratch_threads
-from .scheduling.budget import parse_budget
 from .stages import CompileOptions, Traced
 
 
@@ -52,8 +51,7 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
     joint = capture_step(opts, resolved, model, example,
                          scratch_threads(target) if scratch_applies(target) else 0, gpu=target.gpu,
                          widen_fusion=backend.widen_fusion)
-    blocks = opts.head_blocks or (blocks_to_fit(joint, target, backend, parse_budget(opts.budget).nbytes)
-                                  if device_check else 1)
+    blocks = opts.head_blocks or (blocks_to_fit(joint, target, backend) if device_check else 1)
     graph = joint.graph(blocks)
     head = joint.blocks_said(blocks)
     int8 = None
@@ -188,24 +186,22 @@ class JointStep:
 HEAD_BLOCKS = (2, 4, 8, 16, 32)
 
 
-def blocks_to_fit(joint: JointStep, target, backend, budget_bytes: int | None = None) -> int:
+def blocks_to_fit(joint: JointStep, target, backend) -> int:
     """Blocks of output channels for the step's CNN heads (frontend/channel_blocks.py): 1 (none) unless the least
-    working set no tiling or streaming splits (scheduling/bound.py: untiled_bound) overflows the memory left
-    beside the training state: the RAM the device leaves (the input batch aside: it may be read from storage), or
-    else `budget_bytes` (a budget given as a size); then the fewest of HEAD_BLOCKS whose bound takes at most half
-    of that memory (the rest for what tiling the frozen prefix adds), else the count that lowers it most."""
+    working set no tiling or streaming splits (scheduling/bound.py: untiled_bound, the input batch aside: it may
+    be read from storage) overflows the RAM the device leaves beside the training state; then the fewest of
+    HEAD_BLOCKS whose bound takes at most half that RAM (the rest for what tiling the frozen prefix adds), else
+    the count that lowers it most."""
     from .frontend.channel_blocks import find_heads
     from .graph.liveness import analyze
     from .scheduling.bound import untiled_bound
 
-    def tensors(graph) -> tuple[int, int] | None:  # (the bound's tensors, the memory for tensors), as it runs
+    def tensors(graph) -> tuple[int, int] | None:  # (the bound's tensors, the RAM for tensors), as the plan runs
         graph = mark_in_place(backend.lower(graph), backend.in_place)
         room = backend.device_room(graph, target)
-        if room is None and budget_bytes is None:
-            return None
-        b = untiled_bound(graph, analyze(graph), with_input=room is None)
         if room is None:
-            return b.budget_bytes - b.state_bytes, budget_bytes - b.state_bytes
+            return None
+        b = untiled_bound(graph, analyze(graph), with_input=False)
         x = sum(n.bytes for n in graph.nodes if n.kind == "input")
         return b.budget_bytes - b.state_bytes, room.bytes + x - b.state_bytes
 
@@ -221,7 +217,7 @@ def blocks_to_fit(joint: JointStep, target, backend, budget_bytes: int | None = 
     for blocks in HEAD_BLOCKS:
         try:
             held, left = tensors(joint.graph(blocks))
-        except UnsupportedModelError:  # the backend cannot run the blocks (a strided channel slice)
+        except UnsupportedModelError:  # the backend cannot run the blocks: the head stays whole
             break
         if held >= least:  # the head no longer bounds it
             break

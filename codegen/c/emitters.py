@@ -405,9 +405,9 @@ def _batch_norm_bwd(c: OpCase, ctx: Context, out) -> list[str]:
     if not (wname or bname):  # frozen affine parameters: the input gradient alone; or kept gradients (a block's)
         keep = c.node_attrs.get("keep") if isinstance(c.node_attrs.get("keep"), list) else []
         kept = [k for k in keep if k in (1, 2)]
-        held = {k: (ctx.ptr(out) if j == 0 else f"({ctx.ptr(out)} + {j * ch})") for j, k in enumerate(kept)}
-        if out is not None and kept != keep:
+        if kept and kept != keep:
             raise EmitError("a batch norm's backward keeping its input gradient beside its parameters'")
+        held = {k: (ctx.ptr(out) if j == 0 else f"({ctx.ptr(out)} + {j * ch})") for j, k in enumerate(kept)}
         return [f"et_batch_norm_backward({n}, {ch}, {hw}, {gyp}, {xp}, {ctx.param(w)}, {mean}, {invstd}, "
                 f"{gx if not kept else 'NULL'}, {held.get(1, 'NULL')}, {held.get(2, 'NULL')});"]
     sgd = (f"et_batch_norm_backward_sgd({n}, {ch}, {hw}, {gyp}, {xp}, {mean}, {invstd}, &et_sgd, "

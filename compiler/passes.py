@@ -42,6 +42,8 @@ def trace(req: Request) -> Traced:
     """The model as the backend's costed training graph."""
     req.say(f"tracing {req.opts.model}")
     t = trace_model(req.opts, req.profile, req.backend)
+    if t.head_blocks:
+        req.say(t.head_blocks)
     if t.int8:
         req.say(f"{t.int8['nodes']} frozen forward nodes ({t.int8['first']} .. {t.int8['last']}) in int8, ranges "
                 f"from {t.int8['calibration']}")

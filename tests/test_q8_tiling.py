@@ -242,3 +242,29 @@ def test_a_second_int8_segment_runs_bit_for_bit_in_the_firmware(tmp_path, monkey
     r = run_firmware(str(out), qemu=False, steps=1, check=True)
     assert r["ok"], r.get("error")
     assert r["int8_boundary_mismatches"] == 0 and r["int8_boundary_floats"] == 3200
+
+
+@pytest.mark.slow
+@needs_arm
+def test_mbv2_w035_trains_at_128x128_on_the_nrf52840_with_an_int8_tiled_prefix(tmp_path, capsys):
+    """tiny-training's setting on its own chip: MbV2-w0.35 at 3x128x128, batch 1, the backbone frozen and int8, the
+    head conv's batch norm and the classifier trained in float32 (SGD with momentum), `--budget auto`. The int8
+    prefix is tiled from the input quantised as it is read from storage, the head computed in channel blocks (its
+    convolutions float32: the blocks share one weight); under QEMU the prefix equals the integer reference bit for
+    bit, the head autograd's, within 256 KB of RAM with the stack and 1 MB of flash, the estimate at or above both."""
+    from edgetrain.compiler.workbench import cli
+    from edgetrain.targets import load_target
+    from edgetrain.targets.boards import board_of
+
+    out = tmp_path / "w"
+    r = compile_model(CompileOptions(model="mcu_mbv2_w035", target="nrf52840", budget="auto", out=str(out),
+                                     batch_size=1, emit="c", time_limit=30.0, quantize_frozen="int8"))
+    assert r["tiled"] and r["peak_bytes"] <= r["budget_bytes"] and r["input_read_bytes_per_step"] > 196_608
+    rc = cli.main(["run", str(out), "--qemu", "--steps", "2", "--check", "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and res["ok"] and res["int8_boundary_mismatches"] == 0 and res["max_abs_err"] < 1e-6, res
+    ram = res["ram_bytes"] + board_of(load_target("nrf52840")).stack_bytes
+    assert ram <= 262_144 and res["text_bytes"] + res["data_bytes"] <= 1_048_576, res
+    fig = figures_of_firmware(json.loads((out / "schedule.json").read_text()),
+                              json.loads((out / "firmware.json").read_text()))
+    assert fig.flash_bytes >= res["text_bytes"] + res["data_bytes"] and fig.ram_bytes >= ram, (fig, res)

@@ -29,6 +29,8 @@ RUNTIME_STATIC_BYTES = 1024  # runtime and driver statics besides the batch buff
 CODE_BASE_BYTES = 30 * 1024  # runtime, kernels, newlib-nano and driver
 CODE_PER_STEP_BYTES = 64  # the straight-line plan's calls, and its tables, per schedule step
 CODE_PER_PATCH_CALL_BYTES = 56  # a patch-by-patch node's kernel calls: ~52 B each measured (mcu_mbv2_40, 64 tiles)
+# an int8 one's pass zero points and requantisation tables too: ~67 B each measured (MbV2-w0.35 at 128x128, 436 calls)
+CODE_PER_Q8_PATCH_CALL_BYTES = 80
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,8 @@ class FirmwareFigures:
     steps: int = 0
     streamed_bytes: int = 0  # frozen weights kept in storage (not in flash), paged into the arena when read
     stack_bytes: int = STACK_BYTES  # the board's minimum stack
-    patch_calls: int = 0  # kernel calls of patch-by-patch nodes, beyond one per step
+    patch_calls: int = 0  # kernel calls of float32 patch-by-patch nodes, beyond one per step
+    q8_patch_calls: int = 0  # the same of int8 ones
     buffer_bytes: int = 0  # buffers (batch norm's running statistics): RAM, and their initial values in flash
 
     @property
@@ -57,7 +60,8 @@ class FirmwareFigures:
 
     @property
     def code_bytes(self) -> int:
-        return CODE_BASE_BYTES + CODE_PER_STEP_BYTES * self.steps + CODE_PER_PATCH_CALL_BYTES * self.patch_calls
+        return CODE_BASE_BYTES + CODE_PER_STEP_BYTES * self.steps + CODE_PER_PATCH_CALL_BYTES * self.patch_calls \
+            + CODE_PER_Q8_PATCH_CALL_BYTES * self.q8_patch_calls
 
     @property
     def flash_bytes(self) -> int:
@@ -254,6 +258,7 @@ def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
                                                      if k not in trainable and k not in streamed),
                            io_bytes=io, steps=len(schedule["steps"]),
                            streamed_bytes=sum(sizes[k] for k in streamed), patch_calls=manifest.get("patch_calls", 0),
+                           q8_patch_calls=manifest.get("q8_patch_calls", 0),
                            stack_bytes=board_stack_bytes(Target(**schedule["target"])),
                            buffer_bytes=sum((8 if v["dtype"] == "int64" else 4) * _numel(v["shape"])
                                             for v in g.get("buffers", {}).values()))

@@ -97,6 +97,7 @@ class _Emitter:
         self.q8_tables: dict[str, dict] = {}  # an int8 convolution's requantisation, by node: const data
         # Streamed weights: a page id each; they have no array, a reader finds them where they were paged in.
         self.patch_calls = 0  # kernel calls emitted for patch-by-patch nodes: code the per-step estimate misses
+        self.q8_patch_calls = 0  # the same for int8 ones (larger calls)
         self.streamed = {p: WEIGHT_PAGE_BASE + BLOCK_PAGES * k for k, p in enumerate(self.graph.streamed_params)}
         # A weight paged in by blocks of output channels: (page, first row, end row) per block, its pages in a row.
         rows = {p: r for n in self.graph.nodes for p, r in n.attrs.get("stream_rows", {}).items()}
@@ -140,7 +141,11 @@ class _Emitter:
                 reader = "x" if self.reads_stored_input(name) else None  # the input batch from storage
                 lines = (emit_q8_patches(node, offsets, self.ctx, self.params, self.q8_tables, self.namer, reader)
                          if node.dtype == "int8" else emit_patches(node, offsets, self.ctx, self.params, reader))
-                self.patch_calls += sum(1 for line in lines if not line.startswith("/*"))
+                calls = sum(1 for line in lines if not line.startswith("/*"))
+                if node.dtype == "int8":
+                    self.q8_patch_calls += calls
+                else:
+                    self.patch_calls += calls
                 return lines
             except EmitError as e:
                 raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
@@ -278,7 +283,7 @@ def _predict(em: _Emitter, logits_ref: dict) -> "Predict":
             boundary.append(Block(blocks[-1].comments, list(blocks[-1].code)))
             if n["op"] == Q8_DEQUANTIZE:  # copied out at once: its slot may serve a later tensor
                 count = _numel(n["shape"])
-                boundary[-1].code.append(f"memcpy(out + {at}, ET_F({offsets[n['name']]}), {4 * count}u);")
+                boundary[-1].code.append(f"ET_TRY(out(ctx, ET_F({offsets[n['name']]}), {count}u));")
                 at += count
     logits = operand_meta(em.node_objs, TensorRef.from_json(logits_ref), offsets)
     if not logits.is_contiguous():
@@ -424,6 +429,7 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "input_read_bytes_per_step": input_reads, "logits_floats": ctx["logits_floats"],
         "num_classes": ctx["num_classes"], "instructions_per_tick": board.instructions_per_tick,
         "patch_calls": em.patch_calls,
+        "q8_patch_calls": em.q8_patch_calls,
         "int8_boundary": [n["name"] for n in em.nodes if n["op"] == Q8_DEQUANTIZE],  # et_int8_boundary's tensors
         "int8_boundary_floats": pr.boundary_floats,
     }

@@ -183,6 +183,18 @@ def write_data(path: str, manifest: dict, batches: list, corrupt_step: int | Non
             f.write(np.ascontiguousarray(y.numpy(), dtype="<i4").tobytes())
 
 
+def _boundary(work: str, count: int, status: int) -> np.ndarray:
+    """An int8 prefix's dequantised output on the last batch (boundary.bin, which the driver writes as the plan
+    hands it over); empty without one, or where the run stopped before it."""
+    path = os.path.join(work, "boundary.bin")
+    if not count or status != 0 or not os.path.exists(path):
+        return np.zeros(0, dtype=np.float32)
+    floats = np.fromfile(path, dtype="<f4")
+    if floats.size != count:
+        raise FirmwareError(f"{path} holds {floats.size} floats, expected {count}")
+    return floats
+
+
 def read_result(work: str, manifest: dict) -> dict:
     with open(os.path.join(work, "result.bin"), "rb") as f:
         raw = f.read()
@@ -191,10 +203,9 @@ def read_result(work: str, manifest: dict) -> dict:
         raise FirmwareError(f"{work}/result.bin is not a result file")
     status = struct.unpack("<i", struct.pack("<I", status))[0]
     floats = np.frombuffer(raw, dtype="<f4", offset=32)
-    n_boundary = manifest.get("int8_boundary_floats", 0)  # an int8 prefix's output, after the logits
-    if floats.size != n_params + n_logits + n_boundary:
-        raise FirmwareError(f"{work}/result.bin is truncated ({floats.size} floats, expected "
-                            f"{n_params + n_logits + n_boundary})")
+    if floats.size != n_params + n_logits:
+        raise FirmwareError(f"{work}/result.bin is truncated ({floats.size} floats, expected {n_params + n_logits})")
+    boundary = _boundary(work, manifest.get("int8_boundary_floats", 0), status)
     params, k = {}, 0
     for p in manifest["params"]:
         params[p["name"]] = torch.from_numpy(floats[k:k + p["floats"]].copy()).reshape(p["shape"])
@@ -203,7 +214,7 @@ def read_result(work: str, manifest: dict) -> dict:
     ticks = np.fromfile(os.path.join(work, "ticks.bin"), dtype="<u4").tolist()
     return {"status": status, "steps_done": done, "paged_out": p_out, "paged_in": p_in, "params": params,
             "logits": torch.from_numpy(floats[n_params:n_params + n_logits].copy()),
-            "int8_boundary": floats[n_params + n_logits:].copy(), "losses": losses, "ticks": ticks,
+            "int8_boundary": boundary, "losses": losses, "ticks": ticks,
             "params_sha256": hashlib.sha256(raw[32:32 + 4 * n_params]).hexdigest()}
 
 

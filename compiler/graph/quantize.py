@@ -57,8 +57,10 @@ def _supported(n: Node, frozen: set[str]) -> bool:
             or any(r.view for r in n.inputs) or n.streamed or not set(n.params) <= frozen or "args" not in n.attrs:
         return False
     a = n.attrs["args"]
-    if n.op == CONV:  # 2-d, not transposed, no output padding
-        return len(a) == 9 and _t(a[0]) and not a[6] and list(a[7]) == [0, 0] and len(a[3]) == 2
+    if n.op == CONV:  # 2-d, not transposed, no output padding; a whole weight (a block's rows stay float32 with the
+        # other blocks that read the same parameter: graph/.. frontend/channel_blocks.py)
+        return len(a) == 9 and _t(a[0]) and isinstance(a[1], dict) and set(a[1]) == {"$p"} and not a[6] \
+            and list(a[7]) == [0, 0] and len(a[3]) == 2
     if n.op == HARDTANH:
         return _t(a[0]) and list(a[1:]) == [0.0, 6.0]
     return n.op == RELU and len(a) == 1

@@ -158,14 +158,14 @@ def test_the_ledger_holds_what_an_update_allocates(config, kept, view, counted):
 
 def test_a_held_gradients_decay_is_counted_and_the_ledger_is_the_prediction(tmp_path):
     """A parameter of a hidden activation's shape: its gradient is the activation's, which the node holds for
-    ReLU's backward, so SGD allocates `grad + wd * param` (512 KiB) in the node's workspace; the plan trains
+    ReLU's backward, so SGD allocates `grad + wd * param` (512 KiB), the node's update temporaries; the plan trains
     exactly with the ledger's peak the validator's to the byte, within budget."""
     out = tmp_path / "plan"
     c = compile_model(CompileOptions(model="tests.user_models:shared_gradient", target="host", budget="min",
                                      out=str(out), batch_size=8, time_limit=15.0))
     body = json.loads((out / "schedule.json").read_text())
     node = next(n for n in body["graph"]["nodes"] if "a" in n.get("updates", ()))
-    assert node["attrs"].get("keep") is None and node["workspace_bytes"] >= 8 * 16384 * 4, node
+    assert node["attrs"].get("keep") is None and node["update_temporary_bytes"] == 8 * 16384 * 4, node
     r = run_plan(str(out), steps=2, check=True, device="cpu")
     assert r["ok"] and r["max_abs_err"] == 0 and not r["mismatched"], r.get("error")
     assert r["measured_peak_bytes"] == r["predicted_peak_bytes"] <= r["budget_bytes"] == c["budget_bytes"]

@@ -445,7 +445,8 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
                 name=part["name"], kind=op.kind, op=opname, inputs=refs, params=params, buffers=buffers,
                 attrs=attrs, shape=shape, dtype=dtype, items=items, aux_bytes=aux_bytes,
                 aux_of=aux_from[0] if aux_from else None,
-                workspace_bytes=dropped + scratch + temporaries, flops=flops, updates=opt_updates,
+                workspace_bytes=dropped + scratch, update_temporary_bytes=temporaries, flops=flops,
+                updates=opt_updates,
                 source=_source(op, ops, cap.sources, {u["param"] for u in ups if "param" in u})))
     return nodes
 

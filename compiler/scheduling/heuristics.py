@@ -130,7 +130,7 @@ def dtr(g: TrainingGraph, lv: Liveness, budget_bytes: int) -> Decisions | None:
             top, done = lv.static[t] + held + sum(size[i] for i in recs), held
             for i in recs:
                 done += size[i]
-                top = max(top, lv.before_node(g, t) + done + g.node(i).workspace_bytes)
+                top = max(top, lv.before_node(g, t) + done + g.node(i).transient_bytes)
             return top
 
         while peak() > budget_bytes:

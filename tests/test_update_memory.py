@@ -2,8 +2,8 @@
 
 Where the gradient cannot take the weight decay in place (the node holds it, two updates read it, a view shows
 part of it), and for the optimizers whose step always allocates (Adam's and Adagrad's square roots), the update's
-parameter-sized temporaries are counted: the compiler's workspace and the runtime's ledger read one rule
-(runtime/python/update_memory.py).
+parameter-sized temporaries are counted: the node's update temporaries (a field apart from its workspace) and the
+runtime's ledger read one rule (runtime/python/update_memory.py).
 
 The memory model counts a parameter's update as adding nothing: SGD's weight decay is added into the gradient
 when the node drops it. A gradient the plan reads through a view (an HF Llama's head: the transpose of a
@@ -25,6 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.memory_probe import cpu_probe_available  # noqa: E402
+from edgetrain.compiler.graph.inplace import dropped_output_bytes  # noqa: E402
+from edgetrain.compiler.graph.ir import Node, TensorRef  # noqa: E402
 from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
 from edgetrain.compiler.workbench.run import run_plan  # noqa: E402
 from edgetrain.runtime.python import prepared  # noqa: E402
@@ -169,3 +171,15 @@ def test_a_held_gradients_decay_is_counted_and_the_ledger_is_the_prediction(tmp_
     r = run_plan(str(out), steps=2, check=True, device="cpu")
     assert r["ok"] and r["max_abs_err"] == 0 and not r["mismatched"], r.get("error")
     assert r["measured_peak_bytes"] == r["predicted_peak_bytes"] <= r["budget_bytes"] == c["budget_bytes"]
+
+
+def test_update_temporaries_stay_apart_from_the_dropped_output_they_follow():
+    """A gradient accumulated into its accumulator (addmm, `keep: none`) whose update allocates: the workspace
+    still says the dropped output's bytes (what `into` is matched on), every memory model reads the sum, and the
+    field survives the schedule file (left out where it is 0, as graphs without it were written)."""
+    n = Node(name="g", kind="backward", op="aten.addmm.default", inputs=(TensorRef("acc"),),
+             attrs={"keep": "none", "scratch": 64}, workspace_bytes=4096 + 64, update_temporary_bytes=3 * 4096)
+    assert dropped_output_bytes(n) == 4096 and n.transient_bytes == 4 * 4096 + 64
+    assert Node.from_json(json.loads(json.dumps(n.to_json()))) == n
+    bare = Node(name="h", kind="backward", op="aten.mm.default")
+    assert "update_temporary_bytes" not in bare.to_json() and Node.from_json(bare.to_json()) == bare

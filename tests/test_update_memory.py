@@ -30,7 +30,6 @@ from edgetrain.compiler.graph.ir import Node, TensorRef  # noqa: E402
 from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
 from edgetrain.compiler.workbench.run import run_plan  # noqa: E402
 from edgetrain.runtime.python import prepared  # noqa: E402
-from edgetrain.runtime.python.ledger import Ledger  # noqa: E402
 from edgetrain.runtime.python.op_runner import OpRunner  # noqa: E402
 from edgetrain.runtime.python.optim import Optimizer  # noqa: E402
 

@@ -26,7 +26,8 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.memory_probe import cpu_probe_available  # noqa: E402
 from edgetrain.compiler.graph.inplace import dropped_output_bytes  # noqa: E402
-from edgetrain.compiler.graph.ir import Node, TensorRef  # noqa: E402
+from edgetrain.codegen.c.lower import lower_for_c  # noqa: E402
+from edgetrain.compiler.graph.ir import Node, OptimizerConfig, TensorRef, TrainingGraph  # noqa: E402
 from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
 from edgetrain.compiler.workbench.run import run_plan  # noqa: E402
 from edgetrain.runtime.python import prepared  # noqa: E402
@@ -182,3 +183,21 @@ def test_update_temporaries_stay_apart_from_the_dropped_output_they_follow():
     assert Node.from_json(json.loads(json.dumps(n.to_json()))) == n
     bare = Node(name="h", kind="backward", op="aten.mm.default")
     assert "update_temporary_bytes" not in bare.to_json() and Node.from_json(bare.to_json()) == bare
+
+
+def test_a_microcontroller_targets_python_plan_counts_torchs_update_temporaries_and_c_counts_none(tmp_path):
+    """A Python plan runs torch's optimizers on any target: Adam's square-root temporaries are in the graph of a
+    microcontroller profile's Python plan too, so its ledger is the prediction to the byte; C firmware's kernels
+    update in place, and its lowering (codegen/c/lower.py) drops every update temporary."""
+    out = tmp_path / "plan"
+    c = compile_model(CompileOptions(model="mcu_cnn", target="mps2-an386", budget="min", out=str(out),
+                                     batch_size=2, optimizer=OptimizerConfig.of("adam"), emit="python",
+                                     time_limit=10.0))
+    body = json.loads((out / "schedule.json").read_text())
+    assert any(n.get("update_temporary_bytes") for n in body["graph"]["nodes"])
+    r = run_plan(str(out), steps=1, check=True, device="cpu")
+    assert r["ok"] and r["max_abs_err"] == 0, r.get("error")
+    assert r["measured_peak_bytes"] == r["predicted_peak_bytes"] <= r["budget_bytes"] == c["budget_bytes"]
+    body["graph"]["optimizer"] = OptimizerConfig.of("sgd").to_json()  # the graph as C firmware would train it
+    lowered = lower_for_c(TrainingGraph.from_json(body["graph"]))
+    assert not any(n.update_temporary_bytes for n in lowered.nodes)

@@ -438,9 +438,8 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
             if name == loss_ref.node:
                 attrs["loss_item"] = loss_ref.k
             opt_updates = tuple(u["param"] for u in mine if "param" in u)
-            # torch's optimizers allocate them; a microcontroller's graph models the C kernels, which update in place
-            temporaries = _update_temporaries(attrs.get("updates", ()), outs, part, optim_config or {}) \
-                if scratch_threads else 0
+            # torch's optimizers allocate them, whatever the target (C firmware's lowering drops them)
+            temporaries = _update_temporaries(attrs.get("updates", ()), outs, part, optim_config or {})
             nodes.append(Node(
                 name=part["name"], kind=op.kind, op=opname, inputs=refs, params=params, buffers=buffers,
                 attrs=attrs, shape=shape, dtype=dtype, items=items, aux_bytes=aux_bytes,

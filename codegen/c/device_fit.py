@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from edgetrain.compiler.errors import DeviceFitError  # the user's error, not a solver
 from edgetrain.compiler.graph.ir import DTYPE_BYTES  # a parameter's bytes by its dtype
+from edgetrain.compiler.graph.quantize import q8_layers  # a node's int8 quantisations, a tiled prefix's included
 from edgetrain.runtime.python.optim import state_names, step_counter_bytes  # the optimizer's state per parameter
 from edgetrain.targets import Target
 from edgetrain.targets.boards import DEFAULT_BOARD, board_of, load_board
@@ -224,7 +225,7 @@ def _numel(shape) -> int:
 def q8_table_bytes(node_attrs) -> int:
     """The flash an int8 prefix's requantisation tables take: a Q31 multiplier and a shift (int32 each) per output
     channel of each convolution (`node_attrs`: every node's attrs)."""
-    return sum(8 * len(a["q8"]["mult"]) for a in node_attrs if "mult" in a.get("q8", {}))
+    return sum(8 * len(q["mult"]) for a in node_attrs for q in q8_layers(a) if "mult" in q)
 
 
 def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:

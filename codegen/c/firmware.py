@@ -32,10 +32,10 @@ from .flash_data import C_TYPES, STORAGE_DIR, WEIGHT_PAGE_BASE, BLOCK_PAGES, buf
 from .lifetimes import step_lifetimes, stream_words, tensor_bytes, tensor_lifetime, transient_lifetimes
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
-from .patches import emit_patches
+from .patches import emit_patches, emit_q8_patches
 from .weight_blocks import emit_blocked_conv
 from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
-from .ops import DROPOUT, Q8_OPS, CodegenError, kernel_sources  # the C op table
+from .ops import DROPOUT, Q8_OPS, Q8_PATCH_SOURCE, CodegenError, kernel_sources  # the C op table
 from .q8_emit import emit_q8
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
@@ -44,7 +44,8 @@ FIRMWARE_FILES = ("plan.c", "plan.h", "main_host.c", "main_qemu.c", "Makefile", 
 # Runtime sources every build compiles. Both builds keep pages in files (storage_file.c); each adds the
 # raw-I/O back end under it (storage_stdio.c on the host, storage_semihost.c under QEMU).
 RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c") + kernel_sources()
-Q8_SOURCES = {f"kernels/{s}.c" for k in Q8_OPS.values() for s in k.source_files}  # an int8 prefix's kernels
+Q8_SOURCES = {f"kernels/{s}.c" for k in Q8_OPS.values() for s in k.source_files} | {  # an int8 prefix's kernels
+    f"kernels/{Q8_PATCH_SOURCE}.c"}
 
 _ENV = environment("templates/c")
 
@@ -132,7 +133,8 @@ class _Emitter:
                 raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
         if node.op == TILED_OP:  # a frozen prefix, patch by patch: its own statements (patches.py)
             try:
-                lines = emit_patches(node, offsets, self.ctx, self.params)
+                lines = (emit_q8_patches(node, offsets, self.ctx, self.params, self.q8_tables, self.namer)
+                         if node.dtype == "int8" else emit_patches(node, offsets, self.ctx, self.params))
                 self.patch_calls += sum(1 for line in lines if not line.startswith("/*"))
                 return lines
             except EmitError as e:
@@ -260,7 +262,8 @@ def _predict(em: _Emitter, logits_ref: dict) -> "Predict":
     for n in fwd:
         blocks.append(Block([f"{n['name']} ({n['op']})" + (f" -- {n['source']}" if n["source"] else "")],
                             _compute(em, n, offsets, False, predict=True, streams=streams[n["name"]])))
-        if n["kind"] == "input" or n["op"] in Q8_OPS:  # the int8 prefix alone, to its dequantised boundary
+        if n["kind"] == "input" or n["op"] in Q8_OPS or (n["op"] == TILED_OP and n["dtype"] == "int8"):
+            # the int8 prefix alone (its nodes, or its patch-by-patch ones), to its dequantised boundary
             boundary.append(Block(blocks[-1].comments, list(blocks[-1].code)))
             if n["op"] == Q8_DEQUANTIZE:  # copied out at once: its slot may serve a later tensor
                 count = _numel(n["shape"])

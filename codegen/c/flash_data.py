@@ -11,10 +11,10 @@ from math import prod
 import numpy as np
 from safetensors.numpy import load_file
 
-from edgetrain.compiler.graph.quantize import conv_integers  # an int8 prefix's integer weights
+from edgetrain.compiler.graph.quantize import conv_integers, q8_layers  # an int8 prefix's integer weights
 
 from .names import c_comment, c_float
-from .ops import Q8_OPS, CodegenError
+from .ops import CodegenError
 
 STORAGE_DIR = "storage"  # the streamed weights' blocks, to be copied onto the device's page store
 WEIGHT_PAGE_BASE = 0x10000  # page ids of streamed weights: above any activation page's
@@ -33,11 +33,9 @@ def q8_integers(em, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The int8 weights and int32 biases of an int8 prefix's convolutions, flat: computed from the float values the
     model holds (weights.safetensors) and the scales the graph pass chose (compiler/graph/quantize.py)."""
     out = {}
-    for n in em.graph.nodes:
-        if n.op in Q8_OPS and "weight" in n.attrs["q8"]:
-            q = n.attrs["q8"]
-            floats = {p: weights[p].reshape(em.params[p]["shape"]) for p in (q["weight"], q["bias"]) if p}
-            out.update({p: v.reshape(-1) for p, v in conv_integers(q, floats).items()})
+    for q in (q for n in em.graph.nodes for q in q8_layers(n.attrs) if "weight" in q):  # a tiled prefix's too
+        floats = {p: weights[p].reshape(em.params[p]["shape"]) for p in (q["weight"], q["bias"]) if p}
+        out.update({p: v.reshape(-1) for p, v in conv_integers(q, floats).items()})
     return out
 
 

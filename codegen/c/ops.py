@@ -448,6 +448,7 @@ ALSO = "views (flatten, reshape, channel slices at batch 1); SGD with momentum a
 
 
 PATCH_SOURCE = "patch"  # a frozen prefix computed patch by patch (compiler/graph/tiling.py): emitted by patches.py
+Q8_PATCH_SOURCE = "q8_patch"  # the same for an int8 prefix: its copies a byte an element
 
 # every parameter's update, whichever op makes its gradient: the C kernels the optimizer units name
 OPTIMIZER_SOURCES = {u.c_kernel for u in OPTIMIZERS.values() if u.c_kernel}
@@ -455,7 +456,7 @@ OPTIMIZER_SOURCES = {u.c_kernel for u in OPTIMIZERS.values() if u.c_kernel}
 
 def kernel_sources() -> tuple[str, ...]:
     """Every kernel source a C firmware compiles, as paths under runtime/c: each op's, and the optimizer's."""
-    stems = {s for k in C_OPS.values() for s in k.source_files} | OPTIMIZER_SOURCES | {PATCH_SOURCE}
+    stems = {s for k in C_OPS.values() for s in k.source_files} | OPTIMIZER_SOURCES | {PATCH_SOURCE, Q8_PATCH_SOURCE}
     return tuple(f"kernels/{s}.c" for s in sorted(stems))
 
 

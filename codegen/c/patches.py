@@ -3,14 +3,15 @@
 The node's plan gives, per output tile, every tensor's region and each operand's crop and zero padding; the
 patch buffers sit in the node's workspace at the plan's offsets. Per tile and op: each operand that is not
 its patch as it is gets gathered (runtime/c/kernels/patch.h), the op's kernel runs on the patches (a
-convolution with its padding made explicit), and the last patch is placed into the output.
+convolution with its padding made explicit), and the last patch is placed into the output. An int8 prefix's plan
+has its own function (`emit_q8_patches`): its patches a byte an element, its kernels the q8 ones.
 """
 from __future__ import annotations
 
 import json
 
 from .emitters import EmitError
-from .names import c_comment
+from .names import c_comment, c_float
 
 
 def _count(shape_n: int, c: int, r) -> int:
@@ -76,4 +77,75 @@ def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict) -> list
                 lines.append(f"et_add_forward({count}, {ptrs[0]}, {ptrs[1]}, {out});")
         lines.append(f"et_patch_place({n}, {shapes[m][1]}, {y1 - y0}, {x1 - x0}, ET_F({ws + buf[f't{m}']}), "
                      f"{shapes[m][2]}, {shapes[m][3]}, {y0}, {x0}, ET_F({base_out}));")
+    return lines
+
+
+def emit_q8_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, tables: dict, namer) -> list[str]:
+    """An int8 prefix computed patch by patch (the plan's "dtype" int8) as C: as `emit_patches`, with int8 patches
+    at the plan's byte offsets (multiples of 4) in the workspace, a convolution's operand padded with its input's
+    zero point and run with its per-channel requantisation (`tables`, by layer: const data, as q8_emit.py's),
+    its int16 scratch after the patches; the quantisation reads its crop of the float input."""
+    from .q8_emit import requant_table
+
+    plan = json.loads(node.attrs["args"][2])
+    shapes, ops = plan["tensors"], plan["ops"]
+    m = len(shapes) - 1
+    base_in, base_out, ws = offsets[node.inputs[0].name], offsets[node.name], offsets[f"{node.name}.patches"]
+    buf = {k: ws + v // 4 for k, v in plan["buffers"].items()}  # arena words: every buffer starts on one
+    scratch = f"(int16_t *)(void *)ET_F({ws + plan['workspace_bytes'] // 4})"
+    n = shapes[0][0]
+    lines = [f"/* {len(plan['tiles'])} int8 tiles of {c_comment(', '.join(plan['replaces']))} */"]
+    for k, tile in enumerate(plan["tiles"]):
+        reg = tile["regions"]
+        y0, y1, x0, x1 = reg[m]
+        lines.append(f"/* tile {k}: output rows {y0}..{y1 - 1}, columns {x0}..{x1 - 1} */")
+        for i, (op, gathers) in enumerate(zip(ops, tile["steps"])):
+            q, out = op["q8"], f"ET_Q({buf[f't{i + 1}']})"
+            r = reg[i + 1]
+            count = _count(n, shapes[i + 1][1], r)
+            if op["op"] == "q8_quantize":  # from the float input, its crop
+                g, a = gathers[0], gathers[0]["from"]
+                cy, ch, cx, cw = g["crop"]
+                lines.append(f"et_q8_patch_quantize({n}, {shapes[a][1]}, {shapes[a][2]}, {shapes[a][3]}, "
+                             f"ET_F({base_in}), {cy}, {ch}, {cx}, {cw}, {c_float(q['scale'])}, {q['zp']}, {out});")
+                continue
+            ptrs = []
+            pad = q["x_zp"] if op["op"] == "q8_conv2d" else 0
+            for j, g in enumerate(gathers):
+                a = g["from"]
+                src = f"ET_Q({base_in})" if a == 0 else f"ET_Q({buf[f't{a}']})"
+                if not g["copy"]:
+                    ptrs.append(src)
+                    continue
+                ra = reg[a]
+                cy, ch, cx, cw = g["crop"]
+                top, bottom, left, right = g["pad"]
+                dst = f"ET_Q({buf[f'g{i}.{j}']})"
+                lines.append(f"et_q8_patch_gather({n}, {shapes[a][1]}, {ra[1] - ra[0]}, {ra[3] - ra[2]}, {src}, "
+                             f"{cy}, {ch}, {cx}, {cw}, {top}, {bottom}, {left}, {right}, {pad}, {dst});")
+                ptrs.append(dst)
+            if op["op"] == "q8_conv2d":
+                g, layer = gathers[0], plan["replaces"][i]
+                kh, kw = param_shapes[q["weight"]]["shape"][2:]
+                fields = dict(n=n, c_in=shapes[g["from"]][1], h_in=g["pad"][0] + g["crop"][1] + g["pad"][1],
+                              w_in=g["pad"][2] + g["crop"][3] + g["pad"][3], c_out=shapes[i + 1][1], h_out=r[1] - r[0],
+                              w_out=r[3] - r[2], k_h=kh, k_w=kw, stride_h=op["stride"][0], stride_w=op["stride"][1],
+                              pad_h=0, pad_w=0, dil_h=op["dilation"][0], dil_w=op["dilation"][1], groups=op["groups"])
+                if layer not in tables:
+                    tables[layer] = requant_table(layer, q, namer(layer, "q"))
+                bias = ctx.pident[q["bias"]] if q["bias"] else "NULL"
+                shape = ", ".join(f".{key} = {v}" for key, v in fields.items())
+                lines.append(f"{{ et_q8_conv2d_forward(&(const et_conv2d_shape){{{shape}}}, {ptrs[0]}, {q['x_zp']}, "
+                             f"{ctx.pident[q['weight']]}, {bias}, &{tables[layer]['ident']}, {scratch}, {out}); }}")
+            elif op["op"] == "q8_relu6":
+                lines.append(f"et_q8_relu6_forward({count}, {ptrs[0]}, {q['zp']}, {q['q6']}, {out});")
+            elif op["op"] == "q8_relu":
+                lines.append(f"et_q8_relu_forward({count}, {ptrs[0]}, {q['zp']}, {out});")
+            elif op["op"] == "q8_add":
+                lines.append(f"et_q8_add({count}, {ptrs[0]}, {c_float(q['a'][0])}, {q['a'][1]}, {ptrs[1]}, "
+                             f"{c_float(q['b'][0])}, {q['b'][1]}, {c_float(q['scale'])}, {q['zp']}, {out});")
+            else:
+                raise EmitError(f"an int8 patch op {op['op']} has no kernel")
+        lines.append(f"et_q8_patch_place({n}, {shapes[m][1]}, {y1 - y0}, {x1 - x0}, ET_Q({buf[f't{m}']}), "
+                     f"{shapes[m][2]}, {shapes[m][3]}, {y0}, {x0}, ET_Q({base_out}));")
     return lines

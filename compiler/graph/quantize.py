@@ -246,10 +246,32 @@ def quantize_frozen(g: TrainingGraph, prefix: tuple[str, ...], ranges: dict[str,
     return Quantized(prefix, graph, values)
 
 
+def int8_tiled_plan(attrs: dict) -> dict | None:
+    """The plan of an int8 prefix computed patch by patch (graph/tiling.py's node, from its attrs); None for any
+    other node."""
+    a = attrs.get("args")  # tiling.py writes the plan's "dtype" first: no other node's text starts so
+    if not (isinstance(a, list) and len(a) == 3 and isinstance(a[2], str) and a[2].startswith('{"dtype":"int8"')):
+        return None
+    return json.loads(a[2])
+
+
+def q8_layers(attrs: dict) -> list[dict]:
+    """The quantisations (attrs["q8"]) a node computes with: its own, or each int8 op's of a tiled int8 prefix."""
+    if "q8" in attrs:
+        return [attrs["q8"]]
+    plan = int8_tiled_plan(attrs)
+    return [op["q8"] for op in plan["ops"]] if plan else []
+
+
 def prefix_program(q: Quantized | TrainingGraph) -> str:
     """The int8 nodes (of a rewrite, or of a graph that holds them) as the runtime reference reads them (JSON: name,
-    op, operand and attrs["q8"], in order)."""
+    op, operand and attrs["q8"], in order; a tiled int8 prefix as op "q8_patches" with its plan under "plan")."""
     g = q.graph if isinstance(q, Quantized) else q
-    ops = [n for n in g.nodes if n.op.startswith("edgetrain.q8_")]
-    return json.dumps([{"name": n.name, "op": n.op.split(".")[1], "inputs": [r.name for r in n.inputs],
-                        "q8": n.attrs["q8"]} for n in ops])
+    steps = []
+    for n in g.nodes:
+        if n.op.startswith("edgetrain.q8_"):
+            steps.append({"name": n.name, "op": n.op.split(".")[1], "inputs": [r.name for r in n.inputs],
+                          "q8": n.attrs["q8"]})
+        elif (plan := int8_tiled_plan(n.attrs)) is not None:
+            steps.append({"name": n.name, "op": "q8_patches", "inputs": [r.name for r in n.inputs], "plan": plan})
+    return json.dumps(steps)

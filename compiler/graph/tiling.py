@@ -11,6 +11,13 @@ computed once per tile that needs them: the added FLOPs are in the node's cost. 
 patches' buffers, packed by their lifetimes within a tile (`plan["buffers"]`, offsets in floats), which the
 C firmware uses as they are and the Python runtime (runtime/python/patch_forward.py) counts.
 
+An int8 prefix (compiler/graph/quantize.py's nodes: the input's quantisation, convolutions, ReLU/ReLU6, adds) is
+tiled the same way (`plan["dtype"]` "int8"): its patches a byte an element, each buffer on whole words (the SIMD
+kernels load words; `plan["buffers"]` in bytes, `workspace_bytes` their extent), a convolution's operand padded
+with its input's zero point, each op's attrs["q8"] in the plan. The quantisation reads its crop of the float input
+directly (no float patch). Each output pixel's integer sum is the same whatever the tile, so tiling changes no
+int8 value (runtime/python/int8_prefix.py computes both ways).
+
 The plan the node carries (attrs["plan"], JSON) is all either runtime needs: per tile, each tensor's region
 and, per op, the crop and zero padding of each operand. Pure functions: nothing here solves or reads files.
 """
@@ -20,11 +27,16 @@ import json
 from dataclasses import dataclass, replace
 
 from .ir import Node, TensorRef, TrainingGraph
+from .quantize import Q8_ADD, Q8_CONV, Q8_QUANTIZE, Q8_RELU, Q8_RELU6
 
 TILED_OP = "edgetrain.patch_forward.default"
 CONV = "aten.convolution.default"
 UNARY = {"aten.hardtanh.default": "hardtanh", "aten.relu.default": "relu"}
 ADD = "aten.add.Tensor"
+# the int8 nodes a prefix may tile; the plan names each op as the integer reference's program does ("q8_conv2d")
+Q8_TILED = (Q8_QUANTIZE, Q8_CONV, Q8_RELU, Q8_RELU6, Q8_ADD)
+CONVS = ("conv", "q8_conv2d")
+DIRECT = ("q8_quantize",)  # ops that read their operand's crop in place: no gathered copy
 GRIDS = (2, 3, 4, 5, 6, 8)  # tiles per side tried
 
 
@@ -64,6 +76,18 @@ def _op_of(n: Node, frozen: set[str]) -> dict | None:
     return None
 
 
+def _q8_op_of(n: Node, frozen: set[str]) -> dict | None:
+    """The int8 prefix op `n` is, as the plan writes it (its quantisation whole); None when it cannot be tiled."""
+    if n.op not in Q8_TILED or n.kind != "forward" or n.shape is None or len(n.shape) != 4 or n.streamed \
+            or any(r.view for r in n.inputs) or not set(n.params) <= frozen or n.dtype != "int8":
+        return None
+    q8, op = n.attrs["q8"], n.op.split(".")[1]
+    if n.op == Q8_CONV:
+        return {"op": op, "operands": [0], "weight": q8["weight"], "bias": q8["bias"], "stride": list(q8["stride"]),
+                "padding": list(q8["padding"]), "dilation": list(q8["dilation"]), "groups": q8["groups"], "q8": q8}
+    return {"op": op, "operands": [0, 1] if op == "q8_add" else [0], "q8": q8}
+
+
 def _prefix(g: TrainingGraph) -> tuple[str, list[int], list[dict]]:
     """The tensor the prefix reads and its tileable nodes (stage indices, ops): from the first forward node on,
     reading the input batch; or, where a prefix is computed patch by patch already, from the node after the last
@@ -82,9 +106,10 @@ def _prefix(g: TrainingGraph) -> tuple[str, list[int], list[dict]]:
     if len(g.node(source).shape or ()) != 4:
         return "", [], []
     known, stages, ops = {source}, [], []
+    int8 = g.nodes[start].op in Q8_TILED  # one dtype a chain: an int8 prefix's nodes, or float ones
     for i in range(start, len(g.nodes)):
         n = g.nodes[i]
-        op = _op_of(n, frozen)
+        op = _q8_op_of(n, frozen) if int8 else _op_of(n, frozen)
         if op is None or any(r.name not in known for r in n.inputs) or n.shape[0] != g.node(source).shape[0]:
             break
         known.add(n.name)
@@ -122,7 +147,7 @@ def _bounds(size: int, parts: int) -> list[tuple[int, int]]:
 def _window(op: dict, region: tuple[int, int, int, int], weight_hw: tuple[int, int] | None):
     """The operand region (unclipped: y0, y1, x0, x1) op needs to make `region` of its output."""
     y0, y1, x0, x1 = region
-    if op["op"] != "conv":
+    if op["op"] not in CONVS:
         return region
     (sh, sw), (ph, pw), (dh, dw), (kh, kw) = op["stride"], op["padding"], op["dilation"], weight_hw
     return (y0 * sh - ph, (y1 - 1) * sh - ph + dh * (kh - 1) + 1, x0 * sw - pw, (x1 - 1) * sw - pw + dw * (kw - 1) + 1)
@@ -143,7 +168,8 @@ def build_plan(g: TrainingGraph, source: str, stages: list[int], ops: list[dict]
     shapes = [list(g.node(nm).shape) for nm in names]  # [n, c, h, w]
     n_batch = shapes[0][0]
     ops = [dict(op, operands=[index[g.nodes[s].inputs[k].name] for k in op["operands"]]) for s, op in zip(stages, ops)]
-    whw = [tuple(g.params[op["weight"]].shape[2:]) if op["op"] == "conv" else None for op in ops]
+    whw = [tuple(g.params[op["weight"]].shape[2:]) if op["op"] in CONVS else None for op in ops]
+    int8 = any(op["op"].startswith("q8_") for op in ops)
     m = len(names) - 1
     h_out, w_out = shapes[m][2], shapes[m][3]
     tiles, sizes = [], {}
@@ -165,7 +191,8 @@ def build_plan(g: TrainingGraph, source: str, stages: list[int], ops: list[dict]
                     pad = [c[0] - win[0], win[1] - c[1], c[2] - win[2], win[3] - c[3]]
                     crop = [c[0] - region[a][0], c[1] - c[0], c[2] - region[a][2], c[3] - c[2]]  # y, h, x, w
                     whole = crop == [0, region[a][1] - region[a][0], 0, region[a][3] - region[a][2]]
-                    gathers.append({"from": a, "crop": crop, "pad": pad, "copy": not (whole and not any(pad))})
+                    copy = not (whole and not any(pad)) and op["op"] not in DIRECT
+                    gathers.append({"from": a, "crop": crop, "pad": pad, "copy": copy})
                     if gathers[-1]["copy"]:
                         key = ("g", i, len(gathers) - 1)
                         words = n_batch * shapes[a][1] * (win[1] - win[0]) * (win[3] - win[2])
@@ -175,8 +202,12 @@ def build_plan(g: TrainingGraph, source: str, stages: list[int], ops: list[dict]
                 r = region[j]
                 sizes[("t", j)] = max(sizes.get(("t", j), 0), n_batch * shapes[j][1] * (r[1] - r[0]) * (r[3] - r[2]))
             tiles.append({"regions": [list(r) for r in region], "steps": steps})
-    buffers, words = _pack(ops, sizes, m)
     flops = sum(_tile_flops(op, shapes, t, i, whw[i]) for t in tiles for i, op in enumerate(ops))
+    if int8:  # a byte an element, each buffer on whole words
+        buffers, nbytes = _pack(ops, {k: -(-v // 4) * 4 for k, v in sizes.items()}, m)
+        return {"dtype": "int8", "tensors": shapes, "ops": ops, "tiles": tiles, "buffers": buffers,
+                "workspace_bytes": nbytes, "flops": flops}
+    buffers, words = _pack(ops, sizes, m)
     return {"tensors": shapes, "ops": ops, "tiles": tiles, "buffers": buffers, "workspace_floats": words,
             "flops": flops}
 
@@ -184,15 +215,16 @@ def build_plan(g: TrainingGraph, source: str, stages: list[int], ops: list[dict]
 def _tile_flops(op: dict, shapes, tile: dict, i: int, weight_hw) -> int:
     y0, y1, x0, x1 = tile["regions"][i + 1]
     outs = shapes[0][0] * shapes[i + 1][1] * (y1 - y0) * (x1 - x0)
-    if op["op"] != "conv":
+    if op["op"] not in CONVS:
         return outs
     cin = shapes[op["operands"][0]][1] // op["groups"]
     return 2 * outs * cin * weight_hw[0] * weight_hw[1]
 
 
 def _pack(ops: list[dict], sizes: dict, m: int) -> tuple[dict, int]:
-    """First-fit offsets (floats) for the patch buffers: tensor j's from its op (j - 1) to its last reader
-    (the output's through the last op, when it is placed), an operand copy during its op only."""
+    """First-fit offsets (in the unit of `sizes`: floats, or bytes) for the patch buffers: tensor j's from its op
+    (j - 1) to its last reader (the output's through the last op, when it is placed), an operand copy during its op
+    only."""
     last = {j: m - 1 for j in range(1, m + 1)}
     for i, op in enumerate(ops):
         for a in op["operands"]:
@@ -225,13 +257,18 @@ def tiled_graph(g: TrainingGraph, source: str, stages: list[int], ops: list[dict
     pref = [{"$p": p} for p in params]
     pos = {p: k for k, p in enumerate(params)}
     plan["ops"] = [dict(op, weight=pos[op["weight"]], bias=None if op["bias"] is None else pos[op["bias"]])
-                   if op["op"] == "conv" else op for op in plan["ops"]]
+                   if op["op"] in CONVS else op for op in plan["ops"]]
     flops = plan.pop("flops")
     plan["replaces"], plan["grid"] = [n.name for n in replaced], grid
     text = json.dumps(plan, separators=(",", ":"))
-    # The patch buffers, and the largest kernel scratch of an op it replaced (a convolution's re-laid-out weight
-    # on a CPU target: a patch's convolution needs no more than the whole one did).
-    scratch = 4 * plan["workspace_floats"] + max(n.attrs.get("scratch", 0) for n in replaced)
+    if plan.get("dtype") == "int8":
+        # The patch buffers, then an int8 convolution's int16 scratch (its node's workspace: the C kernel's, which
+        # depends on the window, not the patch), the whole rounded to words (where the firmware places it).
+        scratch = -(-(plan["workspace_bytes"] + max(n.workspace_bytes for n in replaced)) // 4) * 4
+    else:
+        # The patch buffers, and the largest kernel scratch of an op it replaced (a convolution's re-laid-out weight
+        # on a CPU target: a patch's convolution needs no more than the whole one did).
+        scratch = 4 * plan["workspace_floats"] + max(n.attrs.get("scratch", 0) for n in replaced)
     node = Node(name=last.name, kind="forward", op=TILED_OP, inputs=(TensorRef(source),), params=params,
                 attrs={"args": [{"$t": 0}, pref, text], "scratch": scratch},
                 shape=last.shape, dtype=last.dtype, workspace_bytes=scratch, flops=flops,

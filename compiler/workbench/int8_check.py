@@ -15,7 +15,8 @@ from safetensors.numpy import load_file
 
 from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.compiler.graph.ir import TrainingGraph
-from edgetrain.compiler.graph.quantize import Q8_CONV, Q8_DEQUANTIZE, conv_integers, prefix_program
+from edgetrain.compiler.graph.quantize import (Q8_CONV, Q8_DEQUANTIZE, conv_integers, int8_tiled_plan,
+                                               prefix_program, q8_layers)
 from edgetrain.runtime.python.int8_prefix import run_prefix
 
 
@@ -27,11 +28,9 @@ class Int8Reference:
         self.program = prefix_program(g)
         floats = load_file(weights_path)
         self.values: dict[str, np.ndarray] = {}
-        for n in g.nodes:
-            if n.op == Q8_CONV:
-                q = n.attrs["q8"]
-                w = {p: floats[f"param/{p}"].astype(np.float64) for p in (q["weight"], q["bias"]) if p}
-                self.values.update(conv_integers(q, w))
+        for q in (q for n in g.nodes for q in q8_layers(n.attrs) if "weight" in q):  # a tiled prefix's too
+            w = {p: floats[f"param/{p}"].astype(np.float64) for p in (q["weight"], q["bias"]) if p}
+            self.values.update(conv_integers(q, w))
         self.boundary = [n for n in g.nodes if n.op == Q8_DEQUANTIZE]  # in graph order: the firmware's order
         self.graph = g
 
@@ -61,9 +60,11 @@ class Int8Reference:
 
 def _conv_module(model: torch.nn.Module, node) -> torch.nn.Module:
     """The convolution module whose output is `node` (the int8 prefix's last op there), found by its weight."""
-    if node.op == Q8_CONV:
-        path = node.attrs["q8"]["weight"].rsplit(".", 1)[0]
-        module = model.get_submodule(path) if path != node.attrs["q8"]["weight"] else None
+    plan = int8_tiled_plan(node.attrs)  # computed patch by patch: its last op's
+    q8 = plan["ops"][-1]["q8"] if plan else node.attrs["q8"] if node.op == Q8_CONV else {}
+    if "weight" in q8:
+        path = q8["weight"].rsplit(".", 1)[0]
+        module = model.get_submodule(path) if path != q8["weight"] else None
         if isinstance(module, torch.nn.Conv2d):
             return module
     raise EdgetrainError(f"--check: the int8 prefix hands the float head `{node.name}` ({node.op}), which is no "

@@ -52,5 +52,6 @@
 #include "kernels/q8_maxpool2d.h"
 #include "kernels/q8_avgpool2d.h"
 #include "kernels/q8_convert.h"
+#include "kernels/q8_patch.h"
 
 #endif /* ET_RUNTIME_H */

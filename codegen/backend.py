@@ -59,6 +59,9 @@ class Backend(Protocol):
     # its ReLU6 backward is torch's hardtanh_backward, exact on the ReLU6's output (graph/clamp_backward.py)
     clamp_grad_from_output: bool
     runs_int8_prefix: bool  # lowers an int8 frozen prefix (`compile --quantize-frozen int8`) to its kernels
+    # reads the input batch where it lies, patch by patch, when only patch-by-patch nodes read it
+    # (compiler/graph/input_storage.py): the batch is never whole in RAM
+    reads_input_from_storage: bool
 
     def check_model(self, model, target, optimizer: OptimizerConfig, name: str) -> None:
         """Refuse, before any tracing, a model the device cannot hold (its weights alone)."""

@@ -23,6 +23,7 @@ class PythonBackend:
     streams_from_storage = True  # frozen weights read from weights.safetensors by each op that reads them
     clamp_grad_from_output = True  # torch's kernels run the graph's ops
     runs_int8_prefix = False  # no int8 executor yet: compile --quantize-frozen needs --emit c
+    reads_input_from_storage = False  # the batch is a tensor the caller hands the plan
     in_place = IN_PLACE_ARGS  # torch's out= overloads and in-place twins (runtime/python/inplace.py)
 
     def check_model(self, model, target, optimizer, name: str) -> None:

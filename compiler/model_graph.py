@@ -5,6 +5,8 @@ The first pass of a compile (compiler/passes.py) and what tests and sweeps call 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -46,15 +48,18 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
         example = torch.randint(0, resolved.input_high, (opts.batch_size, *shape), generator=gen)
     else:
         example = torch.randn(opts.batch_size, *shape, generator=gen)
-    graph = capture_graph(opts, resolved, model, example,
-                          scratch_threads(target) if scratch_applies(target) else 0, gpu=target.gpu,
-                          widen_fusion=backend.widen_fusion)
+    joint = capture_step(opts, resolved, model, example,
+                         scratch_threads(target) if scratch_applies(target) else 0, gpu=target.gpu,
+                         widen_fusion=backend.widen_fusion)
+    blocks = opts.head_blocks or (blocks_to_fit(joint, target, backend) if device_check else 1)
+    graph = joint.graph(blocks)
+    head = joint.blocks_said(blocks)
     int8 = None
     if opts.quantize_frozen is not None:  # before lowering: the backend lowers the int8 nodes to its kernels
         graph, int8 = quantize_prefix(opts, graph, model, backend)
     graph = backend.lower(graph)
     if device_check:
-        graph = stream_beyond_flash(graph, target, backend)
+        graph = stream_beyond_flash(graph, target, backend, head)
     if backend.clamp_grad_from_output:  # a ReLU6's backward reads the ReLU6's output, bitwise the same
         graph, _ = read_clamp_output(graph)
     if opts.fuse:  # before profiling: a measured target times each chain as its kernel runs it
@@ -66,7 +71,7 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
         from .graph.profiler import profile_nodes
 
         measured = profile_nodes(graph, threads=scratch_threads(target))
-    return Traced(resolved, model, costed(graph, target, measured), measured, int8)
+    return Traced(resolved, model, costed(graph, target, measured), measured, int8, head)
 
 
 CALIBRATION_BATCHES = 4  # batches the int8 prefix's activation ranges are measured on
@@ -114,21 +119,23 @@ def check_batch_size(batch_size: int, shape, input_dtype: str, target) -> None:
                           f"use at most --batch-size {max(1, target.ram_bytes // per_example)}")
 
 
-def stream_beyond_flash(graph, target, backend):
-    """A graph whose frozen weights overflow the device's flash: the largest streamed from storage."""
+def stream_beyond_flash(graph, target, backend, done: str | None = None):
+    """A graph whose frozen weights overflow the device's flash: the largest streamed from storage (`done`: what
+    was done to fit already, in words, for a refusal)."""
     room = backend.weight_room(graph, target)
     if room is None:
         return graph
     if room.ram_bytes <= 0:  # the fixed state alone overflows the RAM: say whether any plan could hold less
-        refuse_over_ram(graph, target, backend)
+        refuse_over_ram(graph, target, backend, done)
     chosen = choose_streamed(room.frozen, room.flash_bytes, room.ram_bytes, target.storage_bytes, target.name,
                              sliceable_weights(graph))
     return stream_weights(graph, chosen, room.ram_bytes)
 
 
-def refuse_over_ram(graph, target, backend) -> None:
-    """Refuse, with the figures, a graph whose least working set that no tiling or streaming splits overflows the
-    device's RAM with the training state and what the runtime reserves (scheduling/bound.py)."""
+def refuse_over_ram(graph, target, backend, done: str | None = None) -> None:
+    """Refuse, with the figures, a graph whose fixed state overflows the device's RAM: its parts, and what the least
+    working set that no tiling or streaming splits holds beside the training state and what the runtime reserves
+    (scheduling/bound.py)."""
     from .graph.liveness import analyze
     from .scheduling.bound import over_ram_text
 
@@ -137,16 +144,94 @@ def refuse_over_ram(graph, target, backend) -> None:
         return
     graph = mark_in_place(graph, backend.in_place)  # as the plan will run: outputs over their dying operands
     text = over_ram_text(graph, analyze(graph), room.bytes + room.reserved_bytes, room.reserved_bytes,
-                         room.reserved_for, target.name)
-    if text is not None:
-        raise DeviceFitError(f"{text} No firmware was written.")
+                         room.reserved_for, target.name, backend.reads_input_from_storage)
+    raise DeviceFitError(f"{text}{f' (Figures after {done}.)' if done else ''} No firmware was written.")
 
 
-def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,
-                  gpu: bool = False, widen_fusion: bool = True):
-    """The training graph from torch's joint forward-backward graph of one step; kernel scratch counted for
-    `threads` intra-op threads (0: none); `gpu`: of kernels a CUDA device runs (a Jetson's plan); `widen_fusion`:
-    the backend's (codegen/backend.py)."""
+@dataclass
+class JointStep:
+    """torch's joint graph of one training step, captured once, and what makes training graphs of it (its CNN
+    heads in any number of output-channel blocks: frontend/channel_blocks.py)."""
+
+    cap: object  # frontend.capture.JointCapture
+    make: Callable  # JointCapture -> TrainingGraph
+    made: dict = field(default_factory=dict)  # blocks -> the graph made (passes replace nodes, never change them)
+
+    def graph(self, blocks: int = 1):
+        """The training graph with every CNN head of the pattern in `blocks` blocks of output channels (1: none)."""
+        from .frontend.channel_blocks import block_heads
+
+        if blocks not in self.made:
+            self.made[blocks] = self.make(block_heads(self.cap, blocks) if blocks > 1 else self.cap)
+        return self.made[blocks]
+
+    def blocks_said(self, blocks: int) -> str | None:
+        """What `blocks` does to this step's heads, in words for the compile's report; None: nothing."""
+        from .frontend.channel_blocks import block_spans, find_heads
+
+        heads = find_heads(self.cap) if blocks > 1 else []
+        if not heads:
+            return None
+        said = []
+        for h in heads:
+            spans = block_spans(h.channels, blocks)
+            widths = " or ".join(map(str, sorted({c1 - c0 for c0, c1 in spans}, reverse=True)))
+            where = self.cap.sources.get(h.conv.name)
+            said.append(f"{f'at {where} ' if where else ''}(conv, batch norm, {h.act.target.__name__.split('.')[0] + ', ' if h.act else ''}"
+                        f"mean; {h.channels} channels) in {len(spans)} blocks of {widths} channels")
+        return "computing the head " + "; ".join(said) + ", forward and backward"
+
+
+# Output-channel blocks tried for a CNN head whose tensors bound the budget, fewest first.
+HEAD_BLOCKS = (2, 4, 8, 16, 32)
+
+
+def blocks_to_fit(joint: JointStep, target, backend) -> int:
+    """Blocks of output channels for the step's CNN heads (frontend/channel_blocks.py): 1 (none) unless the least
+    working set no tiling or streaming splits (scheduling/bound.py: untiled_bound, the input batch aside: it may
+    be read from storage) overflows the RAM the device leaves beside the training state; then the fewest of
+    HEAD_BLOCKS whose bound takes at most half that RAM (the rest for what tiling the frozen prefix adds), else
+    the count that lowers it most."""
+    from .frontend.channel_blocks import find_heads
+    from .graph.liveness import analyze
+    from .scheduling.bound import untiled_bound
+
+    def tensors(graph) -> tuple[int, int] | None:  # (the bound's tensors, the RAM for tensors), as the plan runs
+        graph = mark_in_place(backend.lower(graph), backend.in_place)
+        room = backend.device_room(graph, target)
+        if room is None:
+            return None
+        b = untiled_bound(graph, analyze(graph), with_input=False)
+        x = sum(n.bytes for n in graph.nodes if n.kind == "input")
+        return b.budget_bytes - b.state_bytes, room.bytes + x - b.state_bytes
+
+    if not find_heads(joint.cap):
+        return 1
+    try:
+        plain = tensors(joint.graph(1))
+    except UnsupportedModelError:  # the backend refuses the graph: the trace says so with the whole list
+        return 1
+    if plain is None or plain[0] <= plain[1] or plain[1] <= 0:  # fits; or the training state alone does not
+        return 1
+    best, least = 1, plain[0]
+    for blocks in HEAD_BLOCKS:
+        try:
+            held, left = tensors(joint.graph(blocks))
+        except UnsupportedModelError:  # the backend cannot run the blocks: the head stays whole
+            break
+        if held >= least:  # the head no longer bounds it
+            break
+        best, least = blocks, held
+        if held <= left // 2:
+            break
+    return best
+
+
+def capture_step(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,
+                 gpu: bool = False, widen_fusion: bool = True) -> JointStep:
+    """torch's joint forward-backward graph of one step, and what makes the training graph of it; kernel scratch
+    counted for `threads` intra-op threads (0: none); `gpu`: of kernels a CUDA device runs (a Jetson's plan);
+    `widen_fusion`: the backend's (codegen/backend.py)."""
     from .frontend.capture import capture, load_loss
     from .frontend.chunked_head import chunk_lm_head
     from .graph.joint import build_graph as joint_graph
@@ -160,7 +245,14 @@ def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, 
     cap = chunk_lm_head(cap)  # a language model's (positions, vocabulary) logits never whole
     for name, value in cap.constants.items():  # tensors torch lifted out of the code: buffers of the plan
         model.register_buffer(name, value.detach().clone())
-    return joint_graph(cap, opts.model, tuple(example.shape), labels.num_classes, opts.loss, opts.optimizer,
-                       input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=cap.seed_keys,
-                       widen_fusion=widen_fusion,
-                       scratch_threads=threads)
+    return JointStep(cap, lambda c: joint_graph(
+        c, opts.model, tuple(example.shape), labels.num_classes, opts.loss, opts.optimizer,
+        input_dtype=resolved.input_dtype, input_high=resolved.input_high, seed_keys=c.seed_keys,
+        widen_fusion=widen_fusion, scratch_threads=threads))
+
+
+def capture_graph(opts: CompileOptions, resolved, model, example: torch.Tensor, threads: int = PLAN_THREADS,
+                  gpu: bool = False, widen_fusion: bool = True):
+    """The training graph from torch's joint forward-backward graph of one step (its CNN heads in
+    `opts.head_blocks` blocks of output channels where given); the arguments as `capture_step`'s."""
+    return capture_step(opts, resolved, model, example, threads, gpu, widen_fusion).graph(opts.head_blocks or 1)

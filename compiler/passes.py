@@ -23,6 +23,7 @@ from .graph.liveness import analyze
 from .graph.paging_profile import with_measured_paging
 from .graph.costs import costed
 from .graph.streaming import restreamed, stream_until
+from .graph.input_storage import input_in_storage, input_node, with_input_in_storage
 from .graph.tiling import tile_segments
 from .model_graph import trace_model
 from .schedule_file import format as schedule_format
@@ -41,6 +42,8 @@ def trace(req: Request) -> Traced:
     """The model as the backend's costed training graph."""
     req.say(f"tracing {req.opts.model}")
     t = trace_model(req.opts, req.profile, req.backend)
+    if t.head_blocks:
+        req.say(t.head_blocks)
     if t.int8:
         req.say(f"{t.int8['nodes']} frozen forward nodes ({t.int8['first']} .. {t.int8['last']}) in int8, ranges "
                 f"from {t.int8['calibration']}")
@@ -54,27 +57,35 @@ def measure_paging(req: Request, t: Traced) -> Measured:
 
 def tile_to_fit(req: Request, m: Measured) -> Measured:
     """A frozen forward prefix whose working set keeps the smallest feasible budget above the bytes asked for
-    (a size, or `auto`'s device RAM) computed patch by patch (graph/tiling.py), its halos' FLOPs counted."""
+    (a size, or `auto`'s device RAM) computed patch by patch (graph/tiling.py), its halos' FLOPs counted; where
+    the backend can, its input batch then read from storage by the patches alone (graph/input_storage.py)."""
     graph, target = m.traced.graph, m.target
-    if req.budget.nbytes is not None:
-        want = req.budget.nbytes
-    elif req.budget.device:
-        room = req.backend.device_room(graph, target)
-        want = None if room is None else room.bytes
-    else:
-        want = None
-    low = min_budget(analyze(graph))
+    stored = with_input_in_storage if req.backend.reads_input_from_storage else (lambda g: g)
+
+    def want_of(g):  # the bytes asked for; `auto`'s depend on the driver's buffers, the input's among them
+        if req.budget.nbytes is not None:
+            return req.budget.nbytes
+        room = req.backend.device_room(g, target) if req.budget.device else None
+        return None if room is None else room.bytes
+
+    want, low = want_of(graph), min_budget(analyze(graph))
     if want is None or low <= want:
         return m
-    segments = tile_segments(graph, lambda g: min_budget(analyze(g)) <= want, lambda g: min_budget(analyze(g)))
+    segments = tile_segments(graph, lambda g: min_budget(analyze(stored(g))) <= want_of(stored(g)),
+                             lambda g: min_budget(analyze(stored(g))))
     if not segments:
         return m
     for tiling in segments:
+        now = min_budget(analyze(stored(tiling.graph)))
         req.say(f"computing {len(tiling.nodes)} frozen forward nodes ({tiling.nodes[0]} .. {tiling.nodes[-1]}) in "
-                f"{tiling.grid}x{tiling.grid} patches: smallest budget {low} -> {min_budget(analyze(tiling.graph))} B, "
+                f"{tiling.grid}x{tiling.grid} patches: smallest budget {low} -> {now} B, "
                 f"{tiling.added_flops} FLOPs of halos")
-        low = min_budget(analyze(tiling.graph))
-    tiled = costed(segments[-1].graph, target, m.traced.measured_s)
+        low = now
+    final = stored(segments[-1].graph)
+    if input_in_storage(final):
+        req.say(f"reading the input batch ({input_node(graph).bytes} B) from storage patch by patch: never whole "
+                "in RAM")
+    tiled = costed(final, target, m.traced.measured_s)
     return dataclasses.replace(m, traced=dataclasses.replace(m.traced, graph=tiled))
 
 

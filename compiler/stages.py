@@ -37,6 +37,8 @@ class CompileOptions:
     calibrate: str = "random"  # `--calibrate`: the batches the int8 prefix's ranges are measured on
     # (input shape, seed, count) -> that many input batches of `calibrate`'s dataset; None: standard normal
     calibration: Callable | None = None
+    # a CNN head's output-channel blocks (frontend/channel_blocks.py): 0 as the device needs (compile's choice), 1 none
+    head_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Traced:
     graph: TrainingGraph
     measured_s: dict[str, float] | None = None
     int8: dict | None = None  # the int8 prefix made (`--quantize-frozen`): its nodes and its calibration, in words
+    head_blocks: str | None = None  # CNN heads computed in output-channel blocks (frontend/channel_blocks.py), in words
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,8 @@ def test_the_firmware_pads_with_the_zero_point_and_runs_the_q8_kernels_per_patch
     text = (out / "plan.c").read_text()
     tiles = len(plan["tiles"])
     convs = [op for op in plan["ops"] if op["op"] == "q8_conv2d"]
-    assert text.count("et_q8_patch_quantize(") >= tiles and text.count("et_q8_patch_place(") >= tiles
+    # the float batch read from storage, each tile's crop quantised as it is read (tests/test_input_stream.py)
+    assert text.count("et_q8_patch_quantize_read(x,") >= tiles and text.count("et_q8_patch_place(") >= tiles
     assert text.count("et_q8_conv2d_forward(&(const et_conv2d_shape)") >= tiles * len(convs)
     assert "et_patch_gather(" not in text  # no float patch
     padded = [line for line in text.splitlines() if "et_q8_patch_gather(" in line]
@@ -176,7 +177,8 @@ def test_the_q8_patch_kernels_are_the_references_copies_and_quantisation(tmp_pat
     so = tmp_path / "libq8patch.so"
     c_dir = ROOT / "runtime" / "c" / "kernels"
     subprocess.run(["gcc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
-                    str(c_dir / "q8_patch.c"), str(c_dir / "q8_convert.c"), "-o", str(so)], check=True)
+                    str(c_dir / "q8_patch.c"), str(c_dir / "q8_convert.c"), str(c_dir.parent / "storage_input.c"),
+                    "-o", str(so)], check=True)
     lib = ctypes.CDLL(str(so))
     rng = np.random.default_rng(3)
     p = lambda a: ctypes.c_void_p(a.ctypes.data)  # noqa: E731

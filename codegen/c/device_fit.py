@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgetrain.compiler.errors import DeviceFitError  # the user's error, not a solver
-from edgetrain.compiler.graph.ir import DTYPE_BYTES  # a parameter's bytes by its dtype
+from edgetrain.compiler.graph.ir import DTYPE_BYTES, TrainingGraph  # bytes by dtype; the driver's buffers
 from edgetrain.compiler.graph.quantize import q8_layers  # a node's int8 quantisations, a tiled prefix's included
 from edgetrain.runtime.python.optim import state_names, step_counter_bytes  # the optimizer's state per parameter
 from edgetrain.targets import Target
@@ -80,6 +80,16 @@ class DeviceFit:
     def to_json(self) -> dict:
         return {"device": self.device, "ram_need_bytes": self.ram_need, "ram_bytes": self.ram_bytes,
                 "flash_need_bytes": self.flash_need, "flash_bytes": self.flash_bytes, "fits": self.fits}
+
+
+def batch_buffer_bytes(graph: TrainingGraph, input_from_storage: bool = False) -> int:
+    """The batch buffers a firmware's driver keeps besides the arena: the input (none when the plan reads it from
+    storage patch by patch - its node holds 0 B - or `input_from_storage` says it will), the labels and the
+    logits."""
+    loss = graph.nodes[graph.loss_stage]
+    first = loss.inputs[0].name if loss.inputs else None
+    return sum(n.bytes for n in graph.nodes if (n.kind == "input" and not input_from_storage) or n.kind == "labels"
+               or n.name == first)
 
 
 def runtime_reserve_bytes(io_bytes: int = 0, stack_bytes: int = STACK_BYTES) -> int:
@@ -237,7 +247,7 @@ def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
     # an int8 prefix's convolutions: a Q31 multiplier and a shift (int32 each) per output channel, in flash
     tables = q8_table_bytes(n["attrs"] for n in g["nodes"])
     tb = sum(b for k, b in sizes.items() if k in trainable)
-    io = 4 * (manifest["input_floats"] + manifest["batch"] + manifest["logits_floats"])  # x, int32 labels, logits
+    io = batch_buffer_bytes(TrainingGraph.from_json(g))  # x (unless read from storage), int32 labels, logits
     return FirmwareFigures(arena_bytes=manifest["arena_bytes"], trainable_bytes=tb,
                            optimizer_bytes=optimizer_state_bytes(g["optimizer"], tb, len(trainable)),
                            frozen_bytes=tables + sum(b for k, b in sizes.items()

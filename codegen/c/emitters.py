@@ -13,8 +13,8 @@ import torch
 
 from edgetrain.compiler.frontend import dropout_mask
 from .names import c_comment, c_float
-from .ops import (DROPOUT, DROPOUT_BACKWARD, LAYER_NORM, OpCase, is_counter, layer_norm_rows, mean_backward_planes,
-                  mm_kind, mul_kind, sum_kind, div_kind)
+from .ops import (DROPOUT, DROPOUT_BACKWARD, LAYER_NORM, OpCase, cat_updates, is_counter, layer_norm_rows,
+                  mean_backward_planes, mm_kind, mul_kind, sum_kind, div_kind)
 
 EMITTERS: dict[str, Callable] = {}
 
@@ -44,8 +44,10 @@ class Context:
 
     def ptr(self, t) -> str:
         """A C pointer to a tensor operand (contiguous, or a kernel that knows its layout)."""
-        if isinstance(t, dict):
-            return self.pident[t.get("param") or t["buffer"]]
+        if isinstance(t, dict):  # a parameter or buffer; through a view (rows [c0:c1] of it), at the view's offset
+            ident = self.pident[t.get("param") or t["buffer"]]
+            at = t["t"].storage_offset() if t.get("view") else 0
+            return f"({ident} + {at})" if at else ident
         macro = "ET_I" if t.dtype == torch.int32 else "ET_F"
         return f"{macro}({t.storage_offset()})"
 
@@ -279,6 +281,14 @@ def _fill(c: OpCase, ctx: Context, out) -> list[str]:
 
 @emits("aten.cat.default")
 def _cat(c: OpCase, ctx: Context, out) -> list[str]:
+    param = cat_updates(c)
+    if param is not None:  # a gradient made by blocks of rows: each block's rows updated by SGD where it lies
+        lines, at, mom = [], 0, ctx.mom(param)
+        for g in c.args["tensors"]:
+            lines.append(f"et_sgd_step(&et_sgd, {_numel(g)}, {ctx.pident[param]} + {at}, "
+                         f"{ctx.contiguous(g, 'a gradient block')}, {mom if mom == 'NULL' else f'{mom} + {at}'});")
+            at += _numel(g)
+        return lines
     shape = out.shape
     hw = prod(shape[2:]) if len(shape) > 2 else 1
     lines, at = [], 0
@@ -343,7 +353,13 @@ def _mean_hw_bwd(c: OpCase, ctx: Context, out) -> list[str]:
     n, ch = gy.shape[:2]
     if mean_backward_planes(c) is None:
         raise EmitError("a division that is not a mean's backward")
-    return [f"et_global_avgpool_backward({n}, {ch}, {gy.shape[2] * gy.shape[3]}, {ctx.ptr(gy)}, {ctx.ptr(out)});"]
+    hw = gy.shape[2] * gy.shape[3]
+    if n == 1 or gy.stride()[0] == ch:
+        return [f"et_global_avgpool_backward({n}, {ch}, {hw}, {ctx.ptr(gy)}, {ctx.ptr(out)});"]
+    # a block of channels of a batch's gradient (a CNN head by channel blocks): sample by sample
+    at, y = gy.storage_offset(), out.storage_offset()
+    return [f"et_global_avgpool_backward(1, {ch}, {hw}, ET_F({at + s * gy.stride()[0]}), ET_F({y + s * ch * hw}));"
+            for s in range(n)]
 
 
 # -- batch norm ----------------------------------------------------------------------------------------------
@@ -386,9 +402,14 @@ def _batch_norm_bwd(c: OpCase, ctx: Context, out) -> list[str]:
     gyp, xp = ctx.contiguous(gy, "the output gradient"), ctx.contiguous(x, "the input")
     gx = ctx.ptr(out) if a["output_mask"][0] and out is not None else "NULL"
     wname, bname = _updated(c, 1), _updated(c, 2)
-    if not (wname or bname):  # frozen affine parameters: the input gradient alone
-        return [f"et_batch_norm_backward({n}, {ch}, {hw}, {gyp}, {xp}, {ctx.param(w)}, {mean}, {invstd}, {gx}, "
-                "NULL, NULL);"]
+    if not (wname or bname):  # frozen affine parameters: the input gradient alone; or kept gradients (a block's)
+        keep = c.node_attrs.get("keep") if isinstance(c.node_attrs.get("keep"), list) else []
+        kept = [k for k in keep if k in (1, 2)]
+        if kept and kept != keep:
+            raise EmitError("a batch norm's backward keeping its input gradient beside its parameters'")
+        held = {k: (ctx.ptr(out) if j == 0 else f"({ctx.ptr(out)} + {j * ch})") for j, k in enumerate(kept)}
+        return [f"et_batch_norm_backward({n}, {ch}, {hw}, {gyp}, {xp}, {ctx.param(w)}, {mean}, {invstd}, "
+                f"{gx if not kept else 'NULL'}, {held.get(1, 'NULL')}, {held.get(2, 'NULL')});"]
     sgd = (f"et_batch_norm_backward_sgd({n}, {ch}, {hw}, {gyp}, {xp}, {mean}, {invstd}, &et_sgd, "
            + "{}" + f", {ctx.pident[wname] if wname else 'NULL'}, {ctx.mom(wname)}, "
            f"{ctx.pident[bname] if bname else 'NULL'}, {ctx.mom(bname)});")

@@ -18,6 +18,7 @@ from math import prod
 from pathlib import Path
 
 from edgetrain.compiler.errors import ArenaOverflowError  # messages for the user, not a solver
+from edgetrain.compiler.graph.input_storage import read_bytes  # an input batch read patch by patch
 from edgetrain.compiler.graph.ir import TensorRef, TrainingGraph  # the schedule's graph
 from edgetrain.compiler.graph.quantize import Q8_DEQUANTIZE  # an int8 prefix's boundary
 from edgetrain.compiler.graph.tiling import TILED_OP  # a frozen prefix computed patch by patch
@@ -29,7 +30,7 @@ from edgetrain.codegen.templating import environment
 from .arena import Lifetime, Packing, live_peak_bytes, pack
 from .flash_data import C_TYPES, STORAGE_DIR, WEIGHT_PAGE_BASE, BLOCK_PAGES, buffer_rows, float_rows, \
     q8_integers, read_weights, write_storage
-from .lifetimes import step_lifetimes, stream_words, tensor_bytes, tensor_lifetime, transient_lifetimes
+from .lifetimes import in_storage, step_lifetimes, stream_words, tensor_bytes, tensor_lifetime, transient_lifetimes
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
 from .patches import emit_patches, emit_q8_patches
@@ -43,7 +44,8 @@ VENDORED = "et_runtime"  # the runtime's copy inside the firmware folder
 FIRMWARE_FILES = ("plan.c", "plan.h", "main_host.c", "main_qemu.c", "Makefile", "firmware.json")
 # Runtime sources every build compiles. Both builds keep pages in files (storage_file.c); each adds the
 # raw-I/O back end under it (storage_stdio.c on the host, storage_semihost.c under QEMU).
-RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c") + kernel_sources()
+RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "storage_file.c",
+                   "storage_input.c") + kernel_sources()
 Q8_SOURCES = {f"kernels/{s}.c" for k in Q8_OPS.values() for s in k.source_files} | {  # an int8 prefix's kernels
     f"kernels/{Q8_PATCH_SOURCE}.c"}
 
@@ -86,6 +88,8 @@ class _Emitter:
             if self.opt["momentum"] else {}
         self.structs: dict[str, dict] = {}  # struct key -> {"type", "ident", "fields", "layers"}
         self.by_param: dict[str, dict] = {}  # a convolution's weight -> its struct
+        # The input batch read from storage by its readers' patches (`x` is then an et_input_reader *).
+        self.input_in_storage = any(in_storage(n) for n in self.nodes)
         self._layer = ""
         self.ctx = Context({**self.pident, **self.bident}, self.mident, self._struct)
         self.state = state_shapes(self.graph)
@@ -133,8 +137,9 @@ class _Emitter:
                 raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
         if node.op == TILED_OP:  # a frozen prefix, patch by patch: its own statements (patches.py)
             try:
-                lines = (emit_q8_patches(node, offsets, self.ctx, self.params, self.q8_tables, self.namer)
-                         if node.dtype == "int8" else emit_patches(node, offsets, self.ctx, self.params))
+                reader = "x" if self.reads_stored_input(name) else None  # the input batch from storage
+                lines = (emit_q8_patches(node, offsets, self.ctx, self.params, self.q8_tables, self.namer, reader)
+                         if node.dtype == "int8" else emit_patches(node, offsets, self.ctx, self.params, reader))
                 self.patch_calls += sum(1 for line in lines if not line.startswith("/*"))
                 return lines
             except EmitError as e:
@@ -158,6 +163,10 @@ class _Emitter:
             lines.append(f"step_loss = *ET_F({loss.storage_offset()});")
         return lines
 
+    def reads_stored_input(self, name: str) -> bool:
+        """Whether node `name` reads the input batch from storage (its bytes: input_storage.read_bytes)."""
+        return any(in_storage(self.by_name[r["t"]]) for r in self.by_name[name]["inputs"])
+
 
 def _why(st: dict, prefix: str) -> str:
     """A step's reason, without the "<action> <tensor>: " the validator's reasons may start with."""
@@ -169,6 +178,8 @@ def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, pre
              streams: dict[str, Lifetime] | None = None) -> list[str]:
     """The statements that compute a node: the batch copied in, or its streamed weights paged in (stopping
     the step if a block fails its check) and its ops."""
+    if in_storage(node):  # never whole in RAM: its readers read their patches where it lies
+        return ["/* read from storage patch by patch by its readers (et_patch_read) */"]
     if node["kind"] in ("input", "labels"):
         src = "x" if node["kind"] == "input" else "y"
         return [f"memcpy({'ET_I' if node['dtype'] == 'int32' else 'ET_F'}({offsets[node['name']]}), {src}, "
@@ -251,7 +262,7 @@ def _predict(em: _Emitter, logits_ref: dict) -> "Predict":
         for r in n["inputs"]:
             last[r["t"]] = max(last[r["t"]], i)
     last[logits_ref["t"]] = len(fwd)
-    lts = {n["name"]: tensor_lifetime(n, i, last[n["name"]]) for i, n in enumerate(fwd)}
+    lts = {n["name"]: tensor_lifetime(n, i, last[n["name"]]) for i, n in enumerate(fwd) if not in_storage(n)}
     for i, n in enumerate(fwd):  # patch buffers, int8 scratch
         lts.update(transient_lifetimes(n, i))
     streams = {n["name"]: {p: Lifetime(f"{p} (streamed)", i, i, stream_words(em, n, p))
@@ -307,6 +318,9 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
             raise CodegenError(f"node `{c_comment(n['name'])}` holds a workspace the C runtime does not have; "
                                "compile with --emit c")
     steps = schedule["steps"]
+    # Bytes of the input batch read from storage per step: each computation of a reader, recomputes too.
+    input_reads = sum(read_bytes(em.node_objs[st["tensor"]]) for st in steps
+                      if st["action"] in ("compute", "recompute") and em.reads_stored_input(st["tensor"]))
     plan, lifetimes = step_lifetimes(em, steps)
     packing = pack(lifetimes)
     blocks, pages = _render_train(em, plan)
@@ -380,6 +394,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "paged_bytes": schedule["predicted"]["paged_bytes"],
         "batch": input_node["shape"][0],
         "input_floats": _numel(input_node["shape"]),
+        "input_in_storage": em.input_in_storage,
+        "input_read_bytes": input_reads,
         "logits_floats": logits_floats,
         "num_classes": logits_floats // input_node["shape"][0],
         "runtime_sources": RUNTIME_SOURCES if em.q8_tables or any(n["op"] in Q8_OPS for n in em.nodes) else tuple(
@@ -404,7 +420,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "predict_arena_bytes": predict_packing.bytes, "activation_peak_bytes": predicted_activation,
         "arena_strategy": packing.strategy, "state_bytes": state_bytes, "budget_bytes": budget,
         "predicted_peak_bytes": schedule["predicted"]["peak_bytes"], "paged_bytes_per_step": ctx["paged_bytes"],
-        "batch": ctx["batch"], "input_floats": ctx["input_floats"], "logits_floats": ctx["logits_floats"],
+        "batch": ctx["batch"], "input_floats": ctx["input_floats"], "input_in_storage": em.input_in_storage,
+        "input_read_bytes_per_step": input_reads, "logits_floats": ctx["logits_floats"],
         "num_classes": ctx["num_classes"], "instructions_per_tick": board.instructions_per_tick,
         "patch_calls": em.patch_calls,
         "int8_boundary": [n["name"] for n in em.nodes if n["op"] == Q8_DEQUANTIZE],  # et_int8_boundary's tensors

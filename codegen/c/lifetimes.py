@@ -3,12 +3,14 @@ rendered, since the offsets go into the code.
 
 Each compute, recompute or page-in opens a lifetime, each free closes one; an output written over a dying operand
 takes that operand's lifetime. A node's transient buffers (a tiled prefix's patches, an int8 convolution's scratch,
-its streamed weights) live for its step alone. Sizes are exact bytes: int8 tensors 1 an element.
+its streamed weights) live for its step alone. Sizes are exact bytes: int8 tensors 1 an element. An input batch
+read from storage by its readers (compiler/graph/input_storage.py) has no lifetime: it is never in the arena.
 """
 from __future__ import annotations
 
 from math import prod
 
+from edgetrain.compiler.graph.ir import IN_STORAGE  # an input batch read from storage: no lifetime
 from edgetrain.compiler.graph.quantize import Q8_CONV  # an int8 convolution's scratch
 from edgetrain.compiler.graph.tiling import TILED_OP  # a frozen prefix computed patch by patch
 
@@ -25,7 +27,10 @@ ARENA_DTYPES = {"float32": 4, "int32": 4, "int8": 1}  # what the arena holds, by
 
 
 def tensor_bytes(node: dict) -> int:
-    """The bytes a node holds (float32 and int32 4 an element, int8 1; a tuple's items one after the other)."""
+    """The bytes a node holds (float32 and int32 4 an element, int8 1; a tuple's items one after the other; none
+    for an input batch read from storage)."""
+    if in_storage(node):
+        return 0
     specs = node["items"] if node.get("items") else ([{"shape": node["shape"], "dtype": node["dtype"]}]
                                                      if node["shape"] is not None else [])
     for spec in specs:
@@ -33,6 +38,11 @@ def tensor_bytes(node: dict) -> int:
             raise CodegenError(f"tensor `{c_comment(node['name'])}` has dtype {spec['dtype']}; the C runtime holds "
                                "float32, int32 and int8 only (compile with --emit c)")
     return sum(ARENA_DTYPES[spec["dtype"]] * _numel(spec["shape"]) for spec in specs)
+
+
+def in_storage(node: dict) -> bool:
+    """Whether `node` is an input batch its readers read from storage, patch by patch."""
+    return bool(node.get("attrs", {}).get(IN_STORAGE))
 
 
 def tensor_lifetime(node: dict, start: int, end: int = -1) -> Lifetime:
@@ -65,7 +75,7 @@ def step_lifetimes(em, steps: list[dict]) -> tuple[list[tuple], list[Lifetime]]:
         if node is None and a not in ("free", "page_out"):
             raise CodegenError(f"step {k} {a}s `{c_comment(name)}`, which is not a node of the graph")
         if a in ("compute", "recompute"):
-            lts = {r["t"]: current[r["t"]] for r in node["inputs"]}
+            lts = {r["t"]: current[r["t"]] for r in node["inputs"] if not in_storage(by_name[r["t"]])}
             transient = transient_lifetimes(node, k)  # patch buffers or scratch, only while it runs
             lts.update(transient)
             lifetimes += transient.values()

@@ -22,7 +22,7 @@ from .q8_emit import q8_scratch_bytes
 def lower_for_c(g: TrainingGraph) -> TrainingGraph:
     """The training graph as the C runtime holds it, or one error naming every op it cannot run."""
     _check_optimizer(g)
-    g = replace(g, nodes=_stats_as_aux(_redraw_dropout_masks(g.nodes)))
+    g = replace(g, nodes=_stats_as_aux(_running_stats_by_rows(_redraw_dropout_masks(g.nodes), state_shapes(g))))
     by_name = {n.name: n for n in g.nodes}
     state = state_shapes(g)
     problems: dict[tuple[str, str], list[str]] = {}  # (op, why) -> where
@@ -126,6 +126,58 @@ def _strided_operand(case) -> str | None:
         return None
     return (f"reads `{strided[0]}` through a strided view (a channel slice of a batch of more than one), which its "
             "kernel over contiguous floats cannot; at --batch-size 1 the slice is contiguous")
+
+
+def _running_stats_by_rows(nodes: list[Node], state: dict) -> list[Node]:
+    """A batch norm computed by blocks of channels (frontend/channel_blocks.py) makes its new running statistics
+    by block, concatenated into the buffer: in C each block's kernel updates its rows of the buffer in place,
+    as a whole batch norm updates the whole buffer, and the blocks' statistics nodes and the cat go."""
+    by_name = {n.name: n for n in nodes}
+    readers: dict[str, set[str]] = {}
+    for n in nodes:
+        for r in n.inputs:
+            readers.setdefault(r.name, set()).add(n.name)
+    gone, added = set(), {}  # base batch norm -> the buffer updates it makes
+    for n in nodes:
+        ops = node_ops(n)
+        if n.op != "aten.cat.default" or any(o["op"] != n.op or o["updates"] or len(o["buffer_updates"]) != 1
+                                              or o["buffer_updates"][0].get("view") for o in ops):
+            continue
+        found = [_stat_blocks(n, o, by_name, readers, state) for o in ops]
+        if all(f is not None for f in found):
+            for f in found:
+                for stat, base, k, buf in f:
+                    gone.add(stat)
+                    added.setdefault(base, []).append({"item": k, "buffer": buf})
+            gone.add(n.name)
+    return [replace(n, attrs={**n.attrs, "updates": [*n.attrs.get("updates", []), *added[n.name]]})
+            if n.name in added else n for n in nodes if n.name not in gone]
+
+
+def _stat_blocks(cat: Node, o: dict, by_name: dict[str, Node], readers: dict, state: dict) -> list | None:
+    """(statistic's node, its batch norm, output k, buffer) for each part of a cat (`o`, one of the node's ops)
+    that is a buffer's running statistic made by blocks of its rows in order; None where it is not that."""
+    buf, parts = o["buffer_updates"][0]["buffer"], o["args"][0] if o["args"] else None
+    if not isinstance(parts, list) or (o["args"][1:] or [0])[0] not in (0, -1) or buf not in state:
+        return None
+    out, at = [], 0
+    for marker in parts:
+        r = cat.inputs[marker["$t"]] if isinstance(marker, dict) and "$t" in marker else None
+        stat = by_name.get(r.name) if r is not None and not r.view else None
+        base = by_name.get(r.name.rsplit(".out", 1)[0]) if stat is not None else None
+        k = stat.attrs.get("keep") if stat is not None else None
+        if base is None or base is stat or stat.op != BATCH_NORM or base.op != BATCH_NORM or k not in (3, 4) \
+                or readers.get(stat.name) != {cat.name} or stat.shape is None:
+            return None
+        rows = stat.shape[0]
+        arg = base.attrs["args"][k]  # output 3 is the new running mean (argument 3), 4 the running variance
+        view = [[v[0], *[list(x) if isinstance(x, (list, tuple)) else x for x in v[1:]]] for v in arg.get("view", ())] \
+            if isinstance(arg, dict) else None
+        if not isinstance(arg, dict) or arg.get("$b") != buf or view != [["aten.slice.Tensor", [0, at, at + rows]]]:
+            return None
+        out.append((stat.name, base.name, k, buf))
+        at += rows
+    return out if at == state[buf][0][0] else None
 
 
 def _stats_as_aux(nodes: list[Node]) -> list[Node]:

@@ -236,9 +236,9 @@ def _mean_refuse(c: OpCase) -> str | None:
 
 def mean_backward_planes(c: OpCase) -> int | None:
     """H*W when a division is a mean-over-H,W's backward (the gradient expanded over each plane, divided by
-    the plane's size), else None."""
+    the plane's size; each sample's channels of the (N, C) gradient it expands contiguous), else None."""
     x = c.args["self"]
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.stride()[2:] != (0, 0):
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.stride()[2:] != (0, 0) or x.stride()[1] != 1:
         return None
     hw = x.shape[2] * x.shape[3]
     return hw if c.args["other"] == hw else None
@@ -293,8 +293,21 @@ def _scalar_refuse(c: OpCase) -> str | None:
 
 def _cat_refuse(c: OpCase) -> str | None:
     parts = c.args["tensors"]
+    if c.updates or c.buffer_updates:
+        return None if cat_updates(c) else _no_update(c)
     return None if parts[0].dim() in (2, 4) and c.args["dim"] % parts[0].dim() == 1 else \
         "along any dim but channels (dim 1) has no kernel"
+
+
+def cat_updates(c: OpCase) -> str | None:
+    """The parameter a cat's output is the gradient of, where it is one parameter's gradient made by blocks of
+    its rows (a CNN head computed in blocks: frontend/channel_blocks.py): 1-D parts, no output kept. SGD applies
+    to each block's rows, element by element as to the whole."""
+    parts = c.args["tensors"]
+    if c.buffer_updates or len(c.updates) != 1 or c.updates[0].get("item") is not None or c.out is not None \
+            or any(p.dim() != 1 for p in parts) or c.args["dim"] not in (0, -1):
+        return None
+    return c.updates[0]["param"]
 
 
 def _hardtanh_refuse(c: OpCase) -> str | None:
@@ -407,7 +420,7 @@ C_OPS: dict[str, CKernel] = {
                                            refuse=_both(_slice_bwd_refuse, _no_update)),
     "aten.add.Tensor": CKernel("add", "add of same-shape tensors (residuals)",
                                refuse=_both(_same_shape_refuse, _no_update), in_place=_A_B),
-    "aten.cat.default": CKernel("concat", "cat along channels (dim 1)", refuse=_both(_cat_refuse, _no_update)),
+    "aten.cat.default": CKernel("concat", "cat along channels (dim 1)", refuse=_cat_refuse, sources=("concat", "sgd")),
     "aten._log_softmax.default": CKernel("log_softmax", "log_softmax over classes",
                                          refuse=_both(_log_softmax_refuse, _no_update)),
     "aten._log_softmax_backward_data.default": CKernel("log_softmax",

@@ -3,8 +3,10 @@
 The node's plan gives, per output tile, every tensor's region and each operand's crop and zero padding; the
 patch buffers sit in the node's workspace at the plan's offsets. Per tile and op: each operand that is not
 its patch as it is gets gathered (runtime/c/kernels/patch.h), the op's kernel runs on the patches (a
-convolution with its padding made explicit), and the last patch is placed into the output. An int8 prefix's plan
-has its own function (`emit_q8_patches`): its patches a byte an element, its kernels the q8 ones.
+convolution with its padding made explicit), and the last patch is placed into the output. An input batch read
+from storage (compiler/graph/input_storage.py) is gathered through the plan's reader instead: each patch's rows
+straight from where the batch lies into the patch buffer. An int8 prefix's plan has its own function
+(`emit_q8_patches`): its patches a byte an element, its kernels the q8 ones.
 """
 from __future__ import annotations
 
@@ -18,15 +20,17 @@ def _count(shape_n: int, c: int, r) -> int:
     return shape_n * c * (r[1] - r[0]) * (r[3] - r[2])
 
 
-def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict) -> list[str]:
-    """`node` (op edgetrain.patch_forward) as C: its input at `offsets[input]`, its output at `offsets[name]`,
-    its workspace at `offsets[name + ".patches"]` (arena words); `ctx`: parameter identifiers;
-    `param_shapes`: the schedule's parameter shapes."""
+def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, reader: str | None = None) -> list[str]:
+    """`node` (op edgetrain.patch_forward) as C: its input at `offsets[input]` (or, with `reader`, the C expression
+    of an `et_input_reader *`, read from storage), its output at `offsets[name]`, its workspace at
+    `offsets[name + ".patches"]` (arena words); `ctx`: parameter identifiers; `param_shapes`: the schedule's
+    parameter shapes."""
     plan = json.loads(node.attrs["args"][2])
     params = node.params
     shapes, ops = plan["tensors"], plan["ops"]
     m = len(shapes) - 1
-    base_in, base_out, ws = offsets[node.inputs[0].name], offsets[node.name], offsets[f"{node.name}.patches"]
+    base_in = None if reader else offsets[node.inputs[0].name]
+    base_out, ws = offsets[node.name], offsets[f"{node.name}.patches"]
     buf = plan["buffers"]
     n = shapes[0][0]
     lines = [f"/* {len(plan['tiles'])} tiles of {c_comment(', '.join(plan['replaces']))} */"]
@@ -39,6 +43,8 @@ def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict) -> list
             for j, g in enumerate(gathers):
                 a = g["from"]
                 src = f"ET_F({base_in})" if a == 0 else f"ET_F({ws + buf[f't{a}']})"
+                if reader and a == 0 and not g["copy"]:
+                    raise EmitError("a patch reads the input batch in place, which is in storage")
                 if not g["copy"]:
                     ptrs.append(src)
                     continue
@@ -46,8 +52,12 @@ def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict) -> list
                 cy, ch, cx, cw = g["crop"]
                 top, bottom, left, right = g["pad"]
                 dst = f"ET_F({ws + buf[f'g{i}.{j}']})"
-                lines.append(f"et_patch_gather({n}, {shapes[a][1]}, {ra[1] - ra[0]}, {ra[3] - ra[2]}, {src}, {cy}, {ch}, "
-                             f"{cx}, {cw}, {top}, {bottom}, {left}, {right}, {dst});")
+                if reader and a == 0:  # the region (the whole batch's coordinates) read where it lies
+                    lines.append(f"ET_TRY(et_patch_read({reader}, {n}, {shapes[0][1]}, {ra[1] - ra[0]}, "
+                                 f"{ra[3] - ra[2]}, {cy}, {ch}, {cx}, {cw}, {top}, {bottom}, {left}, {right}, {dst}));")
+                else:
+                    lines.append(f"et_patch_gather({n}, {shapes[a][1]}, {ra[1] - ra[0]}, {ra[3] - ra[2]}, {src}, {cy}, "
+                                 f"{ch}, {cx}, {cw}, {top}, {bottom}, {left}, {right}, {dst});")
                 ptrs.append(dst)
             out = f"ET_F({ws + buf[f't{i + 1}']})"
             r = reg[i + 1]
@@ -80,17 +90,20 @@ def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict) -> list
     return lines
 
 
-def emit_q8_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, tables: dict, namer) -> list[str]:
+def emit_q8_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, tables: dict, namer,
+                    reader: str | None = None) -> list[str]:
     """An int8 prefix computed patch by patch (the plan's "dtype" int8) as C: as `emit_patches`, with int8 patches
     at the plan's byte offsets (multiples of 4) in the workspace, a convolution's operand padded with its input's
     zero point and run with its per-channel requantisation (`tables`, by layer: const data, as q8_emit.py's),
-    its int16 scratch after the patches; the quantisation reads its crop of the float input."""
+    its int16 scratch after the patches; the quantisation reads its crop of the float input (through `reader`,
+    as `emit_patches`, where it is in storage)."""
     from .q8_emit import requant_table
 
     plan = json.loads(node.attrs["args"][2])
     shapes, ops = plan["tensors"], plan["ops"]
     m = len(shapes) - 1
-    base_in, base_out, ws = offsets[node.inputs[0].name], offsets[node.name], offsets[f"{node.name}.patches"]
+    base_in = None if reader else offsets[node.inputs[0].name]
+    base_out, ws = offsets[node.name], offsets[f"{node.name}.patches"]
     buf = {k: ws + v // 4 for k, v in plan["buffers"].items()}  # arena words: every buffer starts on one
     scratch = f"(int16_t *)(void *)ET_F({ws + plan['workspace_bytes'] // 4})"
     n = shapes[0][0]
@@ -106,8 +119,11 @@ def emit_q8_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, tabl
             if op["op"] == "q8_quantize":  # from the float input, its crop
                 g, a = gathers[0], gathers[0]["from"]
                 cy, ch, cx, cw = g["crop"]
-                lines.append(f"et_q8_patch_quantize({n}, {shapes[a][1]}, {shapes[a][2]}, {shapes[a][3]}, "
-                             f"ET_F({base_in}), {cy}, {ch}, {cx}, {cw}, {c_float(q['scale'])}, {q['zp']}, {out});")
+                shape = f"{n}, {shapes[a][1]}, {shapes[a][2]}, {shapes[a][3]}"
+                where = f"{c_float(q['scale'])}, {q['zp']}, {out}"
+                lines.append(f"ET_TRY(et_q8_patch_quantize_read({reader}, {shape}, {cy}, {ch}, {cx}, {cw}, {where}));"
+                             if reader else
+                             f"et_q8_patch_quantize({shape}, ET_F({base_in}), {cy}, {ch}, {cx}, {cw}, {where});")
                 continue
             ptrs = []
             pad = q["x_zp"] if op["op"] == "q8_conv2d" else 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from math import prod
 
+from edgetrain.compiler.graph.aten_node import read_rows
+
 from .emitters import EmitError
 
 
@@ -20,6 +22,9 @@ def emit_blocked_conv(node, offsets: dict[str, int], ctx, params: dict, blocks: 
     if node.op != "aten.convolution.default" or a[8] != 1 or node.inputs[0].view:
         raise EmitError("only a convolution without groups, reading its input as it is, pages its weight by blocks")
     w, b = a[1]["$p"], a[2]["$p"] if a[2] else None
+    c0, c1 = read_rows(a[1], params[w]["shape"][0])  # a block of a CNN head computed by channels: its rows only
+    if b is not None and read_rows(a[2], params[b]["shape"][0]) != (c0, c1):
+        raise EmitError("a convolution whose bias rows differ from its weight's")
     n, c_in, h_in, w_in = x_shape
     _, c_out, h_out, w_out = node.shape
     kh, kw = params[w]["shape"][2:]
@@ -29,6 +34,10 @@ def emit_blocked_conv(node, offsets: dict[str, int], ctx, params: dict, blocks: 
     (sh, sw), (ph, pw), (dh, dw) = a[3], a[4], a[5]
     lines = []
     for page, r0, r1 in blocks[w]:
+        if not c0 <= r0 < c1:
+            continue
+        if r1 > c1:
+            raise EmitError("a convolution's rows end inside a block of its streamed weight")
         lines.append(f"ET_TRY(et_page_in({page}u, ET_F({ws}), {4 * row * (r1 - r0)}u)); /* output channels {r0}..{r1 - 1} */")
         shape = (f"&(const et_conv2d_shape){{.n = 1, .c_in = {c_in}, .h_in = {h_in}, .w_in = {w_in}, .c_out = {r1 - r0}, "
                  f".h_out = {h_out}, .w_out = {w_out}, .k_h = {kh}, .k_w = {kw}, .stride_h = {sh}, .stride_w = {sw}, "
@@ -37,5 +46,5 @@ def emit_blocked_conv(node, offsets: dict[str, int], ctx, params: dict, blocks: 
             # a block of its own: the compound literal's stack slot is reused by the next (patches.py)
             lines.append(f"{{ et_conv2d_forward({shape}, ET_F({x + s * c_in * h_in * w_in}), ET_F({ws}), "
                          f"{'NULL' if bias is None else f'{bias} + {r0}'}, "
-                         f"ET_F({y + s * c_out * h_out * w_out + r0 * h_out * w_out})); }}")
+                         f"ET_F({y + s * c_out * h_out * w_out + (r0 - c0) * h_out * w_out})); }}")
     return lines

@@ -100,3 +100,19 @@ def op_scratch(node: fx.Node, threads: int = PLAN_THREADS) -> int:
     out = out[0] if isinstance(out, (tuple, list)) else out
     out_bytes = spec_of(out).bytes if isinstance(out, torch.Tensor) else 0
     return kernel_scratch_bytes(name, [spec(a) for a in node.args], out_bytes, threads)
+
+
+def read_rows(arg: dict, rows: int) -> tuple[int, int] | None:
+    """The rows [r0, r1) of a parameter of `rows` rows that an operand `{"$p": name, "view": ...}` reads: all, or
+    one slice along dim 0 with step 1; None for any other view."""
+    view = [list(v) for v in arg.get("view", ())]
+    if not view:
+        return 0, rows
+    if len(view) != 1 or view[0][0] != "aten.slice.Tensor":
+        return None
+    args = list(view[0][1])
+    dim, start, end, step = args[0], args[1], args[2], args[3] if len(args) > 3 else 1
+    if dim != 0 or step != 1:
+        return None
+    r0, r1 = max(0, min(start, rows)), max(0, min(end, rows))
+    return (r0, r1) if r0 < r1 else None

@@ -23,6 +23,9 @@ GRAPH_FORMAT = 2
 # input: the data batch; labels: the targets (pinned for the whole step); forward/loss: recomputable;
 # backward: the ops after the loss (gradients, with the optimizer steps they complete).
 Kind = Literal["input", "labels", "forward", "loss", "backward"]
+# An input node's attr: the batch is read from storage patch by patch by its readers, never whole in RAM
+# (graph/input_storage.py): it holds 0 B.
+IN_STORAGE = "in_storage"
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ class Node:
     def bytes(self) -> int:
         if self.items is not None:
             return sum(s.bytes for s in self.items)
-        if self.shape is None:
+        if self.shape is None or self.attrs.get(IN_STORAGE):
             return 0
         n = 1
         for s in self.shape:

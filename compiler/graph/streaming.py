@@ -9,9 +9,11 @@ schedulers count it like any other memory and paging. Pure functions: nothing he
 from __future__ import annotations
 
 from dataclasses import replace
+from math import gcd
 
 from edgetrain.compiler.errors import DeviceFitError
 
+from .aten_node import read_rows
 from .costs import costed
 from .ir import TrainingGraph
 
@@ -61,22 +63,36 @@ def choose_streamed(frozen: dict[str, int], flash_room: int, ram_room: int, stor
 
 def sliceable_weights(g: TrainingGraph) -> dict[str, int]:
     """Frozen weights that can be paged in per block of output channels: those read only as the weight of
-    forward convolutions without groups (no backward reads them); name -> bytes of one output channel."""
+    forward convolutions without groups (whole, or a block of its rows each: a CNN head computed by channel
+    blocks, frontend/channel_blocks.py; no backward reads them); name -> bytes of one output channel."""
     trained = set(g.trainable_params)
     ok: dict[str, bool] = {}
     for n in g.nodes:
         for p in n.params:
             a = n.attrs.get("args", [])
-            conv = n.kind == "forward" and n.op == CONV and len(a) == 9 and a[1] == {"$p": p} and a[8] == 1 \
+            conv = n.kind == "forward" and n.op == CONV and len(a) == 9 and isinstance(a[1], dict) \
+                and a[1].get("$p") == p and read_rows(a[1], g.params[p].shape[0]) is not None and a[8] == 1 \
                 and len(g.params[p].shape) == 4 and set(n.attrs) == {"args"}
             ok[p] = ok.get(p, True) and conv and p not in trained
     return {p: g.params[p].bytes // g.params[p].shape[0] for p, good in ok.items() if good}
 
 
-def block_rows(row_bytes: int, rows: int, ram_room: int) -> int:
+def _reader_rows(g: TrainingGraph, p: str) -> list[tuple[int, int]]:
+    """The row blocks of `p` its readers read (a weight read whole: one block)."""
+    return [read_rows(n.attrs["args"][1], g.params[p].shape[0]) for n in g.nodes if p in n.params]
+
+
+def block_rows(row_bytes: int, rows: int, ram_room: int, bounds: tuple[int, ...] = ()) -> int:
     """Output channels per block of a weight paged in by blocks: as many as half the RAM left holds (the other
-    half for the convolution's input and output)."""
-    return max(1, min(rows, (ram_room // 2) // row_bytes))
+    half for the convolution's input and output), a divisor of every reader's block boundary (`bounds`) so that
+    each reader pages in its own rows only."""
+    most = max(1, min(rows, (ram_room // 2) // row_bytes))
+    step = 0
+    for b in bounds:
+        step = gcd(step, b)
+    if not step or step >= rows:
+        return most
+    return max(d for d in range(1, min(most, step) + 1) if step % d == 0)
 
 
 def stream_weights(g: TrainingGraph, streamed: list[str], ram_room: int | None = None) -> TrainingGraph:
@@ -86,8 +102,10 @@ def stream_weights(g: TrainingGraph, streamed: list[str], ram_room: int | None =
     if not keep:
         return g
     rows_of = sliceable_weights(g)
-    blocked = {p: block_rows(rows_of[p], g.params[p].shape[0], ram_room) for p in keep
-               if ram_room is not None and g.params[p].bytes > ram_room and p in rows_of}
+    # Read by blocks of rows: paged in by blocks too, where a RAM room says pages come by blocks (the firmware's)
+    sliced = {p for p in keep if p in rows_of and len(set(_reader_rows(g, p))) > 1}
+    blocked = {p: block_rows(rows_of[p], g.params[p].shape[0], ram_room, tuple(b for r in _reader_rows(g, p) for b in r))
+               for p in keep if ram_room is not None and p in rows_of and (p in sliced or g.params[p].bytes > ram_room)}
     nodes = []
     for n in g.nodes:
         mine = tuple(dict.fromkeys(p for p in n.params if p in keep))

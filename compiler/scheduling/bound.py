@@ -132,35 +132,47 @@ def remedies(b: Bound) -> str:
 
 
 def over_ram_text(g: TrainingGraph, lv: Liveness, ram_bytes: int, reserved_bytes: int, reserved_for: str,
-                  device: str) -> str | None:
+                  device: str, input_in_storage: bool = False) -> str:
     """Why no plan of `g` trains within a device's `ram_bytes`, with `reserved_bytes` of it held for
     `reserved_for` (the input batch among them), when its fixed state alone overflows: its parts, and what the
-    least working set no tiling or streaming splits holds (were the input read from storage patch by patch too);
-    None where that least working set fits."""
+    least working set no tiling or streaming splits holds were the input read from storage patch by patch (over
+    the RAM too, or within it: then the input batch, read whole, is all that is in the way).
+    `input_in_storage`: the runtime reads the batch so where a tiling of the frozen prefix can
+    (graph/input_storage.py): it is then counted nowhere."""
+    from edgetrain.compiler.graph.input_storage import tiles_can_read_input
+
     x = sum(n.bytes for n in g.nodes if n.kind == "input")
-    fixed = lv.state_bytes + reserved_bytes
+    stored = input_in_storage and tiles_can_read_input(g)
+    fixed = lv.state_bytes + reserved_bytes - (x if stored else 0)
     b = untiled_bound(g, lv, with_input=False)
     need = b.budget_bytes + reserved_bytes - x
-    if need <= ram_bytes:
-        return None
     tensors = b.budget_bytes - b.state_bytes
-    room = ram_bytes - (reserved_bytes - x) - b.state_bytes
     where = f" ({b.source})" if b.source else ""
     into = f", its output written into `{b.into}`" if b.into else ""
+    batch = (f"the input batch {x} B is not held: the frozen layers that read it are computed patch by patch and "
+             "read it from storage" if stored else f"the input batch {x} B, which the first layer reads whole")
+    head = (f"{g.model} cannot train on {device} in {_dtype(g)}: its fixed state alone takes {fixed} B of the "
+            f"{ram_bytes} B of RAM ({batch}; the trainable weights {g.param_bytes} B, their optimizer state "
+            f"{g.optimizer_bytes} B, buffers {g.buffer_bytes} B; {reserved_bytes - x} B more for {reserved_for})")
+    holds = (f"node `{b.node}` ({b.op}, {b.kind}){where} holds {tensors} B of tensors at once (its inputs "
+             f"{b.inputs_bytes} B + outputs {b.output_bytes} B{into} + scratch {b.scratch_bytes} B + {b.other_bytes} B "
+             f"of others alive there) beside the {b.state_bytes} B of training state")
+    if need <= ram_bytes and not stored:
+        return (f"{head}. Only the input batch is in the way: were it read from storage patch by patch, no plan "
+                f"would need more than the RAM for what no tiling or streaming splits ({need} B, {ram_bytes - need} B "
+                f"under: {holds}), but the first layer reads it whole from RAM. What would fit: the input read patch "
+                "by patch (the first layers frozen with --train, so that they can be tiled), 8-bit inputs and "
+                "activations (a quarter), a smaller input or --batch-size.")
+    room = ram_bytes - (reserved_bytes - x) - b.state_bytes
     fits = (f"at most {room} B of tensors there, {room / tensors:.0%} of what it holds (the trained layers' "
             "activations and gradients, which grow with the batch and the input's area; 8-bit ones take a quarter)"
             if room > 0 else "less training state: the trainable weights, their optimizer state and the buffers "
             "alone fill what the stack and the runtime leave")
-    return (f"{g.model} cannot train on {device} in {_dtype(g)}: its fixed state alone takes {fixed} B of the "
-            f"{ram_bytes} B of RAM (the input batch {x} B, which the first layer reads whole; the trainable weights "
-            f"{g.param_bytes} B, their optimizer state {g.optimizer_bytes} B, buffers {g.buffer_bytes} B; "
-            f"{reserved_bytes - x} B more for {reserved_for}), and no plan holds less than {need} B even were the "
-            f"input read from storage patch by patch: node `{b.node}` ({b.op}, {b.kind}){where} holds {tensors} B of "
-            f"tensors at once (its inputs {b.inputs_bytes} B + outputs {b.output_bytes} B{into} + scratch "
-            f"{b.scratch_bytes} B + {b.other_bytes} B of others alive there) beside the {b.state_bytes} B of training "
-            f"state, {need - ram_bytes} B over: only a frozen forward prefix is computed patch by patch and only "
-            f"frozen weights are streamed, so nothing splits it. What would fit: {fits}; or fewer trained parameters "
-            "with --train, or narrower layers there.")
+    even = "" if stored else " even were the input read from storage patch by patch"
+    return (f"{head}, and no plan holds less than {need} B{even}: {holds}, {max(need - ram_bytes, 0)} B over: only a "
+            "frozen forward prefix is computed patch by patch, only frozen weights are streamed and only a CNN head "
+            "of a frozen conv, a trained batch norm and a mean is computed by blocks of channels, so nothing splits "
+            f"it. What would fit: {fits}; or fewer trained parameters with --train, or narrower layers there.")
 
 
 def _dtype(g: TrainingGraph) -> str:

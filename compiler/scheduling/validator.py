@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from edgetrain.compiler.errors import OverBudgetError, ValidationError
 from edgetrain.compiler.graph.costs import stream_in
 from edgetrain.compiler.graph.inplace import dropped_output_bytes
-from edgetrain.compiler.graph.ir import TrainingGraph
+from edgetrain.compiler.graph.ir import IN_STORAGE, TrainingGraph
 
 
 @dataclass
@@ -86,8 +86,8 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
                     raise fail(k, st, "recompute after the node's parameters were updated would not be exact")
                 if n.name in resident:
                     raise fail(k, st, "recompute of a tensor that is resident")
-            for r in n.inputs:
-                if r.name not in resident:
+            for r in n.inputs:  # the input batch read from storage by its readers is never resident
+                if r.name not in resident and not g.nodes[index[r.name]].attrs.get(IN_STORAGE):
                     raise fail(k, st, f"operand {r.name} is not resident")
             if n.aux_of and f"{n.aux_of}.aux" not in resident:
                 raise fail(k, st, f"statistics {n.aux_of}.aux are not resident")

@@ -105,6 +105,9 @@ def print_human(cmd: str, r: dict) -> None:
             if r.get("streamed"):
                 con.print(f"{len(r['streamed'])} frozen weights ({r['streamed_bytes']} B) streamed from storage, "
                           f"paged in before each reader: {escape(', '.join(r['streamed']))}")
+            if r.get("input_read_bytes_per_step") is not None:
+                con.print(f"the input batch is read from storage patch by patch, never whole in RAM: "
+                          f"{r['input_read_bytes_per_step']} B read per step, halos included")
             con.print(f"wrote {r['out']}/schedule.json, plan.c, plan.h, main_host.c, main_qemu.c, Makefile, "
                       f"firmware.json, {'storage/, ' if r.get('streamed') else ''}et_runtime/")
         else:

@@ -2,12 +2,14 @@
 codegen/c/runner.py, on the host or under QEMU on the target's board), and hold the weights it trained
 against PyTorch autograd from the same initial weights and data (with an int8 prefix: the prefix bit for bit against
 the integer reference, the head against autograd from that prefix's output, int8_check.py). The run is gated on the
-firmware's exit code and status.
+firmware's exit code and status. A plan that reads its input batch from storage patch by patch reports the bytes it
+read each step (the driver's reads.bin) beside the compiler's figure.
 """
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from edgetrain.codegen.c.runner import STATUS, run_program, verified_firmware
@@ -45,6 +47,10 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
         result["error"] = f"the firmware exited with {ran.exit_code} ({where}): {meaning}. {ran.output[-500:]}"
         return result
     done = r["steps_done"]
+    if manifest.get("input_in_storage"):  # the batch read from storage patch by patch: its bytes, as streamed weights'
+        reads = np.fromfile(os.path.join(out_dir, f"run-{where}", "reads.bin"), dtype="<u4").tolist()
+        result.update(predicted_input_read_bytes_per_step=manifest["input_read_bytes_per_step"],
+                      input_read_bytes=reads, input_read_bytes_per_step=sum(reads) / len(reads) if reads else None)
     result.update(steps_done=done, losses=r["losses"], status=STATUS.get(r["status"], str(r["status"])),
                   paged_bytes=r["paged_out"] + r["paged_in"],
                   paged_bytes_per_step=(r["paged_out"] + r["paged_in"]) / done if done else None,

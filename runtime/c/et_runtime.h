@@ -12,6 +12,7 @@
 #include "et_math.h"
 #include "crc32.h"
 #include "storage.h"
+#include "storage_input.h"
 #include "kernels/sgd.h"
 #include "kernels/conv2d.h"
 #include "kernels/conv2d_input_grad.h"

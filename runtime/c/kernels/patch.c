@@ -20,6 +20,33 @@ void et_patch_gather(int n, int c, int src_h, int src_w, const float *src, int y
     }
 }
 
+int et_patch_read(const et_input_reader *in, int n, int c, int src_h, int src_w, int y, int h, int x, int w,
+                  int top, int bottom, int left, int right, float *dst)
+{
+    int p, r, k, rc;
+    int dh = top + h + bottom, dw = left + w + right;
+
+    for (p = 0; p < n * c; ++p) {
+        float *d = dst + (long)p * dh * dw;
+        for (r = 0; r < dh; ++r) {
+            float *row = d + r * dw;
+            if (r < top || r >= top + h) {
+                for (k = 0; k < dw; ++k)
+                    row[k] = 0.0f;
+                continue;
+            }
+            for (k = 0; k < left; ++k)
+                row[k] = 0.0f;
+            for (k = left + w; k < dw; ++k)
+                row[k] = 0.0f;
+            rc = et_input_read(in, (uint32_t)(((long)p * src_h + y + r - top) * src_w + x), (uint32_t)w, row + left);
+            if (rc != ET_OK)
+                return rc;
+        }
+    }
+    return ET_OK;
+}
+
 void et_patch_place(int n, int c, int h, int w, const float *src, int dst_h, int dst_w, int y, int x, float *dst)
 {
     int p, r, k;

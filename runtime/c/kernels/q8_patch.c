@@ -48,3 +48,21 @@ void et_q8_patch_quantize(int n, int c, int src_h, int src_w, const float *src, 
         for (r = 0; r < h; ++r)
             et_q8_quantize(w, src + ((long)p * src_h + y + r) * src_w + x, scale, zp, dst + ((long)p * h + r) * w);
 }
+
+int et_q8_patch_quantize_read(const et_input_reader *in, int n, int c, int src_h, int src_w, int y, int h, int x,
+                              int w, float scale, int32_t zp, int8_t *dst)
+{
+    float buf[ET_Q8_READ_FLOATS];
+    int p, r, k, m, rc;
+
+    for (p = 0; p < n * c; ++p)
+        for (r = 0; r < h; ++r)
+            for (k = 0; k < w; k += m) {
+                m = w - k < ET_Q8_READ_FLOATS ? w - k : ET_Q8_READ_FLOATS;
+                rc = et_input_read(in, (uint32_t)(((long)p * src_h + y + r) * src_w + x + k), (uint32_t)m, buf);
+                if (rc != ET_OK)
+                    return rc;
+                et_q8_quantize(m, buf, scale, zp, dst + ((long)p * h + r) * w + k);
+            }
+    return ET_OK;
+}

@@ -1,5 +1,10 @@
 """An optimizer update holds no memory the ledger does not count.
 
+Where the gradient cannot take the weight decay in place (the node holds it, two updates read it, a view shows
+part of it), and for the optimizers whose step always allocates (Adam's and Adagrad's square roots), the update's
+parameter-sized temporaries are counted: the node's update temporaries (a field apart from its workspace) and the
+runtime's ledger read one rule (runtime/python/update_memory.py).
+
 The memory model counts a parameter's update as adding nothing: SGD's weight decay is added into the gradient
 when the node drops it. A gradient the plan reads through a view (an HF Llama's head: the transpose of a
 transpose) took a parameter-sized temporary instead, and the HF Llama's smallest plan's real step passed its
@@ -20,6 +25,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.memory_probe import cpu_probe_available  # noqa: E402
+from edgetrain.compiler.graph.inplace import dropped_output_bytes  # noqa: E402
+from edgetrain.codegen.c.lower import lower_for_c  # noqa: E402
+from edgetrain.compiler.graph.ir import Node, OptimizerConfig, TensorRef, TrainingGraph  # noqa: E402
+from edgetrain.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
+from edgetrain.compiler.workbench.run import run_plan  # noqa: E402
 from edgetrain.runtime.python import prepared  # noqa: E402
 from edgetrain.runtime.python.op_runner import OpRunner  # noqa: E402
 from edgetrain.runtime.python.optim import Optimizer  # noqa: E402
@@ -101,3 +111,93 @@ def test_a_gradient_seen_through_a_slice_is_not_written_into():
     outs = [[g] for g in grads]
     got = _run(specs, {"w": w0}, outs)
     assert torch.equal(got["w"], _torch_sgd(w0, [g[:8] for g in grads]))
+
+
+# One update, measured beside the ledger that holds its temporaries: (real growth, ledger peak) in bytes.
+_LEDGER_CHILD = """
+import json, sys
+sys.path.insert(0, {root!r})
+from benchmarks.memory_probe import Probe, isolate_malloc
+assert isolate_malloc()
+import torch
+from edgetrain.runtime.python import prepared
+from edgetrain.runtime.python.ledger import Ledger
+from edgetrain.runtime.python.op_runner import OpRunner
+from edgetrain.runtime.python.optim import Optimizer
+params = {{"w": torch.randn(1024, 1024)}}
+optim = Optimizer({config!r}, params, ["w"])
+updates = prepared._updates([{{"item": 0, "param": "w", "view": {view!r}}}], {kept!r}, True, params, {{}}, optim)
+OpRunner._apply_updates([torch.randn({rows}, 1024)], updates)  # the state's pages touched, as after a step
+outs, ledger = [torch.randn({rows}, 1024)], Ledger()
+with Probe("cpu").span() as s:
+    OpRunner._apply_updates(outs, updates, ledger)
+print(json.dumps({{"growth": s.growth, "ledger": ledger.peak_bytes}}))
+"""
+
+MIB4 = 1024 * 1024 * 4
+
+
+@pytest.mark.skipif(not cpu_probe_available(), reason="needs Linux's resettable resident-set high-water mark")
+@pytest.mark.parametrize("config, kept, view, counted", [
+    (SGD, (0,), None, 1),  # the node holds the gradient: g + wd*p
+    (SGD, (), [["aten.slice.Tensor", [0, 0, 1024]]], 1),  # half of the gradient: g + wd*p of the half
+    (SGD, (), None, 0),  # the decay goes into the gradient
+    (dict(SGD, nesterov=True), (), None, 1),  # d + m*buf
+    ({"name": "adam", "weight_decay": 1e-2}, (), None, 3),
+    ({"name": "adamw"}, (), None, 2),
+    ({"name": "adagrad", "weight_decay": 1e-2}, (), None, 2),
+])
+def test_the_ledger_holds_what_an_update_allocates(config, kept, view, counted):
+    """Real growth within the ledger's count of the update (64 KiB of allocator slack), and the count the
+    parameters' temporaries measured on a 4 MiB weight."""
+    code = _LEDGER_CHILD.format(root=ROOT, config=config, kept=kept, view=view, rows=2048 if view else 1024)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["ledger"] == counted * MIB4, got
+    assert got["growth"] <= got["ledger"] + 64 * 1024, got
+
+
+def test_a_held_gradients_decay_is_counted_and_the_ledger_is_the_prediction(tmp_path):
+    """A parameter of a hidden activation's shape: its gradient is the activation's, which the node holds for
+    ReLU's backward, so SGD allocates `grad + wd * param` (512 KiB), the node's update temporaries; the plan trains
+    exactly with the ledger's peak the validator's to the byte, within budget."""
+    out = tmp_path / "plan"
+    c = compile_model(CompileOptions(model="tests.user_models:shared_gradient", target="host", budget="min",
+                                     out=str(out), batch_size=8, time_limit=15.0))
+    body = json.loads((out / "schedule.json").read_text())
+    node = next(n for n in body["graph"]["nodes"] if "a" in n.get("updates", ()))
+    assert node["attrs"].get("keep") is None and node["update_temporary_bytes"] == 8 * 16384 * 4, node
+    r = run_plan(str(out), steps=2, check=True, device="cpu")
+    assert r["ok"] and r["max_abs_err"] == 0 and not r["mismatched"], r.get("error")
+    assert r["measured_peak_bytes"] == r["predicted_peak_bytes"] <= r["budget_bytes"] == c["budget_bytes"]
+
+
+def test_update_temporaries_stay_apart_from_the_dropped_output_they_follow():
+    """A gradient accumulated into its accumulator (addmm, `keep: none`) whose update allocates: the workspace
+    still says the dropped output's bytes (what `into` is matched on), every memory model reads the sum, and the
+    field survives the schedule file (left out where it is 0, as graphs without it were written)."""
+    n = Node(name="g", kind="backward", op="aten.addmm.default", inputs=(TensorRef("acc"),),
+             attrs={"keep": "none", "scratch": 64}, workspace_bytes=4096 + 64, update_temporary_bytes=3 * 4096)
+    assert dropped_output_bytes(n) == 4096 and n.transient_bytes == 4 * 4096 + 64
+    assert Node.from_json(json.loads(json.dumps(n.to_json()))) == n
+    bare = Node(name="h", kind="backward", op="aten.mm.default")
+    assert "update_temporary_bytes" not in bare.to_json() and Node.from_json(bare.to_json()) == bare
+
+
+def test_a_microcontroller_targets_python_plan_counts_torchs_update_temporaries_and_c_counts_none(tmp_path):
+    """A Python plan runs torch's optimizers on any target: Adam's square-root temporaries are in the graph of a
+    microcontroller profile's Python plan too, so its ledger is the prediction to the byte; C firmware's kernels
+    update in place, and its lowering (codegen/c/lower.py) drops every update temporary."""
+    out = tmp_path / "plan"
+    c = compile_model(CompileOptions(model="mcu_cnn", target="mps2-an386", budget="min", out=str(out),
+                                     batch_size=2, optimizer=OptimizerConfig.of("adam"), emit="python",
+                                     time_limit=10.0))
+    body = json.loads((out / "schedule.json").read_text())
+    assert any(n.get("update_temporary_bytes") for n in body["graph"]["nodes"])
+    r = run_plan(str(out), steps=1, check=True, device="cpu")
+    assert r["ok"] and r["max_abs_err"] == 0, r.get("error")
+    assert r["measured_peak_bytes"] == r["predicted_peak_bytes"] <= r["budget_bytes"] == c["budget_bytes"]
+    body["graph"]["optimizer"] = OptimizerConfig.of("sgd").to_json()  # the graph as C firmware would train it
+    lowered = lower_for_c(TrainingGraph.from_json(body["graph"]))
+    assert not any(n.update_temporary_bytes for n in lowered.nodes)

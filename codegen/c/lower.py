@@ -252,8 +252,8 @@ def _check_optimizer(g: TrainingGraph) -> None:
 
 
 def _as_c(n: Node) -> Node:
-    """A node with the C runtime's memory: int32 indices and labels, no gradient workspace, only the operands
-    its kernels read."""
+    """A node with the C runtime's memory: int32 indices and labels, no gradient workspace nor update temporaries,
+    only the operands its kernels read."""
     dtype = n.dtype
     if n.kind == "labels" or (n.op == "aten.max_pool2d_with_indices.default" and n.attrs.get("keep") == 1):
         dtype = "int32"
@@ -270,8 +270,9 @@ def _as_c(n: Node) -> Node:
     if "then" in attrs:
         attrs["then"] = [{k: v for k, v in o.items() if k != "scratch"} for o in attrs["then"]]
     aux_bytes = 4 * AUX_ITEMS * n.shape[1] if n.op == BATCH_NORM else n.aux_bytes
-    return replace(n, dtype=dtype, workspace_bytes=0, inputs=tuple(n.inputs[k] for k in keep), attrs=attrs,
-                   aux_bytes=aux_bytes)
+    # nor update temporaries: the C optimizer kernels update in place
+    return replace(n, dtype=dtype, workspace_bytes=0, update_temporary_bytes=0,
+                   inputs=tuple(n.inputs[k] for k in keep), attrs=attrs, aux_bytes=aux_bytes)
 
 
 def _read_operands(o: dict) -> set[int]:

@@ -23,8 +23,8 @@ def _costs_memory(prev: Node, n: Node, sizes: dict[str, int], dies: set[str]) ->
     mine = {r.name for r in prev.inputs}
     theirs = {r.name for r in n.inputs if r.name != prev.name}
     held = lambda names: sum(sizes.get(x, 0) for x in names)  # noqa: E731
-    fused = held(mine | theirs) + max(prev.workspace_bytes, n.workspace_bytes)
-    apart = max(held(mine) + prev.workspace_bytes, held((mine - dies) | theirs) + n.workspace_bytes)
+    fused = held(mine | theirs) + max(prev.transient_bytes, n.transient_bytes)
+    apart = max(held(mine) + prev.transient_bytes, held((mine - dies) | theirs) + n.transient_bytes)
     return fused > apart
 
 
@@ -87,11 +87,14 @@ def _merge(prev: Node, n: Node) -> Node:
         sub["scratch"] = n.attrs["scratch"]
     attrs = dict(prev.attrs)
     attrs["then"] = list(prev.attrs.get("then", [])) + [sub]
+    # the ops run one after another, each with its own transient: the fused node's is the largest of them
+    workspace = max(prev.workspace_bytes, n.workspace_bytes)
+    transient = max(prev.transient_bytes, n.transient_bytes)
     return Node(
         name=prev.name, kind=prev.kind, op=prev.op, inputs=tuple(inputs),
         params=tuple(dict.fromkeys(prev.params + n.params)), buffers=tuple(dict.fromkeys(prev.buffers + n.buffers)),
         attrs=attrs, shape=prev.shape, dtype=prev.dtype, items=prev.items, aux_bytes=prev.aux_bytes,
-        aux_of=prev.aux_of, workspace_bytes=max(prev.workspace_bytes, n.workspace_bytes),
+        aux_of=prev.aux_of, workspace_bytes=workspace, update_temporary_bytes=transient - workspace,
         flops=prev.flops + n.flops, updates=tuple(dict.fromkeys(prev.updates + n.updates)), source=prev.source)
 
 

@@ -69,6 +69,9 @@ class Node:
     aux_bytes: int = 0  # small side output kept until the backward node (batch-norm statistics)
     aux_of: str | None = None  # a backward node that reads the aux of this forward node
     workspace_bytes: int = 0  # transient bytes held while the kernel runs (param grads, scratch)
+    # Parameter-sized temporaries its optimizer updates allocate while they run, beside the workspace
+    # (runtime/python/update_memory.py); apart from it, so the workspace still says what a dropped output takes
+    update_temporary_bytes: int = 0
     flops: int = 0
     time_s: float = 0.0
     energy_j: float = 0.0
@@ -92,6 +95,11 @@ class Node:
         return n * DTYPE_BYTES[self.dtype]
 
     @property
+    def transient_bytes(self) -> int:
+        """Everything the node holds only while it runs, beside its output: what every memory model counts."""
+        return self.workspace_bytes + self.update_temporary_bytes
+
+    @property
     def into(self) -> str | None:
         """The operand whose bytes this node's output takes (it dies here: graph/inplace.py), or None."""
         k = self.attrs.get("into")
@@ -113,6 +121,8 @@ class Node:
             d["streamed"] = list(self.streamed)
         else:  # graphs without streamed weights serialise as they always have
             del d["streamed"]
+        if not self.update_temporary_bytes:  # so do nodes whose updates allocate nothing
+            del d["update_temporary_bytes"]
         return d
 
     @staticmethod

@@ -16,6 +16,7 @@ FLOPs come from torch's flop counter where it knows the op, else from one rule: 
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from math import prod
 
@@ -23,9 +24,10 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from edgetrain.runtime.python.aten_call import dropped_bytes
+from edgetrain.runtime.python.aten_call import dropped_bytes, held_items, prepared_view
 from edgetrain.runtime.python.optim import update_flops_per_element
 from edgetrain.runtime.python.threads import PLAN_THREADS
+from edgetrain.runtime.python.update_memory import planned_temporary_bytes
 
 from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.frontend.capture import JointCapture
@@ -231,7 +233,8 @@ def build_graph(cap: JointCapture, model: str, input_shape: tuple[int, ...], num
                       source="the data batch")
     labels_node = Node(name="labels", kind="labels", op="labels", shape=spec_of(y_val).shape, dtype=dtype_name(y_val),
                        source="the data batch")
-    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}, scratch_threads),
+    nodes = fuse_updates(_nodes(b, ops, ordered, updates, loss_ref, cap, seed_keys or {}, scratch_threads,
+                                optimizer.to_json()),
                          widen=widen_fusion, sizes={"input": input_node.bytes, "labels": labels_node.bytes})
     # input first; labels right before the first node that reads them.
     first_label = next((i for i, n in enumerate(nodes) if any(r.name == "labels" for r in n.inputs)), len(nodes))
@@ -318,9 +321,11 @@ def _state_names(op: _Op, key: str) -> list[str]:
 
 
 def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, loss_ref: _Out,
-           cap: JointCapture, seed_keys: dict[str, str], scratch_threads: int = PLAN_THREADS) -> list[Node]:
+           cap: JointCapture, seed_keys: dict[str, str], scratch_threads: int = PLAN_THREADS,
+           optim_config: dict | None = None) -> list[Node]:
     """One Node per op (two or more for a forward op whose large outputs are read apart). `scratch_threads`: the
-    intra-op threads the kernels' scratch is counted for (0: none counted)."""
+    intra-op threads the kernels' scratch is counted for (0: none counted); `optim_config`: the optimizer whose
+    updates' temporaries the updating nodes hold (None: SGD's defaults)."""
     # How each op's outputs are held: name of the node holding output k, and its view prefix.
     held: dict[tuple[str, int | None], tuple[str, tuple]] = {}
     plan: dict[str, list[dict]] = {}  # op -> the nodes it becomes: {"name", "keep", "aux"}
@@ -433,13 +438,27 @@ def _nodes(b: _Builder, ops: dict[str, _Op], ordered: list[str], updates: dict, 
             if name == loss_ref.node:
                 attrs["loss_item"] = loss_ref.k
             opt_updates = tuple(u["param"] for u in mine if "param" in u)
+            # torch's optimizers allocate them, whatever the target (C firmware's lowering drops them)
+            temporaries = _update_temporaries(attrs.get("updates", ()), outs, part, optim_config or {})
             nodes.append(Node(
                 name=part["name"], kind=op.kind, op=opname, inputs=refs, params=params, buffers=buffers,
                 attrs=attrs, shape=shape, dtype=dtype, items=items, aux_bytes=aux_bytes,
                 aux_of=aux_from[0] if aux_from else None,
-                workspace_bytes=dropped + scratch, flops=flops, updates=opt_updates,
+                workspace_bytes=dropped + scratch, update_temporary_bytes=temporaries, flops=flops,
+                updates=opt_updates,
                 source=_source(op, ops, cap.sources, {u["param"] for u in ups if "param" in u})))
     return nodes
+
+
+def _update_temporaries(specs: list[dict], outs: list, part: dict, optim_config: dict) -> int:
+    """The largest of the node's updates' parameter-sized temporaries (they run one after another, beside its
+    dropped outputs and kernel scratch, as the runtime's ledger holds them): the rule in
+    runtime/python/update_memory.py, read from the updates as the runtime reads them."""
+    kept = (*held_items(part["keep"]), *part["aux"])
+    readers = Counter(u.get("item") or 0 for u in specs)
+    return max((planned_temporary_bytes(optim_config, u.get("item") or 0, kept, readers[u.get("item") or 0],
+                                        outs[u.get("item") or 0], prepared_view(u.get("view")))
+                for u in specs if "param" in u), default=0)
 
 
 def _source(op: _Op, ops: dict[str, _Op], sources: dict[str, str], updated: set[str]) -> str:

@@ -40,7 +40,7 @@ class Liveness:
     def before_node(self, g, t: int) -> int:
         """Fixed bytes during stage t before node t runs (its output and workspace do not exist yet):
         what recomputes and page-ins of the stage stand on (an operand the node writes into is still its own)."""
-        return self.static[t] - g.nodes[t].workspace_bytes - g.nodes[t].bytes + self.shared.get(t, 0)
+        return self.static[t] - g.nodes[t].transient_bytes - g.nodes[t].bytes + self.shared.get(t, 0)
 
     @property
     def B0(self) -> int:
@@ -112,7 +112,7 @@ def analyze(g: TrainingGraph) -> Liveness:
                  for name in decision}
 
     state = g.state_bytes
-    static = [state + g.nodes[t].workspace_bytes for t in range(T)]
+    static = [state + g.nodes[t].transient_bytes for t in range(T)]
     for name, s in size.items():
         if s == 0:
             continue
@@ -129,4 +129,4 @@ def analyze(g: TrainingGraph) -> Liveness:
         static[t] -= s
     return Liveness(T=T, L=L, size=size, prod=prod, end=end, decision=decision, window_end=window_end,
                     recompute_until=recompute_until, needs=needs, inputs_of=inputs_of, static=static,
-                    state_bytes=state, max_workspace_bytes=max(n.workspace_bytes for n in g.nodes), shared=shared)
+                    state_bytes=state, max_workspace_bytes=max(n.transient_bytes for n in g.nodes), shared=shared)

@@ -75,10 +75,10 @@ def _bound_at(g: TrainingGraph, lv: Liveness, need: list[int], t: int) -> Bound:
     taken = lv.shared.get(t, 0)  # an output written into an operand: its bytes counted once, in the inputs
     dropped = taken - n.bytes if taken > n.bytes else 0  # such an output dropped into the workspace (a gradient)
     output = n.bytes + n.aux_bytes - (taken - dropped)
-    other = max(0, need[t] - lv.state_bytes - inputs - output - (n.workspace_bytes - dropped))
+    other = max(0, need[t] - lv.state_bytes - inputs - output - (n.transient_bytes - dropped))
     return Bound(stage=t, node=n.name, op=n.op, kind=n.kind, source=n.source, budget_bytes=need[t],
                  state_bytes=lv.state_bytes, inputs_bytes=inputs, output_bytes=output,
-                 scratch_bytes=n.workspace_bytes - dropped, other_bytes=other, updates_params=bool(n.updates),
+                 scratch_bytes=n.transient_bytes - dropped, other_bytes=other, updates_params=bool(n.updates),
                  tiling=tiling_of(g, t), into=n.into)
 
 

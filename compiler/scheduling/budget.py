@@ -60,7 +60,7 @@ class Anchors:
 
 def anchors(g: TrainingGraph, lv: Liveness, target) -> Anchors:
     sa = validate(g, build_steps(g, lv, store_all(g, lv)), target, None)
-    peak = max(p - g.nodes[t].workspace_bytes for t, p in enumerate(sa.stage_peaks)) - lv.state_bytes
+    peak = max(p - g.nodes[t].transient_bytes for t, p in enumerate(sa.stage_peaks)) - lv.state_bytes
     return Anchors(fixed_bytes=lv.fixed_bytes, activation_peak_bytes=peak, min_feasible_bytes=min_budget(lv),
                    store_all=sa, store_all_peak_bytes=sa.peak_bytes)
 

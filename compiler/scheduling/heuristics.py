@@ -34,7 +34,9 @@ def checkpoint(g: TrainingGraph, lv: Liveness, segments: int | None = None) -> D
     cuts = [c for c in _cut_tensors(g, lv) if lv.recomputable(c)]
     n = len(lv.decision)
     segments = segments or max(1, round(math.sqrt(n)))
-    keep = {i for i in lv.decision if not lv.recomputable(i)}
+    # A tensor whose recompute would read a parameter already updated when a later stage reads it is kept too
+    last_need = {i: t for t in range(lv.B0, lv.T) for i in lv.needs[t]}
+    keep = {i for i in lv.decision if not lv.recomputable(i) or last_need.get(i, -1) > lv.recompute_until[i]}
     if cuts:
         step = len(cuts) / segments
         keep |= {cuts[min(len(cuts) - 1, int(k * step))] for k in range(segments)}
@@ -128,7 +130,7 @@ def dtr(g: TrainingGraph, lv: Liveness, budget_bytes: int) -> Decisions | None:
             top, done = lv.static[t] + held + sum(size[i] for i in recs), held
             for i in recs:
                 done += size[i]
-                top = max(top, lv.before_node(g, t) + done + g.node(i).workspace_bytes)
+                top = max(top, lv.before_node(g, t) + done + g.node(i).transient_bytes)
             return top
 
         while peak() > budget_bytes:

@@ -240,7 +240,7 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
     # more row for that instant (page-ins, then recomputes in forward order, are already resident).
     order = {name: k for k, name in enumerate(lv.decision)}
     for (t, i), r in R.items():
-        w = node[i].workspace_bytes
+        w = node[i].transient_bytes
         pulled = [(Z[t, i, v], float(stream[v])) for v in reads_of[g.index(i)] if (t, i, v) in Z]
         if not w and not pulled:
             continue

@@ -97,7 +97,7 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
                 raise fail(k, st, f"its output ({out_bytes} B) cannot take the {resident[into]} B of {into}")
             shared = out_bytes if into is not None else 0
             new = n.bytes - shared + (n.aux_bytes if st.action == "compute" else 0)
-            at_node = live + new + n.workspace_bytes
+            at_node = live + new + n.transient_bytes
             if budget_bytes is not None and at_node > budget_bytes:
                 raise fail(k, st, f"memory {at_node} B exceeds the budget of {budget_bytes} B", OverBudgetError)
             if at_node > peak:

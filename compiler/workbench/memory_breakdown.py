@@ -72,7 +72,7 @@ def breakdown(graph, steps: list[dict]) -> Breakdown:
             c[_category(n)] += n.bytes
             if act == "compute":
                 c["activations"] += n.aux_bytes
-            c["workspace"] += n.workspace_bytes
+            c["workspace"] += n.transient_bytes
             if n.bytes:
                 resident[name] = (n.bytes, _category(n))
             if act == "compute" and n.aux_bytes:

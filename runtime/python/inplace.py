@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import update_memory
+
 # out-of-place op -> its in-place twin (same structured kernel, same arguments)
 INPLACE = {
     "aten.relu.default": "aten.relu_.default",
@@ -140,10 +142,9 @@ def sole_owner(t: Tensor) -> bool:
 def whole_view_owner(v: Tensor) -> bool:
     """`v`, a view of one other tensor, is all of its storage, densely (the transposes of a transpose): it and that
     tensor are the storage's only users, so writing into `v` changes nothing anyone else reads."""
-    if _use_count is None or not v.is_contiguous() or v.storage_offset():
+    if _use_count is None or not update_memory.dense_whole(v):
         return False
-    s = v.untyped_storage()
-    return _use_count(s._cdata) <= 3 and s.nbytes() == v.numel() * v.element_size()
+    return _use_count(v.untyped_storage()._cdata) <= 3
 
 
 def plan(op: str, attrs: dict, ins: list, plain: list[bool]) -> tuple[int, list] | None:

@@ -76,7 +76,7 @@ class OpRunner:
                     dropped = aten_call.dropped_bytes(more, "none")
                     ledger.enter(dropped, sub.drop_label)
                     try:
-                        self._apply_updates(more, sub.updates)
+                        self._apply_updates(more, sub.updates, ledger)
                     finally:
                         ledger.leave(dropped)
                 finally:
@@ -155,11 +155,11 @@ class OpRunner:
         if dropped:
             self.ledger.enter(dropped, node.drop_label)
             try:
-                self._apply_updates(outs, updates)
+                self._apply_updates(outs, updates, self.ledger)
             finally:
                 self.ledger.leave(dropped)
-        elif updates:  # nothing dropped: the updates add nothing to the count
-            self._apply_updates(outs, updates)
+        elif updates:  # nothing dropped: the gradients are held, counted as the node's output
+            self._apply_updates(outs, updates, self.ledger)
         if node.into is not None and held is None:  # read by its updates, gone with them
             self.ledger.release(name)
         return held, outs
@@ -182,14 +182,23 @@ class OpRunner:
         return outs
 
     @staticmethod
-    def _apply_updates(outs: list, updates) -> None:
-        """Each update reads its output item; a parameter's gradient nothing else holds dies with its update."""
+    def _apply_updates(outs: list, updates, ledger=None) -> None:
+        """Each update reads its output item; a parameter's gradient nothing else holds dies with its update. The
+        ledger holds the update's parameter-sized temporaries while it runs (runtime/python/update_memory.py)."""
         for u in updates:
             value = outs[u.item]
             if u.view is not None:
                 value = aten_call.view_of(value, u.view)
-            if u.buffer is None:
-                u.apply(value, u.may_scratch and (inplace.sole_owner(value) if u.view is None
-                                                  else inplace.whole_view_owner(value)))
-            else:
+            if u.buffer is not None:
                 u.buffer.copy_(value)
+                continue
+            in_place = u.may_scratch and (inplace.sole_owner(value) if u.view is None
+                                          else inplace.whole_view_owner(value))
+            temporaries = u.temporaries[in_place] * value.nbytes if ledger is not None else 0
+            if temporaries:
+                ledger.enter(temporaries, u.label)
+            try:
+                u.apply(value, in_place)
+            finally:
+                if temporaries:
+                    ledger.leave(temporaries)

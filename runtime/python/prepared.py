@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from . import aten_call, fused_kernels, inplace
+from . import aten_call, fused_kernels, inplace, update_memory
 
 
 @dataclass(slots=True, eq=False)
@@ -30,6 +30,9 @@ class Update:
     # A parameter's gradient the node does not hold and no other update reads: SGD may add into it (through a view
     # too, where the view is all of its bytes: a parameter-sized temporary there is memory no model counts)
     may_scratch: bool = False
+    # Parameter-sized temporaries the update holds at its peak: (out of place, gradient taking the decay in place)
+    temporaries: tuple[int, int] = (0, 0)
+    label: str = ""
     buffer: Tensor | None = None  # a buffer's new value is copied into it (first computations only)
 
 
@@ -104,8 +107,11 @@ def _updates(specs, kept, first: bool, params: dict, buffers: dict, optim) -> tu
         item, view = u.get("item") or 0, u.get("view")
         if "param" in u:
             name = u["param"]
+            s = optim.settings
             out.append(Update(item, aten_call.prepared_view(view), apply=optim.updater(name, params[name]),
-                              may_scratch=item not in kept and readers[item] == 1))
+                              may_scratch=update_memory.takes_decay_in_place(item, kept, readers[item]),
+                              temporaries=(optim.unit.temporaries(s, False), optim.unit.temporaries(s, True)),
+                              label=f"update of {name} (temporaries)"))
         elif first:  # a recompute never updates running statistics again
             out.append(Update(item, aten_call.prepared_view(view), buffer=buffers[u["buffer"]]))
     return tuple(out)

@@ -15,8 +15,14 @@ def _update(s, param: Tensor, state: dict[str, Tensor]):
     return lambda grad, scratch: _adagrad.adagrad([param], [grad], [total], [step], **settings)
 
 
+# torch's own function: g + wd*p (always out of place) and std = sqrt(sum) + eps, both live at once (measured:
+# 2.0 parameters of growth with weight decay, 1.0 without, on a 4 MiB weight)
+def _temporaries(s, in_place: bool) -> int:
+    return 1 + int(bool(s["weight_decay"]))
+
+
 # sum += g*g 2, sqrt(sum) + eps 2, p.addcdiv_(g, std, -lr) 3; decay: g + wd*p 2
 ADAGRAD = OptimizerUnit(name="adagrad", torch_class="Adagrad",
                         defaults={"lr": 0.01, "eps": 1e-10, "weight_decay": 0.0},
                         state=lambda s: ("sum",), flops=lambda s: 7 + 2 * bool(s["weight_decay"]),
-                        update=_update, step_counter=True)
+                        update=_update, temporaries=_temporaries, step_counter=True)

@@ -25,11 +25,19 @@ def _update(decoupled: bool):
     return make
 
 
+def _temporaries(decoupled: bool):
+    # torch's own function: Adam's g + wd*p (always out of place), and denom = sqrt(v) / c2 made from the
+    # square root's temporary, both live at once (measured: 3.0 parameters of growth with weight decay, 2.0
+    # without and for AdamW, on a 4 MiB weight)
+    return lambda s, in_place: 2 + int(bool(s["weight_decay"]) and not decoupled)
+
+
 def _unit(name: str, torch_class: str, weight_decay: float, decoupled: bool) -> OptimizerUnit:
     return OptimizerUnit(name=name, torch_class=torch_class,
                          defaults={"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": weight_decay},
                          state=lambda s: ("exp_avg", "exp_avg_sq"), flops=_flops(decoupled),
-                         update=_update(decoupled), step_counter=True)
+                         update=_update(decoupled), temporaries=_temporaries(decoupled),
+                         step_counter=True)
 
 
 ADAM = _unit("adam", "Adam", 0.0, decoupled=False)

@@ -36,11 +36,17 @@ def sgd_step(param: Tensor, grad: Tensor, buf: Tensor | None, lr: float, momentu
     param.add_(d, alpha=-lr)
 
 
+def _temporaries(s, in_place: bool) -> int:
+    # d = g + wd*p where the gradient cannot take it; Nesterov's d + m*buf while d is still live (measured: 1.0
+    # and 2.0 parameters of growth on a 4 MiB weight)
+    return int(bool(s["weight_decay"]) and not in_place) + int(bool(s["momentum"]) and bool(s["nesterov"]))
+
+
 def _check(s) -> str | None:
     return "Nesterov momentum needs a momentum above 0" if s["nesterov"] and s["momentum"] <= 0 else None
 
 
 SGD = OptimizerUnit(name="sgd", torch_class="SGD",
                     defaults={"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": False},
-                    state=_state, flops=_flops, update=_update, check=_check,
+                    state=_state, flops=_flops, update=_update, temporaries=_temporaries, check=_check,
                     c_kernel="sgd", c_requires={"nesterov": False})

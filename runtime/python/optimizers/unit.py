@@ -25,6 +25,9 @@ class OptimizerUnit:
     flops: Callable[[Mapping[str, Any]], int]  # elementwise operations per parameter element of one update
     update: Callable[[Mapping[str, Any], Tensor, dict[str, Tensor]], Update]  # (settings, parameter, its state)
     step_counter: bool = False  # a 0-d float32 step count per parameter, as torch keeps one (4 bytes)
+    # Parameter-sized temporaries the update holds at once at its peak, given whether the gradient takes the
+    # weight decay in place (runtime/python/update_memory.py: the memory model and the ledger count them)
+    temporaries: Callable[[Mapping[str, Any], bool], int] = lambda s, in_place: 0
     check: Callable[[Mapping[str, Any]], str | None] = lambda s: None  # settings torch would refuse, said plainly
     c_kernel: str | None = None  # runtime/c/kernels/<c_kernel>.c applies it in C firmware; None: C has none
     c_requires: Mapping[str, Any] = field(default_factory=dict)  # settings the C kernel has only at these values

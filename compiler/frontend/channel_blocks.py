@@ -50,6 +50,8 @@ class Head:
     grads: dict  # 1 -> gamma's gradient node, 2 -> beta's (getitems of the batch norm's backward)
     stats: dict  # 3 -> new running mean, 4 -> new running var (getitems of the batch norm)
     region: set  # every node replaced
+    conv_back: fx.Node | None = None  # the conv's input-gradient backward, where its input needs a gradient
+    grad_x: fx.Node | None = None  # that input gradient (getitem 0 of conv_back)
 
     @property
     def channels(self) -> int:
@@ -177,21 +179,46 @@ def match(bn: fx.Node, cap: JointCapture) -> Head | None:
     g = _mean_backward(grad_out, region)
     if g is None or bn_back.args[1:7] != (conv, gamma, items.get(3, rm), items.get(4, rv), items.get(1),
                                            items.get(2)) or bn_back.args[7] is not True \
-            or bn_back.args[8] != bn.args[7] or list(bn_back.args[9]) != [False, True, True]:
+            or bn_back.args[8] != bn.args[7] or list(bn_back.args[9]) not in ([False, True, True], [True, True, True]):
         return None
     region.add(bn_back)
     back_items = _getitems(bn_back)
-    if back_items is None or set(back_items) - {0, 1, 2} or back_items.get(0) is not None and _users(back_items[0]):
+    if back_items is None or set(back_items) - {0, 1, 2}:
         return None
     region |= set(back_items.values())
+    conv_back = grad_x = None
+    if back_items.get(0) is not None and _users(back_items[0]):  # the gradient flows on into the conv's input
+        conv_back, grad_x = _input_backward(back_items[0], h_conv=conv, region=region)
+        if conv_back is None:
+            return None
     grads = {k: back_items[k] for k in (1, 2) if k in back_items}
     stats = {k: items[k] for k in (3, 4) if k in items}
-    kept = {mean, *grads.values(), *stats.values()}  # their values are replaced; every other reader is inside
+    kept = {mean, *grads.values(), *stats.values(), grad_x}  # their values are replaced; every other reader is inside
     for n in region:
         if n not in kept and any(u not in region for u in _users(n)):
             return None
     return Head(x=x, conv=conv, bn=bn, act=act, mean=mean, grad_features=g, act_back=act_back, bn_back=bn_back,
-                grads=grads, stats=stats, region=region)
+                grads=grads, stats=stats, region=region, conv_back=conv_back, grad_x=grad_x)
+
+
+def _input_backward(grad_y: fx.Node, h_conv: fx.Node, region: set):
+    """The conv's backward that reads the batch norm's input gradient `grad_y` for the input's gradient only
+    (the weight frozen, the bias frozen or none), and that input gradient; (None, None) if it is not that."""
+    users = _users(grad_y)
+    if len(users) != 1 or users[0].target is not aten.convolution_backward.default:
+        return None, None
+    cb = users[0]
+    x, w, _, stride, padding, dilation, transposed, out_pad, groups = h_conv.args
+    if len(cb.args) != 11 or cb.kwargs or cb.args[0] is not grad_y or cb.args[1] is not x or cb.args[2] is not w \
+            or tuple(cb.args[4:10]) != (stride, padding, dilation, transposed, out_pad, groups) \
+            or list(cb.args[10]) != [True, False, False]:
+        return None, None
+    items = _getitems(cb)
+    if items is None or 0 not in items or any(_users(items[k]) for k in items if k != 0):
+        return None, None
+    region.add(cb)
+    region |= set(items.values())
+    return cb, items[0]
 
 
 def _root(n):
@@ -227,6 +254,11 @@ def block_heads(cap: JointCapture, blocks: int) -> JointCapture:
     for head in find_heads(cap):
         cap = _rewrite(cap, head, block_spans(head.channels, blocks))
     return cap
+
+
+def _bias_sizes(sizes, channels: int):
+    """A block's bias sizes for its conv's backward: its own channels where the whole conv's named a bias."""
+    return sizes if not sizes or list(sizes) == [0] else [channels]
 
 
 def _copied(cap: JointCapture) -> JointCapture:
@@ -273,7 +305,7 @@ def _rewrite(cap: JointCapture, h: Head, spans: list[tuple[int, int]]) -> JointC
     h.mean.replace_all_uses_with(features)
     g, shape = h.grad_features, tuple(_val(h.conv).shape)
     with graph.inserting_before(h.bn_back):  # backward, block by block, where the batch norm's was
-        grads = {k: [] for k in h.grads}
+        grads, grad_x = {k: [] for k in h.grads}, None
         for (c0, c1), (y, items, a, _) in zip(spans, blocks):
             gb = emit(aten.slice.Tensor, g, 1, c0, c1)
             while _val(gb).dim() < 4:
@@ -286,10 +318,18 @@ def _rewrite(cap: JointCapture, h: Head, spans: list[tuple[int, int]]) -> JointC
             # training mode reads the saved statistics, not the running ones: those of the block's slice
             back = emit(_BN_BACK, gb, y, sliced(gamma, c0, c1), sliced(rm, c0, c1), sliced(rv, c0, c1), items[1],
                         items[2], True,
-                        h.bn_back.args[8], list(h.bn_back.args[9]))
+                        h.bn_back.args[8], [h.grad_x is not None, True, True])
             for k in grads:
                 grads[k].append(emit(operator.getitem, back, k))
+            if h.grad_x is not None:  # this block's share of the input's gradient, summed over the blocks
+                cb = h.conv_back
+                part = emit(operator.getitem, emit(aten.convolution_backward.default, emit(operator.getitem, back, 0),
+                                                   h.x, sliced(w, c0, c1), _bias_sizes(cb.args[3], c1 - c0),
+                                                   *cb.args[4:10], [True, False, False]), 0)
+                grad_x = part if grad_x is None else emit(aten.add.Tensor, grad_x, part)
         grad_cats = {k: emit(aten.cat.default, parts) for k, parts in grads.items()}
+    if h.grad_x is not None:
+        h.grad_x.replace_all_uses_with(grad_x)
     renamed = {}
     for k, node in h.grads.items():
         node.replace_all_uses_with(grad_cats[k])

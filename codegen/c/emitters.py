@@ -405,11 +405,16 @@ def _batch_norm_bwd(c: OpCase, ctx: Context, out) -> list[str]:
     if not (wname or bname):  # frozen affine parameters: the input gradient alone; or kept gradients (a block's)
         keep = c.node_attrs.get("keep") if isinstance(c.node_attrs.get("keep"), list) else []
         kept = [k for k in keep if k in (1, 2)]
-        if kept and kept != keep:
-            raise EmitError("a batch norm's backward keeping its input gradient beside its parameters'")
-        held = {k: (ctx.ptr(out) if j == 0 else f"({ctx.ptr(out)} + {j * ch})") for j, k in enumerate(kept)}
+        if kept and kept != [k for k in keep if k != 0]:
+            raise EmitError("a batch norm's backward keeping an output it has not")
+        # the items kept lie in order in the output: the input gradient (n * ch * hw floats) first where kept
+        first = n * ch * hw if 0 in keep else 0
+        held = {k: (ctx.ptr(out) if first + j == 0 else f"({ctx.ptr(out)} + {first + j * ch})")
+                for j, k in enumerate(kept)}
+        if 0 in keep:
+            gx = ctx.ptr(out)
         return [f"et_batch_norm_backward({n}, {ch}, {hw}, {gyp}, {xp}, {ctx.param(w)}, {mean}, {invstd}, "
-                f"{gx if not kept else 'NULL'}, {held.get(1, 'NULL')}, {held.get(2, 'NULL')});"]
+                f"{gx if not kept or 0 in keep else 'NULL'}, {held.get(1, 'NULL')}, {held.get(2, 'NULL')});"]
     sgd = (f"et_batch_norm_backward_sgd({n}, {ch}, {hw}, {gyp}, {xp}, {mean}, {invstd}, &et_sgd, "
            + "{}" + f", {ctx.pident[wname] if wname else 'NULL'}, {ctx.mom(wname)}, "
            f"{ctx.pident[bname] if bname else 'NULL'}, {ctx.mom(bname)});")

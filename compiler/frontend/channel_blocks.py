@@ -320,7 +320,10 @@ def _rewrite(cap: JointCapture, h: Head, spans: list[tuple[int, int]]) -> JointC
                         items[2], True,
                         h.bn_back.args[8], [h.grad_x is not None, True, True])
             for k in grads:
-                grads[k].append(emit(operator.getitem, back, k))
+                g_k = emit(operator.getitem, back, k)
+                # copied out where the tuple holds the input's gradient too: a tuple lives as one tensor, to its
+                # last reader, and the parameters' gradients are read at the cat after every block
+                grads[k].append(g_k if h.grad_x is None else emit(aten.clone.default, g_k))
             if h.grad_x is not None:  # this block's share of the input's gradient, summed over the blocks
                 cb = h.conv_back
                 part = emit(operator.getitem, emit(aten.convolution_backward.default, emit(operator.getitem, back, 0),

@@ -34,7 +34,7 @@ from .lifetimes import in_storage, step_lifetimes, stream_words, tensor_bytes, t
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
 from .patches import emit_patches, emit_q8_patches
-from .weight_blocks import emit_blocked_conv
+from .weight_blocks import emit_blocked_conv, read_shape
 from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
 from .ops import DROPOUT, Q8_OPS, Q8_PATCH_SOURCE, CodegenError, kernel_sources  # the C op table
 from .q8_emit import emit_q8
@@ -130,7 +130,7 @@ class _Emitter:
         self.ctx.first, self.ctx.predict = first, predict
         if node.attrs.get("stream_rows"):  # a weight paged in block by block: the op per block (weight_blocks.py)
             return emit_blocked_conv(node, offsets, self.ctx, self.params, self.blocks, paged or {},
-                                     self.node_objs[node.inputs[0].name].shape)
+                                     read_shape(self.node_objs[node.inputs[0].name], node.inputs[0].view))
         if node.op in Q8_OPS:  # an int8 frozen prefix's node: its kernel call (q8_emit.py)
             try:
                 return emit_q8(node, offsets, self.ctx, self.shapes, self.params, self.q8_tables, self.namer)

@@ -102,6 +102,14 @@ def op_scratch(node: fx.Node, threads: int = PLAN_THREADS) -> int:
     return kernel_scratch_bytes(name, [spec(a) for a in node.args], out_bytes, threads)
 
 
+CONV_WEIGHT_ARG = {"aten.convolution.default": 1, "aten.convolution_backward.default": 2}  # the weight's position
+
+
+def weight_rows(n, rows: int) -> tuple[int, int] | None:
+    """The rows of its weight (of `rows` rows) a convolution or its backward node `n` reads (read_rows)."""
+    return read_rows(n.attrs["args"][CONV_WEIGHT_ARG[n.op]], rows)
+
+
 def read_rows(arg: dict, rows: int) -> tuple[int, int] | None:
     """The rows [r0, r1) of a parameter of `rows` rows that an operand `{"$p": name, "view": ...}` reads: all, or
     one slice along dim 0 with step 1; None for any other view."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .aten_node import read_rows
+from .aten_node import weight_rows
 from .ir import Node, TrainingGraph
 
 
@@ -17,7 +17,7 @@ def stream_in(g: TrainingGraph, n: Node, target) -> tuple[int, float, float]:
         spec = g.params[p]
         per = rows.get(p, spec.shape[0])
         row = spec.bytes // spec.shape[0]
-        r0, r1 = read_rows(n.attrs["args"][1], spec.shape[0]) if p in rows else (0, spec.shape[0])  # its rows
+        r0, r1 = weight_rows(n, spec.shape[0]) if p in rows else (0, spec.shape[0])  # its rows
         sizes += [row * min(per, r1 - r) for r in range(r0, r1, per)]
     return (sum(sizes), sum(target.page_in_time_s(b) for b in sizes),
             sum(target.page_in_energy_j(b) for b in sizes))

@@ -13,11 +13,12 @@ from math import gcd
 
 from edgetrain.compiler.errors import DeviceFitError
 
-from .aten_node import read_rows
+from .aten_node import read_rows, weight_rows
 from .costs import costed
 from .ir import TrainingGraph
 
 CONV = "aten.convolution.default"
+CONV_BACK = "aten.convolution_backward.default"
 
 
 def choose_streamed(frozen: dict[str, int], flash_room: int, ram_room: int, storage_bytes: int,
@@ -64,22 +65,29 @@ def choose_streamed(frozen: dict[str, int], flash_room: int, ram_room: int, stor
 def sliceable_weights(g: TrainingGraph) -> dict[str, int]:
     """Frozen weights that can be paged in per block of output channels: those read only as the weight of
     forward convolutions without groups (whole, or a block of its rows each: a CNN head computed by channel
-    blocks, frontend/channel_blocks.py; no backward reads them); name -> bytes of one output channel."""
+    blocks, frontend/channel_blocks.py) and of their backwards for the input's gradient alone (a block's share
+    of it); name -> bytes of one output channel."""
     trained = set(g.trainable_params)
     ok: dict[str, bool] = {}
     for n in g.nodes:
         for p in n.params:
             a = n.attrs.get("args", [])
-            conv = n.kind == "forward" and n.op == CONV and len(a) == 9 and isinstance(a[1], dict) \
-                and a[1].get("$p") == p and read_rows(a[1], g.params[p].shape[0]) is not None and a[8] == 1 \
-                and len(g.params[p].shape) == 4 and set(n.attrs) == {"args"}
+            if n.kind == "forward" and n.op == CONV and len(a) == 9:
+                w, groups = a[1], a[8]
+            elif n.kind == "backward" and n.op == CONV_BACK and len(a) == 11 and list(a[10]) == [True, False, False] \
+                    and n.attrs.get("keep") == 0:
+                w, groups = a[2], a[9]
+            else:
+                w = groups = None
+            conv = isinstance(w, dict) and w.get("$p") == p and read_rows(w, g.params[p].shape[0]) is not None \
+                and groups == 1 and len(g.params[p].shape) == 4 and set(n.attrs) - {"keep"} == {"args"}
             ok[p] = ok.get(p, True) and conv and p not in trained
     return {p: g.params[p].bytes // g.params[p].shape[0] for p, good in ok.items() if good}
 
 
 def _reader_rows(g: TrainingGraph, p: str) -> list[tuple[int, int]]:
     """The row blocks of `p` its readers read (a weight read whole: one block)."""
-    return [read_rows(n.attrs["args"][1], g.params[p].shape[0]) for n in g.nodes if p in n.params]
+    return [weight_rows(n, g.params[p].shape[0]) for n in g.nodes if p in n.params]
 
 
 def block_rows(row_bytes: int, rows: int, ram_room: int, bounds: tuple[int, ...] = ()) -> int:

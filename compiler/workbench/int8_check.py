@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 
 from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.compiler.graph.ir import TrainingGraph
-from edgetrain.compiler.graph.quantize import (Q8_CONV, Q8_DEQUANTIZE, conv_integers, int8_tiled_plan,
+from edgetrain.compiler.graph.quantize import (Q8_ADD, Q8_CONV, Q8_DEQUANTIZE, conv_integers, int8_tiled_plan,
                                                prefix_program, q8_layers)
 from edgetrain.runtime.python.int8_prefix import run_prefix
 
@@ -48,7 +48,7 @@ class Int8Reference:
         current: dict[str, np.ndarray] = {}
         for n in self.boundary:
             src = self.graph.node(n.inputs[0].name)
-            module = _conv_module(model, src)
+            module = _boundary_module(model, src, self.graph)
             module.register_forward_hook(
                 lambda m, args, out, name=n.name: torch.from_numpy(current[name]).reshape(out.shape).to(out.device, out.dtype))
 
@@ -56,6 +56,42 @@ class Int8Reference:
             current.clear()
             current.update(self.outputs(x))
         return before
+
+
+def _boundary_module(model: torch.nn.Module, node, g: TrainingGraph) -> torch.nn.Module:
+    """The module whose output is `node`: a convolution's (_conv_module), or a residual add's: the innermost module
+    above the convolution that feeds the add whose output is its input plus that convolution's (a probe on a copy
+    of the model says so; MobileNetV2's inverted residual)."""
+    if node.op != Q8_ADD:
+        return _conv_module(model, node)
+    convs = [g.node(r.name) for r in node.inputs if g.node(r.name).op == Q8_CONV]
+    for conv in convs:
+        inner = _conv_module(model, conv)
+        path = next(p for p, m in model.named_modules() if m is inner).split(".")
+        for k in range(len(path) - 1, 0, -1):
+            outer = ".".join(path[:k])
+            if _adds_to_its_input(model, outer, ".".join(path), g.input_shape):
+                return model.get_submodule(outer)
+    raise EdgetrainError(f"--check: the int8 prefix hands the float head `{node.name}` ({node.op}), a residual add "
+                         "that is no module's output (its input plus a convolution's), so the autograd reference "
+                         "cannot feed its head the integer prefix's value there; run without --check")
+
+
+def _adds_to_its_input(model: torch.nn.Module, outer: str, conv: str, input_shape) -> bool:
+    """Whether module `outer`'s output is its input plus convolution `conv`'s output, on a random batch run
+    through a copy of `model` in eval mode (the model's own running statistics untouched)."""
+    import copy
+
+    probe = copy.deepcopy(model).eval()
+    seen = {}
+    probe.get_submodule(outer).register_forward_hook(lambda m, args, out: seen.update(x=args[0], y=out))
+    probe.get_submodule(conv).register_forward_hook(lambda m, args, out: seen.update(c=out))
+    with torch.no_grad():
+        dtype = next(probe.parameters()).dtype  # the reference's (float64 where it trains in double)
+        probe(torch.randn(tuple(input_shape), generator=torch.Generator().manual_seed(0), dtype=dtype))
+    x, y, c = seen.get("x"), seen.get("y"), seen.get("c")
+    return all(isinstance(t, torch.Tensor) for t in (x, y, c)) and x.shape == y.shape == c.shape \
+        and torch.equal(y, x + c)
 
 
 def _conv_module(model: torch.nn.Module, node) -> torch.nn.Module:

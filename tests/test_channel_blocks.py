@@ -198,3 +198,87 @@ def test_a_head_whose_weight_is_streamed_by_blocks_trains_exactly_in_blocks(tmp_
     rc = cli.main(["run", str(out), "--steps", "2", "--check", "--json"])
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and res["ok"] and not res["mismatched"] and res["max_abs_err"] < 1e-6, res
+
+
+LAST_BIAS = "features.3.*bias,head.1.*,classifier.*"  # mcu_mbv2_40's last block's biases: the head's input trains
+
+
+def test_a_head_whose_input_needs_a_gradient_sums_the_blocks_shares_of_it():
+    """The stem's bias trained: the gradient flows on through the head conv. Each block's batch norm backward gives
+    its input's gradient too, the conv's backward on the block's weight rows its share of the conv input's
+    gradient, and an add chain sums the shares: the head's own gradients bitwise torch's, the stem's (a sum over
+    the head's channels in another order) within float32 rounding, not bitwise."""
+    torch.manual_seed(0)
+    model = Head().train()
+    model.stem.bias.requires_grad_(True)
+    x, y = _batch()
+    plain = capture(model, x, y)
+    assert len(find_heads(plain)) == 1
+    blocked = block_heads(plain, 3)
+    conv_back = aten.convolution_backward.default
+    assert _count(blocked, conv_back) == _count(plain, conv_back) + 2  # one per block where the head's was
+    assert _count(blocked, aten.native_batch_norm_backward.default) == 3
+    assert _count(blocked, aten.clone.default) == 6  # gamma's and beta's block gradients, out of each tuple
+    whole = [n for n in blocked.gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)
+             and n.meta["val"].dim() == 4 and n.meta["val"].shape[1] == 24 and n.meta["val"].shape[2:] != (1, 1)]
+    assert not whole
+    shares = [n for n in blocked.gm.graph.nodes if n.target is conv_back and n.args[1].target is not conv_back
+              and list(n.args[10]) == [True, False, False]]
+    assert [tuple(n.args[2].args[2:4]) for n in shares] == [(0, 8), (8, 16), (16, 24)]  # each block's weight rows
+    a, b = _run(model, plain, x, y), _run(model, blocked, x, y)
+    assert torch.equal(a[0], b[0]) and a[1].keys() == b[1].keys() and "stem.bias" in a[1]
+    for k in a[1]:
+        if k == "stem.bias":
+            torch.testing.assert_close(b[1][k], a[1][k], rtol=1e-5, atol=1e-7)
+        else:
+            assert torch.equal(a[1][k], b[1][k]), k
+    assert all(torch.equal(a[2][k], b[2][k]) for k in a[2])
+
+
+def test_python_plan_of_a_blocked_head_with_its_input_trained_is_exact_within_tolerance(tmp_path, capsys):
+    out = tmp_path / "py"
+    compile_model(CompileOptions(model="mcu_mbv2_40", target="rpi4", budget="min", out=str(out), batch_size=2,
+                                 time_limit=10.0, head_blocks=4, train=LAST_BIAS))
+    nodes = json.loads((out / "schedule.json").read_text())["graph"]["nodes"]
+    shares = [n for n in nodes if n["op"] == "aten.convolution_backward.default"
+              and n["attrs"]["args"][2].get("$p") == "head.0.weight"]
+    assert len(shares) == 4 and all(n["attrs"]["args"][10] == [True, False, False] for n in shares)
+    rc = cli.main(["run", str(out), "--steps", "2", "--check", "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and res["ok"] and not res["mismatched"] and res["max_abs_err"] < 1e-5, res
+    assert res["measured_peak_bytes"] == res["predicted_peak_bytes"] <= res["budget_bytes"]
+
+
+def test_c_firmware_of_a_blocked_head_with_its_input_trained_is_exact_within_tolerance_on_the_host(tmp_path, capsys):
+    """Uneven blocks (43, 43, 42 channels) at batch 2: each block's input-gradient share has its own shapes."""
+    out = tmp_path / "c"
+    compile_model(CompileOptions(model="mcu_mbv2_40", input_shape=(3, 16, 16), target="nrf52840", budget="auto",
+                                 emit="c", out=str(out), batch_size=2, time_limit=10.0, head_blocks=3,
+                                 train=LAST_BIAS))
+    assert (out / "plan.c").read_text().count("et_conv2d_backward_input(") >= 3
+    rc = cli.main(["run", str(out), "--steps", "2", "--check", "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and res["ok"] and not res["mismatched"] and res["max_abs_err"] < 1e-5, res
+
+
+def test_a_head_weight_read_for_the_inputs_gradient_too_is_streamed_by_blocks():
+    """The head's input trained: its weight is read by each block's conv and by each block's input-gradient
+    backward, every one of them its own rows, so it still pages in by blocks (half of them the backward's)."""
+    from edgetrain.compiler.frontend.modelspec import resolve
+    from edgetrain.compiler.frontend.train_select import select_and_apply
+    from edgetrain.compiler.model_graph import capture_step
+
+    m = resolve("mcu_mbv2_40")
+    model = m.module.train()
+    select_and_apply(model, LAST_BIAS)
+    opts = StageOptions(model="mcu_mbv2_40", target="nrf52840", budget="auto", out="unused", batch_size=1,
+                        train=LAST_BIAS)
+    g = capture_step(opts, m, model, torch.randn(1, 3, 40, 40), 0).graph(4)
+    w = "head.0.weight"
+    assert w in sliceable_weights(g)
+    s = stream_weights(g, [w], ram_room=10**6)
+    readers = [n for n in s.nodes if w in n.streamed]
+    assert sorted(n.op for n in readers) == ["aten.convolution.default"] * 4 + ["aten.convolution_backward.default"] * 4
+    row = g.params[w].bytes // 128
+    assert all(n.attrs["stream_rows"][w] == 32 and stream_in(s, n, load_target("nrf52840"))[0] == 32 * row
+               for n in readers)

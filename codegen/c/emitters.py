@@ -98,8 +98,8 @@ def _conv_bwd(c: OpCase, ctx: Context, out) -> list[str]:
     k = ctx.struct("et_conv2d_shape", w["param"], None)  # the forward's, by the weight they share
     lines = []
     if a["output_mask"][0] and out is not None:  # first: it reads the weights before the update
-        # its own shapes: a block of a head's rows is not its weight's first reader's (uneven blocks)
-        k = ctx.struct("et_conv2d_shape", w["param"], conv_shape(out.shape, w["t"].shape, gy.shape, a))
+        if w.get("view"):  # a block of a head's weight rows: its own shapes, not the weight's first reader's
+            k = ctx.struct("et_conv2d_shape", w["param"], conv_shape(out.shape, w["t"].shape, gy.shape, a))
         lines.append(f"et_conv2d_backward_input({k}, {ctx.contiguous(gy, 'the output gradient')}, {ctx.param(w)}, "
                      f"{ctx.ptr(out)});")
     wname, bname = _updated(c, 1), _updated(c, 2)

@@ -13,6 +13,14 @@ new running statistics concatenated (C floats each). Each block's tensors are gr
 the solver keeps, recomputes (a frozen conv needs nothing saved) or pages like any other. The kernels are
 eager's own on channel slices: every value is a per-channel computation, so nothing is summed in another order.
 
+Where the conv's input needs a gradient (a layer before the head trains), each block's batch norm backward gives
+its input's gradient too, the conv's backward on the block's weight rows (input gradient only) the block's share
+of the conv input's gradient, and an add chain sums the shares (the adds over the dying sum where the backend
+writes in place). That gradient, and every one before it, is then a sum over the output channels in another
+order than torch's one convolution backward: within float32 rounding, not bitwise. The block's gamma and beta
+gradients are copied out of the batch norm backward's tuple, which lives as one tensor to its last reader, so
+that it dies at the block's conv backward rather than at the concatenation after every block.
+
 A graph that does not have the pattern, exactly, is left as it was.
 """
 from __future__ import annotations

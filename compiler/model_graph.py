@@ -178,7 +178,8 @@ class JointStep:
             widths = " or ".join(map(str, sorted({c1 - c0 for c0, c1 in spans}, reverse=True)))
             where = self.cap.sources.get(h.conv.name)
             said.append(f"{f'at {where} ' if where else ''}(conv, batch norm, {h.act.target.__name__.split('.')[0] + ', ' if h.act else ''}"
-                        f"mean; {h.channels} channels) in {len(spans)} blocks of {widths} channels")
+                        f"mean; {h.channels} channels) in {len(spans)} blocks of {widths} channels"
+                        + (", the input's gradient summed over the blocks" if h.grad_x is not None else ""))
         return "computing the head " + "; ".join(said) + ", forward and backward"
 
 

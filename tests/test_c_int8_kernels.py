@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import int8_kernels as harness  # noqa: E402
 
 C_DIR = ROOT / "runtime" / "c"
-Q8_SOURCES = sorted((C_DIR / "kernels").glob("q8_*.c"))
+# q8_patch.c reads a tile's crop of the batch through the input reader (storage_input.c)
+Q8_SOURCES = [*sorted((C_DIR / "kernels").glob("q8_*.c")), C_DIR / "storage_input.c"]
 WARN = ["-Wall", "-Wextra", "-Werror", "-std=c99", "-pedantic", "-Wvla"]
 BOARD = load_board(DEFAULT_BOARD)
 

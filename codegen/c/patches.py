@@ -20,6 +20,17 @@ def _count(shape_n: int, c: int, r) -> int:
     return shape_n * c * (r[1] - r[0]) * (r[3] - r[2])
 
 
+def _conv_shape(n: int, shapes, i: int, g: dict, r, op: dict, kernel) -> str:
+    """A tile's convolution shape as a C designated initializer: its operand patch (padding made explicit, so
+    none left) into output region `r` of tensor i + 1 (float and int8 patches alike)."""
+    kh, kw = kernel
+    fields = dict(n=n, c_in=shapes[g["from"]][1], h_in=g["pad"][0] + g["crop"][1] + g["pad"][1],
+                  w_in=g["pad"][2] + g["crop"][3] + g["pad"][3], c_out=shapes[i + 1][1], h_out=r[1] - r[0],
+                  w_out=r[3] - r[2], k_h=kh, k_w=kw, stride_h=op["stride"][0], stride_w=op["stride"][1],
+                  pad_h=0, pad_w=0, dil_h=op["dilation"][0], dil_w=op["dilation"][1], groups=op["groups"])
+    return ", ".join(f".{k} = {v}" for k, v in fields.items())
+
+
 def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, reader: str | None = None) -> list[str]:
     """`node` (op edgetrain.patch_forward) as C: its input at `offsets[input]` (or, with `reader`, the C expression
     of an `et_input_reader *`, read from storage), its output at `offsets[name]`, its workspace at
@@ -63,16 +74,9 @@ def emit_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, reader:
             r = reg[i + 1]
             count = _count(n, shapes[i + 1][1], r)
             if op["op"] == "conv":
-                g = gathers[0]
-                a = g["from"]
                 w = params[op["weight"]]
-                kh, kw = param_shapes[w]["shape"][2:]
-                fields = dict(n=n, c_in=shapes[a][1], h_in=g["pad"][0] + g["crop"][1] + g["pad"][1],
-                              w_in=g["pad"][2] + g["crop"][3] + g["pad"][3], c_out=shapes[i + 1][1], h_out=r[1] - r[0],
-                              w_out=r[3] - r[2], k_h=kh, k_w=kw, stride_h=op["stride"][0], stride_w=op["stride"][1],
-                              pad_h=0, pad_w=0, dil_h=op["dilation"][0], dil_w=op["dilation"][1], groups=op["groups"])
                 bias = "NULL" if op["bias"] is None else ctx.pident[params[op["bias"]]]
-                shape = ", ".join(f".{k} = {v}" for k, v in fields.items())  # each tile's own: a literal
+                shape = _conv_shape(n, shapes, i, gathers[0], r, op, param_shapes[w]["shape"][2:])  # each tile's own
                 # In a block of its own: a compound literal lives to the end of its block, and hundreds of them
                 # in the step's function scope took 30 KB of stack (a 16 KB stack: a fault under QEMU).
                 lines.append(f"{{ et_conv2d_forward(&(const et_conv2d_shape){{{shape}}}, {ptrs[0]}, "
@@ -141,16 +145,11 @@ def emit_q8_patches(node, offsets: dict[str, int], ctx, param_shapes: dict, tabl
                              f"{cy}, {ch}, {cx}, {cw}, {top}, {bottom}, {left}, {right}, {pad}, {dst});")
                 ptrs.append(dst)
             if op["op"] == "q8_conv2d":
-                g, layer = gathers[0], plan["replaces"][i]
-                kh, kw = param_shapes[q["weight"]]["shape"][2:]
-                fields = dict(n=n, c_in=shapes[g["from"]][1], h_in=g["pad"][0] + g["crop"][1] + g["pad"][1],
-                              w_in=g["pad"][2] + g["crop"][3] + g["pad"][3], c_out=shapes[i + 1][1], h_out=r[1] - r[0],
-                              w_out=r[3] - r[2], k_h=kh, k_w=kw, stride_h=op["stride"][0], stride_w=op["stride"][1],
-                              pad_h=0, pad_w=0, dil_h=op["dilation"][0], dil_w=op["dilation"][1], groups=op["groups"])
+                layer = plan["replaces"][i]
                 if layer not in tables:
                     tables[layer] = requant_table(layer, q, namer(layer, "q"))
                 bias = ctx.pident[q["bias"]] if q["bias"] else "NULL"
-                shape = ", ".join(f".{key} = {v}" for key, v in fields.items())
+                shape = _conv_shape(n, shapes, i, gathers[0], r, op, param_shapes[q["weight"]]["shape"][2:])
                 lines.append(f"{{ et_q8_conv2d_forward(&(const et_conv2d_shape){{{shape}}}, {ptrs[0]}, {q['x_zp']}, "
                              f"{ctx.pident[q['weight']]}, {bias}, &{tables[layer]['ident']}, {scratch}, {out}); }}")
             elif op["op"] == "q8_relu6":

@@ -171,8 +171,8 @@ class CallWriter:
         items = [literal(node["name"]), op, *self.arguments(attrs)]
         known = {"args", "kwargs", "keep", "aux", "scratch", "updates", "then", "seed_key", "loss_item", "dying",
                  "into"}
-        if node["op"] == FUSED_OP:
-            known = {"args", "chain"}
+        if node["op"] == FUSED_OP:  # a batch norm's keeps its statistics, updates its running ones
+            known = {"args", "chain"} | ({"recompute", "keep", "aux", "updates"} if "recompute" in attrs else set())
         unknown = sorted(set(attrs) - known)
         if unknown:
             raise ValueError(f"node {node['name']}: attrs {unknown} have no Python form")

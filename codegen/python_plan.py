@@ -149,7 +149,12 @@ def render_plan_text(schedule: dict, schedule_file: str = "schedule.json") -> st
     kernels = []  # each fused node's chain, bound once
     by_kernel = {names.kernel(n["name"]): n for n in nodes if n["op"] == FUSED_OP}
     for ident, n in by_kernel.items():
-        kernels += statement(f"{ident} = ", Group("kernel(", (_layout(n["attrs"]["chain"]),), ")"), indent=0)
+        again = n["attrs"].get("recompute")  # a batch norm's recompute from its held statistics
+        items = (_layout(n["attrs"]["chain"]),)
+        if again:
+            e = _layout(again)
+            items += (Group(f"recompute={e.open}", e.items, e.close),)
+        kernels += statement(f"{ident} = ", Group("kernel(", items, ")"), indent=0)
     plan_lines = []
     for k, v in plan.items():
         lines = statement(f'"{k}": ', _layout(v))

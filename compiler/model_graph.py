@@ -19,6 +19,7 @@ from .frontend.modelspec import resolve
 from .graph.clamp_backward import read_clamp_output
 from .graph.costs import costed
 from .graph.fuse_chains import channels_last_convolutions, fuse_pointwise_chains
+from .graph.norm_recompute import hold_norm_statistics
 from .graph.inplace import mark_in_place
 from .graph.streaming import choose_streamed, sliceable_weights, stream_weights
 from .graph.workspace import applies as scratch_applies, scratch_threads
@@ -64,6 +65,7 @@ def trace_model(opts: CompileOptions, target, backend, device_check: bool = True
         graph, _ = read_clamp_output(graph)
     if opts.fuse:  # before profiling: a measured target times each chain as its kernel runs it
         graph, _ = fuse_pointwise_chains(graph)
+        graph, _ = hold_norm_statistics(graph)  # a batch norm (and its activation) recomputes from its statistics
         graph = channels_last_convolutions(graph)
     graph = mark_in_place(graph, backend.in_place)  # on the graph's final nodes (a fused chain is not marked)
     measured = None

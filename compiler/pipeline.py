@@ -86,7 +86,7 @@ def summary(req: Request, done: Compiled) -> dict:
         "interrupted": r.result.solver.get("status") == "interrupted",  # Ctrl-C: the best schedule found by then
         "emit": opts.emit,
         "fused_kernels": sum(n.op == FUSED_OP for n in p.graph.nodes),  # --fuse: chains run as generated kernels
-        "fused_ops": sum(len(n.attrs["chain"]) for n in p.graph.nodes if n.op == FUSED_OP),
+        "fused_ops": sum("op" in s for n in p.graph.nodes if n.op == FUSED_OP for s in n.attrs["chain"]),
         "memory_format": p.graph.memory_format,  # --fuse on a convolutional model: channels_last
         "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }

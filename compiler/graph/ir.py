@@ -82,6 +82,11 @@ class Node:
     updates: tuple[str, ...] = ()  # parameters whose optimizer step runs right after this node
     # Frozen parameters this node reads from storage: paged into its workspace before each (re)computation.
     streamed: tuple[str, ...] = ()
+    # A recompute that does less than the first computation (a batch norm normalising from the statistics it
+    # kept: graph/norm_recompute.py): its FLOPs, and the time and energy the target gives them; None: as the node
+    recompute_flops: int | None = None
+    recompute_time_s: float | None = None
+    recompute_energy_j: float | None = None
 
     @property
     def bytes(self) -> int:
@@ -109,6 +114,16 @@ class Node:
     def recomputable(self) -> bool:
         return self.kind in ("forward", "loss")
 
+    @property
+    def rec_time_s(self) -> float:
+        """Seconds of one recompute of the node (every computation after its first)."""
+        return self.time_s if self.recompute_time_s is None else self.recompute_time_s
+
+    @property
+    def rec_energy_j(self) -> float:
+        """Joules of one recompute of the node."""
+        return self.energy_j if self.recompute_energy_j is None else self.recompute_energy_j
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["inputs"] = [r.to_json() for r in self.inputs]
@@ -123,6 +138,9 @@ class Node:
             del d["streamed"]
         if not self.update_temporary_bytes:  # so do nodes whose updates allocate nothing
             del d["update_temporary_bytes"]
+        for k in ("recompute_flops", "recompute_time_s", "recompute_energy_j"):
+            if d[k] is None:  # and nodes recomputed as they were first computed
+                del d[k]
         return d
 
     @staticmethod

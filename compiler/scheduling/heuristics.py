@@ -76,7 +76,7 @@ def dtr(g: TrainingGraph, lv: Liveness, budget_bytes: int) -> Decisions | None:
     """
     size, B0 = lv.size, lv.B0
     last_use = {i: lv.end[i] for i in lv.decision}
-    energy = {i: g.node(i).energy_j for i in lv.decision}
+    energy = {i: g.node(i).rec_energy_j for i in lv.decision}
     pinned = {i for i in lv.decision if not lv.recomputable(i)}
 
     def cost(i: str, resident: set[str], seen: set[str]) -> float:

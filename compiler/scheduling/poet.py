@@ -153,7 +153,7 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
             if t < opened:
                 continue
             if can_recompute[i] and t <= lv.recompute_until[i]:
-                R[t, i] = var(f"R[{t},{i}]", ("R", i, t), cost=node[i].energy_j)
+                R[t, i] = var(f"R[{t},{i}]", ("R", i, t), cost=node[i].rec_energy_j)
             # A page-in where nothing can read the tensor is dominated: paging it in at its next read instead
             # costs the same and holds less memory at every instant in between.
             if paging and (t in read_at[i] or not prune):
@@ -253,7 +253,7 @@ def build(g: TrainingGraph, lv: Liveness, target, budget_bytes: int, deadline_s:
     base_time = sum(n.time_s for n in g.nodes)
     base_energy = sum(n.energy_j for n in g.nodes)
     if deadline_s is not None:
-        terms = [(j, node[i].time_s) for (t, i), j in R.items()]
+        terms = [(j, node[i].rec_time_s) for (t, i), j in R.items()]
         terms += [(j, target.page_out_time_s(lv.size[i])) for i, j in PO.items()]
         terms += [(j, target.page_in_time_s(lv.size[i])) for (t, i), j in P.items()]
         terms += [(F[w], sum(w in ws for ws in reads_of.values()) * target.page_in_time_s(stream[w])) for w in F]

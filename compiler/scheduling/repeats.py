@@ -131,8 +131,8 @@ def restriction(g: TrainingGraph, lv: Liveness, blocks: Blocks, tie: bool = True
         o = begins[k]
         n = nodes[i]
         rel = lambda t: None if t is None else t - o  # noqa: E731
-        return (lv.size[i], n.energy_j, n.time_s, rel(out.opens[i]), rel(lv.window_end[i]),
-                rel(lv.recompute_until.get(i)), tuple(rel(t) for t in read.get(i, ())),
+        return (lv.size[i], n.energy_j, n.time_s, n.rec_energy_j, n.rec_time_s, rel(out.opens[i]),
+                rel(lv.window_end[i]), rel(lv.recompute_until.get(i)), tuple(rel(t) for t in read.get(i, ())),
                 tuple(_where(inp, stage, blocks, k) for inp in lv.inputs_of[i]))
 
     reps: list[tuple[int, list]] = []

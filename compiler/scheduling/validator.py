@@ -113,8 +113,9 @@ def validate(g: TrainingGraph, steps: list, target, budget_bytes: int | None, *,
             live += new
             computed.add(n.name)
             updated_params.update(n.updates)
-            time_s += n.time_s  # with the page-in of its streamed weights, which paging_time also counts
-            energy += n.energy_j
+            again = st.action == "recompute"  # a recompute may cost less than the first computation
+            time_s += n.rec_time_s if again else n.time_s  # with its streamed weights' page-in (paging_time too)
+            energy += n.rec_energy_j if again else n.energy_j
             if n.streamed:
                 streamed, dt, _ = stream_in(g, n, target)
                 paged += streamed

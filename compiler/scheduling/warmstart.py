@@ -60,7 +60,7 @@ def _bring_costs(g: TrainingGraph, lv: Liveness, target, keep: set[str], paging:
         page = (target.page_in_energy_j(lv.size[i]) + target.page_out_energy_j(lv.size[i])) if paging else None
         rec = None
         if lv.recomputable(i):
-            rec = g.node(i).energy_j + sum(0.0 if j in keep else fetch[j] for j in lv.inputs_of[i])
+            rec = g.node(i).rec_energy_j + sum(0.0 if j in keep else fetch[j] for j in lv.inputs_of[i])
         if page is not None and (rec is None or page < rec):
             page_first.add(i)
             cost[i], fetch[i] = page, target.page_in_energy_j(lv.size[i])

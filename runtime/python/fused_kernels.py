@@ -7,6 +7,12 @@ output is the node's. The kernel returns that one tensor, freshly allocated, and
 never exist in memory (inductor computes the chain in one loop), so the plan's ledger, which counts the node's
 output alone, counts every byte the call allocates (tests/test_fused_kernels.py holds it to that).
 
+A batch norm that recomputes from its held statistics (compiler/graph/norm_recompute.py) has two: its "chain"
+is its first computation, torch's own ops run as they are (the batch norm, then its activation in place on its
+output; {"$c": j, "item": i} item i of step j, a last {"returns": [...]} the node's outputs), and its "recompute"
+{"args", "chain"} the normalise (and activation) pass as one generated kernel, its arguments the node's operand
+and the statistics it kept ({"$aux": i}).
+
 A generated kernel is not bitwise eager's (vectorised exp, reordered arithmetic): a plan with fused nodes is
 checked against autograd within FUSED_RTOL (compiler/workbench/run.py says so in its report).
 """
@@ -42,12 +48,13 @@ def _state_names(v, found: list) -> None:
 
 def _chain_fn(chain: list, state: list, device):
     """The chain as a Python function of its operands and then the state it reads (aten ops called in order)."""
-    steps = [(aten_call.resolve(s["op"]), s.get("args", []), s.get("kwargs") or {}) for s in chain]
+    returns = chain[-1]["returns"] if "returns" in chain[-1] else None
+    steps = [(aten_call.resolve(s["op"]), s.get("args", []), s.get("kwargs") or {}) for s in chain if "op" in s]
 
     def put(v, ins, outs, n):
         if isinstance(v, dict):
             if "$c" in v:
-                return outs[v["$c"]]
+                return outs[v["$c"]] if "item" not in v else outs[v["$c"]][v["item"]]
             if "$t" in v:
                 return ins[v["$t"]]
             if "$p" in v or "$b" in v:  # a parameter or buffer: an input of the kernel, never a constant of it
@@ -68,7 +75,7 @@ def _chain_fn(chain: list, state: list, device):
         for fn, args, kwargs in steps:
             outs.append(fn(*[put(a, ins, outs, n) for a in args],
                            **{k: put(v, ins, outs, n) for k, v in kwargs.items()}))
-        return outs[-1]
+        return outs[-1] if returns is None else tuple(put(v, ins, outs, n) for v in returns)
 
     return run
 
@@ -110,11 +117,21 @@ def _compiled(key: tuple, fn, args: tuple):
 
 
 class Call(aten_call.Call):
-    """A fused node's call in aten_call.Call's form: its operands passed to the kernel in order."""
+    """A fused node's call in aten_call.Call's form: its arguments (operands, then aux items) passed to the kernel
+    in order. `first`: the node's first computation, else a recompute (they differ where the node has a
+    "recompute": a batch norm's first computation runs torch's ops, its recompute the generated kernel)."""
 
-    def __init__(self, attrs: dict, params: dict, buffers: dict, device, eager: bool = False) -> None:
+    def __init__(self, attrs: dict, params: dict, buffers: dict, device, eager: bool = False,
+                 first: bool = True) -> None:
         self.op, self.params, self.buffers, self.device = FUSED_OP, params, buffers, device
-        self.fn = Kernel(attrs["chain"], params, buffers, device, eager)
-        n = len(attrs.get("args", []))
-        self.args, self.operands, self.slots = [None] * n, tuple((k, k) for k in range(n)), ()
+        chain, args = attrs["chain"], attrs.get("args", [])
+        again = attrs.get("recompute")
+        if again is not None and first:
+            eager = True  # the statistics and running statistics torch's own, bit for bit
+        elif again is not None:
+            chain, args = again["chain"], again["args"]
+        self.fn = Kernel(chain, params, buffers, device, eager)
+        self.args = [None] * len(args)
+        self.operands = tuple((pos, v["$t"]) for pos, v in enumerate(args) if "$t" in v)
+        self.slots = tuple((pos, v) for pos, v in enumerate(args) if "$t" not in v)  # aux items, per call
         self.kwargs, self.kwargs_template, self.seed_key, self.mask = {}, None, None, None

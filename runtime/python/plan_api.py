@@ -215,19 +215,20 @@ def fused(op, *args, **keywords) -> Fused:
 
 
 class Kernel:
-    """A fused node's kernel (`kernel(chain)`): its chain of pointwise aten ops in the schedule's form
-    (runtime/python/fused_kernels.py), called like an op on the node's operands. Bound once, at import."""
-    __slots__ = ("chain",)
+    """A fused node's kernel (`kernel(chain)`): its chain of aten ops in the schedule's form
+    (runtime/python/fused_kernels.py), called like an op on the node's operands; `recompute`, where its
+    recompute runs another kernel (a batch norm's from its held statistics). Bound once, at import."""
+    __slots__ = ("chain", "recompute")
 
-    def __init__(self, chain: list) -> None:
-        self.chain = chain
+    def __init__(self, chain: list, recompute: dict | None = None) -> None:
+        self.chain, self.recompute = chain, recompute
 
     def __repr__(self) -> str:
-        return "kernel(" + ", ".join(s["op"] for s in self.chain) + ")"
+        return "kernel(" + ", ".join(s["op"] for s in self.chain if "op" in s) + ")"
 
 
-def kernel(chain: list) -> Kernel:
-    return Kernel(chain)
+def kernel(chain: list, recompute: dict | None = None) -> Kernel:
+    return Kernel(chain, recompute)
 
 
 # -- a call back into the schedule node's form ---------------------------------------------------------------
@@ -341,10 +342,14 @@ def node_of(op, args: tuple, keywords: dict) -> tuple[str, list, dict, str | Non
     meta = {k: keywords[k] for k in keywords if k in NODE_KEYWORDS}
     attrs = node.call(args, {k: v for k, v in keywords.items() if k not in NODE_KEYWORDS})
     if type(op) is Kernel:
-        if meta:
-            raise TypeError(f"a fused kernel's call takes its operands only, not {sorted(meta)}")
+        extra = set(meta) - ({"keep", "aux", "updates"} if op.recompute is not None else set())
+        if extra:
+            raise TypeError(f"a fused kernel's call takes its operands only, not {sorted(extra)}")
         attrs["chain"] = op.chain
-        return FUSED_OP, node.inputs, attrs, node.aux_of
+        if op.recompute is not None:  # a batch norm's: it keeps its statistics and updates its running ones
+            attrs["recompute"] = op.recompute
+        else:
+            return FUSED_OP, node.inputs, attrs, node.aux_of
     if "keep" in meta:
         attrs["keep"] = meta["keep"]
     if "aux" in meta:
@@ -386,4 +391,4 @@ def node_of(op, args: tuple, keywords: dict) -> tuple[str, list, dict, str | Non
         if type(r) is not Ref or r.name not in node.inputs:
             raise ValueError(f"into= names an operand of the call as it is, not {r!r}")
         attrs["into"] = node.inputs.index(r.name)
-    return op_name(op), node.inputs, attrs, node.aux_of
+    return (FUSED_OP if type(op) is Kernel else op_name(op)), node.inputs, attrs, node.aux_of

@@ -139,6 +139,8 @@ def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: 
         buffer_call = aten_call.Call(inplace.BUFFER_UPDATES[op][0], attrs, params, buffers, device)
         buffer_outs = {u["item"]: buffers[u["buffer"]] for u in specs}
     into, into_call = attrs.get("into"), None
+    # a recompute that normalises from the statistics the node's first computation kept (held as its aux)
+    again = not first and op == fused_kernels.FUSED_OP and "recompute" in attrs
     if into is not None:
         variant, into_attrs = inplace.counted_attrs(op, attrs)
         into_call = aten_call.Call(variant, into_attrs, params, buffers, device)
@@ -150,8 +152,8 @@ def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: 
                 operands=tuple((r, None) if isinstance(r, str) else (r["t"], aten_call.prepared_view(r.get("view")))
                                for r in inputs),
                 plain=[isinstance(r, str) for r in inputs],
-                aux_name=f"{aux_of}.aux" if aux_of is not None else None,
-                call=fused_kernels.Call(attrs, params, buffers, device) if op == fused_kernels.FUSED_OP
+                aux_name=f"{aux_of}.aux" if aux_of is not None else (f"{name}.aux" if again else None),
+                call=fused_kernels.Call(attrs, params, buffers, device, first=first) if op == fused_kernels.FUSED_OP
                 else aten_call.Call(op, attrs, params, buffers, device),
                 buffer_call=buffer_call, buffer_outs=buffer_outs, dying="dying" in attrs,
                 keep_list=isinstance(keep, list), held_items=held, aux_items=aux_items, kept=kept,

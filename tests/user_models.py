@@ -218,6 +218,25 @@ class ConvBnReluPool(nn.Module):
         return self.net(x)
 
 
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block over 3x16x16 images: a conv-BN-ReLU6 stem, then 1x1 expand, depthwise 3x3 (each with
+    BN and ReLU6), a 1x1 projection with its BN alone and a residual add; average pool, a linear head."""
+
+    input_shape, num_classes = (3, 16, 16), 5
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+        self.block = nn.Sequential(nn.Conv2d(8, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU6(),
+                                   nn.Conv2d(32, 32, 3, padding=1, groups=32, bias=False), nn.BatchNorm2d(32),
+                                   nn.ReLU6(), nn.Conv2d(32, 8, 1, bias=False), nn.BatchNorm2d(8))
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        return self.head((x + self.block(x)).mean((2, 3)))
+
+
 # -- written as users write them: no num_classes anywhere; the class count is read from the output ----------
 
 def image_classifier():

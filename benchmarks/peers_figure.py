@@ -12,7 +12,8 @@ from edgetrain.compiler.workbench.figures import mpl, save  # noqa: E402
 
 STYLES = {"eager": dict(color="black", marker="o"), "eager-optim-hook": dict(color="tab:gray", marker="s"),
           "checkpoint": dict(color="tab:purple", marker="v"), "compile": dict(color="tab:orange", marker="D"),
-          "edgetrain": dict(color="tab:blue", marker="^"), "edgetrain-fused": dict(color="tab:green", marker="P")}
+          "edgetrain": dict(color="tab:blue", marker="^"), "edgetrain-fused": dict(color="tab:green", marker="P"),
+          "edgetrain-fused-recompute": dict(color="tab:olive", marker="X")}
 
 
 def points(rows: list[dict], model: str) -> list[dict]:

@@ -87,6 +87,8 @@ def summary(req: Request, done: Compiled) -> dict:
         "emit": opts.emit,
         "fused_kernels": sum(n.op == FUSED_OP for n in p.graph.nodes),  # --fuse: chains run as generated kernels
         "fused_ops": sum("op" in s for n in p.graph.nodes if n.op == FUSED_OP for s in n.attrs["chain"]),
+        # of which batch norms (with their activations) that recompute from their held statistics
+        "held_norms": sum(n.op == FUSED_OP and "recompute" in n.attrs for n in p.graph.nodes),
         "memory_format": p.graph.memory_format,  # --fuse on a convolutional model: channels_last
         "threads": scratch_threads(target),  # the CPU threads the plan trains with, its kernel scratch counted for
     }

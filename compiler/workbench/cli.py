@@ -178,8 +178,9 @@ def _parser() -> argparse.ArgumentParser:
                         "runtime/c (Cortex-M: plan.c/plan.h, drivers, Makefile)")
     exact = c.add_mutually_exclusive_group()
     exact.add_argument("--fuse", action="store_true",
-                       help="Python plans: run chains of pointwise ops as kernels torch's inductor generates (compiled "
-                            "at the plan's first step, kept for the process); checked within a tolerance, not bitwise")
+                       help="Python plans: run chains of pointwise ops, and batch norms' recomputes from their held "
+                            "statistics, as kernels torch's inductor generates (compiled at the plan's first step, kept "
+                            "for the process); checked within a tolerance, not bitwise")
     exact.add_argument("--exact", action="store_true",
                        help="every op torch's own eager kernel, bitwise as autograd (the default)")
     c.add_argument("--out", required=True)

@@ -84,8 +84,12 @@ def print_human(cmd: str, r: dict) -> None:
                   + (f" ({r['tokens_per_s']:.4g} tokens/s)" if r.get("tokens_per_s") else "") + "; "
                   f"{r['recomputes']} recomputes, {r['page_ins']} page-ins, {r['page_outs']} page-outs")
         if r.get("fused_kernels"):
-            con.print(f"fused: {r['fused_kernels']} chains of {r['fused_ops']} pointwise ops run as inductor kernels "
-                      "(checked within a tolerance, not bitwise)")
+            norms = r.get("held_norms", 0)
+            chains = r["fused_kernels"] - norms
+            con.print("fused: " + ", ".join(
+                ([f"{chains} chains of pointwise ops run as inductor kernels"] if chains else [])
+                + ([f"{norms} batch norms recomputing from their held statistics as inductor kernels"] if norms else []))
+                + " (checked within a tolerance, not bitwise)")
         if r.get("memory_format", "contiguous") != "contiguous":
             con.print(f"layout: convolution weights {r['memory_format']}, activations following them "
                       "(checked within a tolerance, not bitwise)")

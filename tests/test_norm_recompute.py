@@ -10,6 +10,7 @@ compiles C++ on the CPU: one small model, compiled once for the module.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 from edgetrain.compiler.graph.fuse_chains import fuse_pointwise_chains
+from edgetrain.compiler.graph.liveness import analyze
 from edgetrain.compiler.graph.norm_recompute import NORM_FORWARD, hold_norm_statistics
 from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
 from edgetrain.compiler.schedule_file import format as schedule_format
@@ -84,6 +86,19 @@ def test_each_batch_norm_holds_its_statistics_for_its_recompute(graphs):
     backward = [n for n in held.nodes if n.aux_of is not None]
     assert len(backward) == 4 and {n.aux_of for n in backward} == {n.name for n in norms}
     assert len(held.nodes) == len(plain.nodes) - 3
+
+
+def test_a_batch_norm_recomputes_only_while_its_statistics_are_held(graphs):
+    """With no optimizer step at its backward (frozen weight and bias) nothing else bounds a batch norm's
+    recompute: its statistics, freed after their reader, still do."""
+    _, held, _ = graphs
+    frozen = replace(held, nodes=[replace(n, updates=()) for n in held.nodes])
+    lv = analyze(frozen)
+    norms = [n.name for n in frozen.nodes if "recompute" in n.attrs and n.name in lv.recompute_until]
+    assert norms
+    for name in norms:
+        reader = next(t for t, m in enumerate(frozen.nodes) if m.aux_of == name)
+        assert lv.recompute_until[name] <= reader
 
 
 def _node(graphs, joined: bool):

@@ -105,6 +105,8 @@ def analyze(g: TrainingGraph) -> Liveness:
             # An operand with a fixed life (the labels; nothing a schedule decides about) is gone after its last
             # reader: a recompute after that would read a freed tensor.
             fixed = [end[r.name] for r in node.inputs if r.name not in dset and size.get(r.name, 0)]
+            if "recompute" in node.attrs:  # it recomputes from its own statistics: only while they are held
+                fixed.append(end[f"{name}.aux"])
             recompute_until[name] = min([window_end[name], update_stage.get(name, T)] + fixed)
     needs = {t: [r.name for r in g.nodes[t].inputs if r.name in dset] for t in range(L + 1, T)}
     needs = {t: list(dict.fromkeys(v)) for t, v in needs.items()}

@@ -19,6 +19,7 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 from edgetrain.compiler.graph.fuse_chains import fuse_pointwise_chains
+from edgetrain.compiler.graph.ir import Node, TensorRef
 from edgetrain.compiler.graph.liveness import analyze
 from edgetrain.compiler.graph.norm_recompute import NORM_FORWARD, hold_norm_statistics
 from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
@@ -89,16 +90,17 @@ def test_each_batch_norm_holds_its_statistics_for_its_recompute(graphs):
 
 
 def test_a_batch_norm_recomputes_only_while_its_statistics_are_held(graphs):
-    """With no optimizer step at its backward (frozen weight and bias) nothing else bounds a batch norm's
-    recompute: its statistics, freed after their reader, still do."""
+    """With no optimizer step at its backward (frozen weight and bias) and a reader of its output after that
+    backward, nothing else bounds a batch norm's recompute: its statistics, freed after their reader, still do."""
     _, held, _ = graphs
-    frozen = replace(held, nodes=[replace(n, updates=()) for n in held.nodes])
+    stem = next(n for n in held.nodes if "recompute" in n.attrs)
+    late = Node(name="late", kind="backward", op="aten.relu.default", inputs=(TensorRef(stem.name),),
+                attrs={"args": [{"$t": 0}]}, shape=stem.shape)
+    frozen = replace(held, nodes=[replace(n, updates=()) for n in held.nodes] + [late])
     lv = analyze(frozen)
-    norms = [n.name for n in frozen.nodes if "recompute" in n.attrs and n.name in lv.recompute_until]
-    assert norms
-    for name in norms:
-        reader = next(t for t, m in enumerate(frozen.nodes) if m.aux_of == name)
-        assert lv.recompute_until[name] <= reader
+    reader = next(t for t, m in enumerate(frozen.nodes) if m.aux_of == stem.name)
+    assert lv.window_end[stem.name] > reader
+    assert stem.name in lv.recompute_until and lv.recompute_until[stem.name] <= reader
 
 
 def _node(graphs, joined: bool):

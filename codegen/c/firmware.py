@@ -4,7 +4,8 @@ Everything comes from schedule.json and weights.safetensors; no solver runs here
 schedule become straight-line kernel calls at literal offsets of one static arena, whose offsets the
 planner in `arena.py` packs from the steps' lifetimes (`lifetimes.py`). Parameters are C initializers, and
 frozen weights the graph streams from storage are written as CRC-checked blocks to storage/ (the SD card's
-files; both `flash_data.py`) and paged into the arena before each computation that reads them. If the packed
+files; both `flash_data.py`; an int8 prefix's in their integer bytes) and paged into the arena before each
+computation that reads them. If the packed
 arena plus the parameters and momentum buffers would exceed the budget, rendering fails with the figures: no
 firmware that can overflow is ever written.
 """

@@ -1,6 +1,6 @@
 """The plan's constant data: the parameters' and buffers' initial values as C initializers (float32 as stored, an
 int8 prefix's int8 weights and int32 biases computed from them), and the streamed weights' CRC-checked blocks for
-the device's page store."""
+the device's page store (in the dtype the kernels read: an int8 prefix's the same integers)."""
 from __future__ import annotations
 
 import os

@@ -72,15 +72,20 @@ def _compile(out: Path, target: str, budget: str) -> dict:
                                         quantize_frozen="int8"))
 
 
+def _flash_profile(root: Path, flash: int) -> str:
+    """The nRF52840's profile with `flash` bytes of flash."""
+    text = (Path(targets.__file__).parent / "profiles" / "nrf52840.toml").read_text()
+    profile = root / "small-flash.toml"
+    profile.write_text(text.replace('name = "nrf52840"', 'name = "small-flash"').replace(
+        "flash_bytes = 1_048_576", f"flash_bytes = {flash}"))
+    return str(profile)
+
+
 @pytest.fixture(scope="module")
 def streamed(tmp_path_factory):
     """Compiled for an nRF52840 with 80,000 B of flash: the widest int8 weight goes to storage."""
     root = tmp_path_factory.mktemp("q8stream")
-    text = (Path(targets.__file__).parent / "profiles" / "nrf52840.toml").read_text()
-    profile = root / "small-flash.toml"
-    profile.write_text(text.replace('name = "nrf52840"', 'name = "small-flash"').replace(
-        "flash_bytes = 1_048_576", f"flash_bytes = {SMALL_FLASH}"))
-    return root / "fw", _compile(root / "fw", str(profile), "auto")
+    return root / "fw", _compile(root / "fw", _flash_profile(root, SMALL_FLASH), "auto")
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +159,26 @@ def test_the_host_firmware_streams_it_and_matches_the_integer_reference_bit_for_
     assert r["int8_boundary_mismatches"] == 0 and r["int8_boundary_floats"] == BOUNDARY_BYTES
     assert r["paged_bytes_per_step"] == r["predicted_paged_bytes_per_step"] == WIDE_BYTES
     assert not r["mismatched"]
+
+
+@needs_host
+def test_an_int32_bias_streamed_too_is_read_as_int32_bit_for_bit(tmp_path):
+    """52,800 B of flash: all four int8 weights and one int32 bias streamed (the flash estimate fits; the
+    built image does not, so the host build alone runs it)."""
+    out = tmp_path / "fw"
+    c = _compile(out, _flash_profile(tmp_path, 52_800), "auto")
+    body, manifest = _schedule(out), json.loads((out / "firmware.json").read_text())
+    bias = next(b for b in manifest["streamed"] if b["dtype"] == "int32")
+    assert bias["param"] == "backbone.2.bias" and bias["bytes"] == 64 * 4 and len(c["streamed"]) == 5
+    q8 = _reader(body, bias["param"])["attrs"]["q8"]
+    floats = {k[len("param/"):]: v for k, v in load_file(str(out / "weights.safetensors")).items()}
+    raw = (out / bias["file"]).read_bytes()
+    assert np.array_equal(np.frombuffer(raw, dtype="<i4", offset=16), conv_integers(q8, floats)[bias["param"]])
+    assert re.search(r"et_q8_conv2d_forward\(&\w+, ET_Q\(\d+\), -?\d+, ET_Q\(\d+\), ET_I\(\d+\), &q_",
+                     (out / "plan.c").read_text())
+    r = run_firmware(str(out), qemu=False, steps=2, check=True)
+    assert r["ok"], r.get("error")
+    assert r["int8_boundary_mismatches"] == 0 and r["paged_bytes_per_step"] == r["predicted_paged_bytes_per_step"]
 
 
 @needs_host

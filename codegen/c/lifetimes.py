@@ -3,8 +3,9 @@ rendered, since the offsets go into the code.
 
 Each compute, recompute or page-in opens a lifetime, each free closes one; an output written over a dying operand
 takes that operand's lifetime. A node's transient buffers (a tiled prefix's patches, an int8 convolution's scratch,
-its streamed weights) live for its step alone. Sizes are exact bytes: int8 tensors and weights 1 an element. An input batch
-read from storage by its readers (compiler/graph/input_storage.py) has no lifetime: it is never in the arena.
+its streamed weights) live for its step alone. Sizes are exact bytes: int8 tensors and weights 1 an element. An
+input batch read from storage by its readers (compiler/graph/input_storage.py) has no lifetime: it is never in the
+arena.
 """
 from __future__ import annotations
 

@@ -49,7 +49,6 @@ def child(model: str, budget: str, target: str, batch_size: int, threads: int, t
     """One row, measured in this process (malloc is changed for the rest of it)."""
     probe_mod = _probe_module()
     isolated = probe_mod.isolate_malloc()
-    pinned = probe_mod.pin_to_one_cpu()
     import torch
 
     from edgetrain.compiler.pipeline import CompileOptions, compile_model
@@ -71,6 +70,7 @@ def child(model: str, budget: str, target: str, batch_size: int, threads: int, t
     torch.set_num_threads(threads)
     probe = probe_mod.Probe("cpu")
     probe_mod.count_pages(rt.ledger)
+    pinned = probe_mod.pin_to_one_cpu()
     reals, ledgers, mapped = [], [], []
     for x, y in schedule_batches(body, "random", STEPS, seed=1):
         state = rt.ledger.live_bytes

@@ -1,8 +1,10 @@
-"""`run --check` of firmware with an int8 frozen prefix (compile --quantize-frozen int8).
+"""`run --check` of a plan with an int8 frozen prefix (compile --quantize-frozen int8): C firmware (run_c.py) or a
+Python plan (run.py).
 
 Two checks, each as strict as its arithmetic allows:
-- the prefix: the firmware's dequantised boundary on the last batch (et_int8_boundary) equals, bit for bit, the
-  Python integer reference's (runtime/python/int8_prefix.py) on the same input, integer weights and scales;
+- the prefix: the plan's dequantised boundary on the last batch (the firmware's et_int8_boundary, the Python
+  runtime's boundary tensors as its step made them) equals, bit for bit, the Python integer reference's
+  (runtime/python/int8_prefix.py) on the same input, integer weights (derived again from the float ones) and scales;
 - the head: the float model trained by autograd with each boundary module's output replaced by that reference's
   boundary (a forward hook), so that the head trains from exactly what the firmware's head reads; its weights are
   then held to the firmware's within the float check's tolerance (check_rules.RTOL, check_rules.ATOL).
@@ -106,6 +108,11 @@ def _conv_module(model: torch.nn.Module, node) -> torch.nn.Module:
     raise EdgetrainError(f"--check: the int8 prefix hands the float head `{node.name}` ({node.op}), which is no "
                          "nn.Conv2d module's output, so the autograd reference cannot feed its head the integer "
                          "prefix's value there; run without --check")
+
+
+def has_int8_prefix(body: dict) -> bool:
+    """Whether a schedule's graph hands its float head an int8 prefix's dequantised boundary."""
+    return any(n["op"] == Q8_DEQUANTIZE for n in body["graph"]["nodes"])
 
 
 def boundary_mismatches(ours: np.ndarray, ref: np.ndarray) -> int:

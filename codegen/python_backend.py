@@ -59,5 +59,5 @@ class PythonBackend:
         streamed = list(dict.fromkeys(p for n in schedule["graph"]["nodes"] for p in n.get("streamed", ())))
         if not streamed:
             return Rendered()
-        return Rendered(summary={"streamed": streamed, "streamed_bytes": sum(params[p].nbytes for p in streamed),
+        return Rendered(summary={"streamed": streamed, "streamed_bytes": sum(({**params, **integers})[p].nbytes for p in streamed),
                                  "paged_bytes_per_step": schedule["predicted"]["paged_bytes"]})

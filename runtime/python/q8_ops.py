@@ -11,6 +11,7 @@ numpy computes on the CPU: these ops take and return CPU tensors, and the runtim
 """
 from __future__ import annotations
 
+import ctypes
 import json
 from functools import lru_cache
 
@@ -35,10 +36,19 @@ def _q8(text: str) -> dict:
     return json.loads(text)
 
 
+_NUMPY = {torch.int8: np.int8, torch.int32: np.int32, torch.float32: np.float32}
+
+
 def _array(t: torch.Tensor) -> np.ndarray:
+    """The tensor's bytes as a numpy array for the op's duration, read through their address: `Tensor.numpy()`
+    would pin the storage's size, which a streamed weight's must give back after the op (streamed_weights.py)."""
     if t.device.type != "cpu":
         raise RuntimeError(f"an int8 prefix runs on the CPU (numpy), got a tensor on {t.device}")
-    return t.numpy()
+    t = t.contiguous()
+    if not t.numel():
+        return np.zeros(tuple(t.shape), _NUMPY[t.dtype])
+    buf = (ctypes.c_char * t.nbytes).from_address(t.data_ptr())
+    return np.frombuffer(buf, dtype=_NUMPY[t.dtype]).reshape(tuple(t.shape))
 
 
 def _result(a: np.ndarray) -> torch.Tensor:

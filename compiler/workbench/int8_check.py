@@ -30,9 +30,11 @@ class Int8Reference:
         self.program = prefix_program(g)
         floats = load_file(weights_path)
         self.values: dict[str, np.ndarray] = {}
+        self.floats: dict[str, np.ndarray] = {}  # the float values the integers are made from, by parameter
         for q in (q for n in g.nodes for q in q8_layers(n.attrs) if "weight" in q):  # a tiled prefix's too
-            w = {p: floats[f"param/{p}"].astype(np.float64) for p in (q["weight"], q["bias"]) if p}
-            self.values.update(conv_integers(q, w))
+            w = {p: floats[f"param/{p}"] for p in (q["weight"], q["bias"]) if p}
+            self.floats.update(w)
+            self.values.update(conv_integers(q, {p: v.astype(np.float64) for p, v in w.items()}))
         self.boundary = [n for n in g.nodes if n.op == Q8_DEQUANTIZE]  # in graph order: the firmware's order
         self.graph = g
 

@@ -59,11 +59,11 @@ class _EpochWatch:
     """What a user watches as training goes: as each epoch of a dataset ends (and at the last step), its mean
     loss and the held-out loss and accuracy, handed to `on_epoch` and appended to the metrics file."""
 
-    def __init__(self, trainer, ds, eval_ds, body, steps_total, device, save, resume, on_epoch) -> None:
+    def __init__(self, trainer, ds, eval_ds, body, steps_total, device, save, resume, on_epoch, int8=None) -> None:
         self.trainer, self.ds, self.on_epoch, self.steps_total = trainer, ds, on_epoch, steps_total
         self.per = steps_per_epoch(ds, body["graph"]["input_shape"][0]) if ds is not None else None
         self.eval_ds = eval_ds
-        self.evaluator = Evaluator(body, device) if eval_ds is not None else None
+        self.evaluator = Evaluator(body, device, int8) if eval_ds is not None else None
         self.path = metrics_path(save) if save and ds is not None else None
         self.mode = "a" if resume else "w"
         self.records: list[dict] = []
@@ -254,15 +254,16 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     if epochs is not None:
         steps = epochs_to_steps(ds, batch, epochs)
     steps = 1 if steps is None else steps
-    dev = _device(device)
     int8 = None
     if has_int8_prefix(body):  # its int8 ops compute with numpy (runtime/python/q8_ops.py)
-        if dev is not None and dev.type != "cpu":
+        if device and device.split(":")[0] != "cpu":
             raise EdgetrainError(f"--device {device}: this plan's int8 prefix runs with numpy on the CPU; run it "
                                  "with --device cpu (or leave --device out)")
-        dev = torch.device("cpu")
-        if check:  # the integer reference, from the prefix's float parameters as the model had them
-            int8 = Int8Reference(body, os.path.join(out_dir, PREFIX_FLOATS))
+        device = "cpu"
+        # the integer reference, from the prefix's float parameters as the model had them: the check's, and the
+        # held-out evaluation's prefix
+        int8 = Int8Reference(body, os.path.join(out_dir, PREFIX_FLOATS))
+    dev = _device(device)
     resume_from = save if resume and state_path(save).exists() else None
     # The runtime pins a CPU plan's steps to the plan's thread count (its kernel scratch was counted for it).
     with Trainer(out_dir, device=dev, resume=resume_from) as trainer:
@@ -271,12 +272,12 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         if save:
             trainer.claim_save(save)  # its name, its folder and one writer, before any training
         rt = trainer.rt
-        if int8 is not None:  # the boundary tensors as the plan's step makes them, for the check
+        if check and int8 is not None:  # the boundary tensors as the plan's step makes them, for the check
             rt.observe = frozenset(n.name for n in int8.boundary)
         start = trainer.steps_done
         batches = _stream(body, data, start, max(0, steps - start), seed, ds)
         same_kernels = _same_kernels(check, rt.device)
-        watch = _EpochWatch(trainer, ds, eval_ds, body, steps, rt.device, save, resume, on_epoch)
+        watch = _EpochWatch(trainer, ds, eval_ds, body, steps, rt.device, save, resume, on_epoch, int8)
         t0 = time.perf_counter()
         with same_kernels, watch:
             for k, (x, y) in enumerate(batches):

@@ -25,7 +25,8 @@ PREFIX_FLOATS = "prefix_floats.safetensors"  # the int8 parameters' float values
 
 
 def lower_q8(graph: TrainingGraph) -> TrainingGraph:
-    """`graph` with each int8 node's operands (and a convolution's parameters) as its op's arguments."""
+    """`graph` with each int8 node's operands (and a convolution's parameters) as its op's arguments, and no kernel
+    scratch."""
     nodes = []
     for n in graph.nodes:
         if n.op in Q8_NODES:
@@ -33,7 +34,9 @@ def lower_q8(graph: TrainingGraph) -> TrainingGraph:
             if n.op == Q8_CONV:
                 q = n.attrs["q8"]
                 args += [{"$p": q["weight"]}, {"$p": q["bias"]} if q["bias"] else None]
-            n = replace(n, attrs={**n.attrs, "args": args})
+            # no scratch: the float node's (a CPU convolution's re-laid-out weight) is not the q8 op's, and numpy's
+            # temporaries are outside the ledger (docs/int8-kernels.md)
+            n = replace(n, attrs={**n.attrs, "args": args}, workspace_bytes=0)
         nodes.append(n)
     return replace(graph, nodes=nodes)
 

@@ -317,10 +317,10 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         # the plan's thread count: oneDNN's sums then run in the same order
         threads = pinned_threads(rt.threads) if rt.threads is not None else nullcontext()
         with threads, _same_kernels(check, rt.device):
-            model, ref_losses = train_reference(
-                body, os.path.join(out_dir, "weights.safetensors"), batches, rt.device,
-                feed=int8.feed if int8 is not None else None,
-                floats=os.path.join(out_dir, PREFIX_FLOATS) if int8 is not None else None)
+            # an int8 prefix: the model's own float weights, its head fed the integer reference's boundary
+            prefix = {} if int8 is None else {"feed": int8.feed, "floats": os.path.join(out_dir, PREFIX_FLOATS)}
+            model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
+                                                rt.device, **prefix)
         max_abs, max_rel, bad = _compare(model, rt, body, int8.values if int8 is not None else None)
         rtol, atol = check_tolerance(model, body)
         result.update(max_abs_err=max_abs, max_rel_err=max_rel, check_rtol=rtol, check_atol=atol,

@@ -20,7 +20,9 @@ from edgetrain.compiler.workbench import cli
 from edgetrain.compiler.workbench.int8_check import Int8Reference, boundary_mismatches
 from edgetrain.compiler.workbench.reference import train_reference
 from edgetrain.compiler.workbench.run import _compare, schedule_batches
+from edgetrain.codegen.py_layout import WIDTH
 from edgetrain.runtime.python.device_api import Trainer
+from test_python_plan import Recorder, _expected, _import
 
 HAVE_HOST = bool(shutil.which("gcc") and shutil.which("make"))
 Q8 = "edgetrain.q8_"
@@ -76,6 +78,22 @@ def test_the_plan_calls_the_q8_ops_on_int8_parameters_the_render_wrote(plan):
                            if p}
     # a float parameter of the head stays float32 and is not in the float originals' file
     assert weights["param/classifier.weight"].dtype == np.float32 and "param/classifier.weight" not in floats
+
+
+def test_every_q8_call_reads_back_as_its_schedule_node_in_short_lines(plan):
+    out, _ = plan
+    body = json.loads((out / "schedule.json").read_text())
+    nodes = {n["name"]: n for n in body["graph"]["nodes"]}
+    rec = Recorder()
+    _import(out / "plan.py").train_step(rec)
+    steps = body["steps"]
+    assert [s[:2] for s in rec.steps] == [(s["action"], s["tensor"]) for s in steps]
+    q8 = [(i, nodes[st["tensor"]]) for i, st in enumerate(steps)
+          if st["action"] == "compute" and nodes[st["tensor"]]["op"].startswith(Q8)]
+    assert len(q8) == 21  # the quantisation, 19 nodes, the dequantisation
+    for i, node in q8:
+        assert rec.steps[i][2] == _expected(steps, i, node)
+    assert max(len(line) for line in (out / "plan.py").read_text().splitlines()) <= WIDTH
 
 
 def test_run_check_holds_the_boundary_bit_for_bit_the_head_to_autograd_and_the_ledger_to_the_prediction(plan, capsys):

@@ -18,7 +18,9 @@ from edgetrain.compiler.graph.quantize import conv_integers
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.workbench import cli
 from edgetrain.compiler.workbench.int8_check import Int8Reference, boundary_mismatches
+from edgetrain.compiler.workbench.evaluate import Evaluator
 from edgetrain.compiler.workbench.reference import train_reference
+from edgetrain.compiler.workbench.run_data import Dataset
 from edgetrain.compiler.workbench.run import _compare, schedule_batches
 from edgetrain.codegen.py_layout import WIDTH
 from edgetrain.runtime.python.device_api import Trainer
@@ -182,6 +184,24 @@ def test_a_small_frozen_cnn_trains_its_linear_head_on_the_int8_prefix(tmp_path, 
     assert rc == 0 and res["ok"], res
     assert res["int8_boundary_mismatches"] == 0 and res["int8_boundary_floats"] == 4 * 8 * 4 * 4
     assert res["measured_peak_bytes"] == res["predicted_peak_bytes"] and res["max_rel_err"] <= 1e-5
+
+
+def test_the_held_out_evaluation_runs_the_model_the_plan_trains(tmp_path):
+    # a head with no batch norm: eval mode computes what a training step's forward does, so the evaluation of the
+    # weights before a step equals that step's own loss (integers read as float weights would not)
+    model = tmp_path / "small.py"
+    model.write_text(SMALL_CNN)
+    out = tmp_path / "cnn"
+    _compile(out, model=f"{model}:make", train="4.*", input_shape=(1, 8, 8), batch_size=4, budget="1MB",
+             target="rpi4")
+    body = json.loads((out / "schedule.json").read_text())
+    (x, y), = schedule_batches(body, "random", 1, 5)
+    evaluator = Evaluator(body, torch.device("cpu"), Int8Reference(body, str(out / PREFIX_FLOATS)))
+    with Trainer(out, device=torch.device("cpu")) as t:
+        before = t.state_dict()
+        loss = t.step(x, y)
+    r = evaluator.evaluate(before, Dataset("batch", 4, lambda k: (x[k], y[k])))
+    assert r["eval_examples"] == 4 and r["eval_loss"] == pytest.approx(loss, rel=1e-6)
 
 
 def test_another_device_than_the_cpu_is_refused_in_one_error(plan, capsys):

@@ -21,7 +21,7 @@ import torch
 from . import int8_prefix
 
 _LIB = torch.library.Library("edgetrain", "FRAGMENT")  # patch_forward.py defines the namespace
-OPS = {
+_SCHEMAS = {
     "q8_quantize": "q8_quantize(Tensor x, *, str q8) -> Tensor",
     "q8_conv2d": "q8_conv2d(Tensor x, Tensor weight, Tensor? bias, *, str q8) -> Tensor",
     "q8_relu": "q8_relu(Tensor x, *, str q8) -> Tensor",
@@ -44,9 +44,8 @@ def _array(t: torch.Tensor) -> np.ndarray:
     would pin the storage's size, which a streamed weight's must give back after the op (streamed_weights.py)."""
     if t.device.type != "cpu":
         raise RuntimeError(f"an int8 prefix runs on the CPU (numpy), got a tensor on {t.device}")
-    t = t.contiguous()
-    if not t.numel():
-        return np.zeros(tuple(t.shape), _NUMPY[t.dtype])
+    if not t.is_contiguous() or not t.numel():  # a copy of its own, which the array keeps alive
+        return t.contiguous().numpy()
     buf = (ctypes.c_char * t.nbytes).from_address(t.data_ptr())
     return np.frombuffer(buf, dtype=_NUMPY[t.dtype]).reshape(tuple(t.shape))
 
@@ -87,7 +86,7 @@ def tiled(x: torch.Tensor, params: list, plan: dict) -> torch.Tensor:
 
 _IMPLS = {"q8_conv2d": q8_conv2d, "q8_add": q8_add,
           **{op: _unary(op) for op in ("q8_quantize", "q8_relu", "q8_relu6", "q8_dequantize")}}
-for _name, _schema in OPS.items():
+for _name, _schema in _SCHEMAS.items():
     _LIB.define(_schema)
     _LIB.impl(_name, _IMPLS[_name], "CPU")
 

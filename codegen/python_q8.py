@@ -16,6 +16,7 @@ from dataclasses import replace
 import torch
 from safetensors.torch import save_file
 
+from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.quantize import (Q8_ADD, Q8_CONV, Q8_DEQUANTIZE, Q8_QUANTIZE, Q8_RELU, Q8_RELU6,
                                                conv_integers, q8_layers)
@@ -29,6 +30,9 @@ def lower_q8(graph: TrainingGraph) -> TrainingGraph:
     scratch."""
     nodes = []
     for n in graph.nodes:
+        if n.op.startswith("edgetrain.q8_") and n.op not in Q8_NODES:
+            raise UnsupportedModelError(f"node `{n.name}` ({n.op}): the Python runtime has no such int8 op (it runs "
+                                        f"{', '.join(op.split('.')[1] for op in Q8_NODES)}); compile with --emit c")
         if n.op in Q8_NODES:
             args = [{"$t": k} for k in range(len(n.inputs))]
             if n.op == Q8_CONV:

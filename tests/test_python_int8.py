@@ -160,6 +160,22 @@ def test_a_tiled_int8_prefix_runs_patch_by_patch_and_checks(tmp_path, capsys):
     assert res["int8_boundary_mismatches"] == 0 and res["measured_peak_bytes"] == res["predicted_peak_bytes"]
 
 
+def test_the_int8_boundary_is_paged_at_its_bytes_and_its_dequantisation_recomputed(tmp_path, capsys):
+    out = tmp_path / "paged"
+    _compile(out, model=str(Path(__file__).with_name("test_q8_store.py")) + ":frozen_backbone", budget="min",
+             batch_size=2)
+    body = json.loads((out / "schedule.json").read_text())
+    nodes = {n["name"]: n for n in body["graph"]["nodes"]}
+    paged = [s["tensor"] for s in body["steps"] if s["action"] == "page_out"]
+    again = [s["tensor"] for s in body["steps"] if s["action"] == "recompute"]
+    assert [nodes[t]["dtype"] for t in paged] == ["int8"] and [nodes[t]["op"] for t in again] == [
+        "edgetrain.q8_dequantize.default"]
+    rc, res = _run(out, capsys, "--steps", "2", "--check")
+    assert rc == 0 and res["ok"], res
+    assert res["paged_bytes"] == 2 * 2 * int(np.prod(nodes[paged[0]]["shape"]))  # out and in, a byte an element
+    assert res["int8_boundary_mismatches"] == 0 and res["measured_peak_bytes"] == res["predicted_peak_bytes"]
+
+
 SMALL_CNN = """import torch.nn as nn
 
 

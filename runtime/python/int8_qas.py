@@ -86,10 +86,10 @@ def grad_rescale(w_scales) -> tuple[np.ndarray, np.ndarray, float]:
 
 def quantize_gradient(g: np.ndarray) -> tuple[np.ndarray, np.float32]:
     """(int8, scale) of a float32 gradient: s = max|g| / 127 (float32), q = round(g / s) with halves to even,
-    saturated to +-127; an all-zero gradient gives zeros and scale 0."""
+    saturated to +-127; an all-zero gradient, or one with a NaN or an infinity, gives zeros and scale 0."""
     g = np.asarray(g, F32)
     amax = F32(np.abs(g).max(initial=F32(0)))
-    if not amax > 0:
+    if not (amax > 0 and np.isfinite(amax)):  # an all-zero or non-finite gradient moves nothing
         return np.zeros(g.shape, np.int8), F32(0)
     s = F32(amax / F32(127))
     return np.clip(np.rint(g / s), -127, 127).astype(np.int8), s

@@ -157,9 +157,11 @@ def forward(program: list[dict], values: dict[str, np.ndarray], state: QasState,
 
 
 def needs_grad(program: list[dict], trained) -> set[str]:
-    """The tensors a gradient must reach: the outputs of trained convolutions and of every step reading one."""
+    """The int8 tensors a gradient must reach: the outputs of trained convolutions and of every step reading one."""
     trained, need = set(trained), set()
     for s in program:
+        if s["op"] == "q8_dequantize":  # the float head's operand: its gradient is the head's
+            continue
         if (s["op"] == "q8_conv2d" and s["q8"]["bias"] in trained) or any(r in need for r in s.get("inputs", [])):
             need.add(s["name"])
     return need

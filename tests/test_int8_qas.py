@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from edgetrain.compiler.errors import UnsupportedModelError
-from edgetrain.compiler.graph.ir import OptimizerConfig
+from edgetrain.compiler.graph.ir import OptimizerConfig, TensorRef
 from edgetrain.compiler.graph.quantize import (activation_quant, calibrate, conv_integers, prefix_program, qas_biases,
                                                qas_or_error, qas_region, quantize_region, weight_quant)
 from edgetrain.compiler.pipeline import CompileOptions, build_graph
@@ -86,6 +86,16 @@ def test_an_optimizer_without_an_integer_update_is_refused(region):
         qas_or_error(replace(g, optimizer=OptimizerConfig.of("sgd", momentum=0.9, nesterov=True)))
     with pytest.raises(ValueError, match="Nesterov"):
         qas.sgd_of(OptimizerConfig.of("sgd", momentum=0.9, nesterov=True).to_json())
+
+
+def test_a_tensor_the_gradient_reaches_read_twice_ends_the_region(region):
+    """Two readers would make two gradients to sum at two scales: the region ends with the tensor, which the float
+    head alone then reads (and sums its gradients in float)."""
+    _, g, prefix, tail, _, _ = region
+    nodes = list(g.nodes)
+    at = next(i for i, n in enumerate(nodes) if n.name == "hardtanh_7")  # the head's ReLU6 reads convolution_8 too
+    nodes[at] = replace(nodes[at], inputs=nodes[at].inputs + (TensorRef("convolution_8"),))
+    assert qas_region(replace(g, nodes=nodes)) == (prefix, ("convolution_7", "hardtanh_5", "convolution_8"))
 
 
 def test_a_trained_weight_ends_the_region_before_it():

@@ -296,8 +296,8 @@ def _bias_only(n: Node, frozen: set[str], trained: set[str]) -> str | None:
 def qas_region(g: TrainingGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(prefix, tail): the frozen prefix (`frozen_prefix`), then the nodes after it int8 still runs where a
     convolution's bias alone may train: convolutions over frozen weights (their biases trained or not), ReLU/ReLU6
-    and residual adds, each reading the region, up to the first other node (or the first tensor whose gradient two
-    region nodes would make: one gradient each, no integer sum of two scales). The tail starts at the first
+    and residual adds, each reading the region, up to the first other node; a tensor the gradient reaches that two
+    nodes read ends it (one gradient a tensor: no integer sum at two scales). The tail starts at the first
     trained bias (the prefix stops there), so every tail node is on its gradient's path; empty where none follows."""
     prefix = frozen_prefix(g)
     if not prefix:
@@ -307,21 +307,22 @@ def qas_region(g: TrainingGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
     fwd = [n for n in g.nodes if n.kind == "forward"]
     tail: list[str] = []
     need: set[str] = set()  # region tensors a gradient reaches (downstream of a trained bias)
-    readers: dict[str, int] = {}
     for n in fwd[fwd.index(g.node(prefix[-1])) + 1:]:
         bias = _bias_only(n, frozen, trained)
         if (bias is None and not _supported(n, frozen)) or any(r.name not in region for r in n.inputs) \
                 or (n.op == ADD and any(g.node(r.name).shape != n.shape for r in n.inputs)):
             break
-        gets = bias is not None or any(r.name in need for r in n.inputs)
-        if gets and any(readers.get(r.name, 0) and r.name in need for r in n.inputs):
-            break  # a second reader of a tensor the gradient reaches: two gradients to sum
-        for r in n.inputs:
-            readers[r.name] = readers.get(r.name, 0) + 1
         tail.append(n.name)
         region.add(n.name)
-        if gets:
+        if bias is not None or any(r.name in need for r in n.inputs):
             need.add(n.name)
+    readers: dict[str, int] = {}
+    for n in fwd:
+        for r in n.inputs:
+            readers[r.name] = readers.get(r.name, 0) + 1
+    for i, t in enumerate(tail):  # a tensor the gradient reaches, read twice: the region ends with it, so that
+        if t in need and readers.get(t, 0) > 1:  # the float head alone reads it (and sums its gradients)
+            return prefix, tuple(tail[:i + 1])
     return prefix, tuple(tail)
 
 

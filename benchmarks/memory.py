@@ -69,7 +69,9 @@ def child(model: str, budget: str, target: str, batch_size: int, threads: int, t
     threads = threads or plan.PLAN.get("threads", PLAN_THREADS)
     torch.set_num_threads(threads)
     probe = probe_mod.Probe("cpu")
-    reals, ledgers = [], []
+    probe_mod.count_pages(rt.ledger)
+    pinned = probe_mod.pin_to_one_cpu()
+    reals, ledgers, mapped = [], [], []
     for x, y in schedule_batches(body, "random", STEPS, seed=1):
         state = rt.ledger.live_bytes
         rt.ledger.reset_peak()
@@ -78,11 +80,13 @@ def child(model: str, budget: str, target: str, batch_size: int, threads: int, t
             plan.train_step(rt)
         reals.append(state + s.growth)
         ledgers.append(rt.ledger.peak_bytes)
+        mapped.append(rt.ledger.mapped_peak - rt.ledger.peak_bytes)
     steady = max(reals[1:])
     return {"model": model, "budget": budget, "target": target, "batch_size": batch_size, "threads": threads,
             "malloc_isolated": isolated, "budget_bytes": c["budget_bytes"], "schedule_peak_bytes": c["peak_bytes"],
             "ledger_peak_bytes": max(ledgers), "state_bytes": c["state_bytes"], "real_first_step_bytes": reals[0],
             "real_bytes": steady, "real_steps_bytes": reals, "ok": steady <= c["budget_bytes"],
+            "cpu_pinned": pinned, "page_rounding_bytes": max(mapped[1:]),
             "recomputes": c["recomputes"], "page_ins": c["page_ins"], "page_outs": c["page_outs"]}
 
 

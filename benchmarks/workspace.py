@@ -1,7 +1,7 @@
 """Kernel scratch benchmark: each op's real transient memory beyond its outputs, against the compiler's rule.
 
     .venv/bin/python benchmarks/workspace.py [--threads 1,2,4] [--device cpu] [--repeats 3]
-                                             [--only TEXT] [--json build/bench/workspace.json]
+                                             [--only TEXT] [--channels-last] [--json build/bench/workspace.json]
 
 Per case (an aten op and operand shapes: convolutions forward and backward of the zoo's kinds - 3x3, strided,
 pointwise, depthwise, transposed, the first layer's, wide layers on small maps, a frozen layer's backward for
@@ -81,9 +81,19 @@ OTHERS = [  # label, op, operand shapes (tensors) and literals
 ]
 
 
+LAYOUT = {"format": torch.contiguous_format}  # --channels-last: 4-D operands as a fused plan holds them
+
+
+def _laid_out(t):
+    """`t` in the layout asked for; a one-channel image stays as it is, as a channels-last plan keeps it."""
+    if isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[1] > 1:
+        return t.contiguous(memory_format=LAYOUT["format"])
+    return t
+
+
 def _materialise(args, device):
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(*a, generator=g).to(device) if isinstance(a, tuple) else a for a in args]
+    return [_laid_out(torch.randn(*a, generator=g).to(device)) if isinstance(a, tuple) else a for a in args]
 
 
 def _spec_args(args):
@@ -109,7 +119,7 @@ def _backward_case(fwd_args, device, mask=(True, True, True)):
     `mask` (input, weight, bias) made."""
     x, w = _materialise(fwd_args[:2], device)
     out = aten.convolution.default(x, w, *fwd_args[2:])
-    go = torch.randn_like(out)
+    go = torch.randn_like(out)  # in the layout the convolution gave its output
     bias_sizes = [w.shape[1] * fwd_args[8] if fwd_args[6] else w.shape[0]]
     return [go, x, w, bias_sizes, *fwd_args[3:], list(mask)]
 
@@ -165,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="", metavar="TEXT", help="only the cases whose label contains TEXT")
     ap.add_argument("--json", default="build/bench/workspace.json", metavar="PATH")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="4-D operands channels-last, as a fused plan holds a convolution's (its rule then)")
     a = ap.parse_args(argv)
+    if a.channels_last:
+        LAYOUT["format"] = torch.channels_last
     device = torch.device(a.device)
     probe = Probe(device)
     rows = []
@@ -174,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
         for label, op, args, specs in cases(device, a.only):
             measured, out_bytes = measure(op, args, probe, a.repeats, device)
-            rule = kernel_scratch_bytes(op, specs, out_bytes, threads)
+            rule = kernel_scratch_bytes(op, specs, out_bytes, threads, a.channels_last)
             rows.append({"case": label, "op": op, "threads": threads, "device": device.type, "measured_bytes": measured,
                          "rule_bytes": rule, "ok": rule + RESOLUTION >= measured, "malloc_isolated": ISOLATED})
             del args

@@ -1,7 +1,7 @@
 """The Python backend: a plan for the Python runtime (runtime/python, torch's own kernels), `--emit python`.
 
-It runs every aten op of the joint graph as traced, so it lowers nothing and refuses nothing; its plan is
-`python_plan.py`'s, run by `edgetrain run` in-process.
+It runs every aten op of the joint graph as traced, so it refuses nothing and lowers only an int8 frozen prefix's
+nodes to its q8 ops' calls (python_q8.py); its plan is `python_plan.py`'s, run by `edgetrain run` in-process.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .c.backend import CBackend
 from edgetrain.compiler.frontend.meta_weights import check_meta_weights
 
 from .python_plan import render_python_plan, write_weights
+from .python_q8 import integer_params, lower_q8, write_prefix_floats
 
 
 class PythonBackend:
@@ -22,7 +23,7 @@ class PythonBackend:
     overlaps_paging = True  # the page store's threads read ahead and write behind (scheduling/overlap.py)
     streams_from_storage = True  # frozen weights read from weights.safetensors by each op that reads them
     clamp_grad_from_output = True  # torch's kernels run the graph's ops
-    runs_int8_prefix = False  # no int8 executor yet: compile --quantize-frozen needs --emit c
+    runs_int8_prefix = True  # q8_ops.py: the integer reference's arithmetic on the CPU (python_q8.py)
     reads_input_from_storage = False  # the batch is a tensor the caller hands the plan
     in_place = IN_PLACE_ARGS  # torch's out= overloads and in-place twins (runtime/python/inplace.py)
 
@@ -30,7 +31,7 @@ class PythonBackend:
         return None
 
     def lower(self, graph: TrainingGraph) -> TrainingGraph:
-        return graph
+        return lower_q8(graph)
 
     def weight_room(self, graph: TrainingGraph, target) -> WeightRoom | None:
         return None  # weights stay in memory
@@ -47,9 +48,16 @@ class PythonBackend:
     def render(self, schedule: dict, model, out_dir: str, target) -> Rendered:
         render_python_plan(schedule, out_dir)
         params = dict(model.named_parameters())
-        write_weights(params, dict(model.named_buffers()), out_dir, check_meta_weights(model))
+        source = check_meta_weights(model)
+
+        def value(p: str):  # a meta weight's from its source, read only where an int8 prefix needs it
+            return source.get(p) if params[p].is_meta else params[p]
+        integers = integer_params(schedule, value)
+        if integers:  # an int8 prefix: its parameters as the runtime holds them, their float values beside
+            write_prefix_floats({p: value(p) for p in integers}, out_dir)
+        write_weights({**params, **integers}, dict(model.named_buffers()), out_dir, source)
         streamed = list(dict.fromkeys(p for n in schedule["graph"]["nodes"] for p in n.get("streamed", ())))
         if not streamed:
             return Rendered()
-        return Rendered(summary={"streamed": streamed, "streamed_bytes": sum(params[p].nbytes for p in streamed),
+        return Rendered(summary={"streamed": streamed, "streamed_bytes": sum(({**params, **integers})[p].nbytes for p in streamed),
                                  "paged_bytes_per_step": schedule["predicted"]["paged_bytes"]})

@@ -170,7 +170,7 @@ class CallWriter:
         op = self.names.kernel(node["name"]) if node["op"] == FUSED_OP else op_expr(node["op"])
         items = [literal(node["name"]), op, *self.arguments(attrs)]
         known = {"args", "kwargs", "keep", "aux", "scratch", "updates", "then", "seed_key", "loss_item", "dying",
-                 "into"}
+                 "into", "q8"}
         if node["op"] == FUSED_OP:
             known = {"args", "chain"}
         unknown = sorted(set(attrs) - known)
@@ -193,6 +193,8 @@ class CallWriter:
         for key in ("scratch", "seed_key", "loss_item"):
             if key in attrs:
                 items.append(f"{key}={literal(attrs[key])}")
+        if "q8" in attrs:  # an int8 node's quantisation: scales, zero points, requantisation (graph/quantize.py)
+            items.append(_keyword("q8", layout(attrs["q8"])))
         return Group(head, tuple(items), ")")
 
     def fused(self, sub: dict) -> Group:
@@ -205,6 +207,20 @@ class CallWriter:
         if sub.get("scratch"):
             items.append(f"scratch={sub['scratch']!r}")
         return Group(self.names.marker("fused") + "(", tuple(items), ")")
+
+
+def layout(value):
+    """A literal as a py_layout expression: lists and dicts may break at their commas."""
+    if isinstance(value, dict):
+        return Group("{", tuple(_entry(k, v) for k, v in value.items()), "}")
+    if isinstance(value, (list, tuple)):
+        return Group("[", tuple(layout(v) for v in value), "]")
+    return literal(value)
+
+
+def _entry(k, v):
+    e, key = layout(v), literal(k)
+    return Group(f"{key}: {e.open}", e.items, e.close) if isinstance(e, Group) else f"{key}: {e}"
 
 
 def _keyword(k: str, value):

@@ -19,7 +19,7 @@ from edgetrain.runtime.python.streamed_weights import DTYPES
 from edgetrain.targets import Target
 
 from .py_layout import Group, comment, statement
-from .python_calls import CallWriter, Names, literal
+from .python_calls import CallWriter, Names, layout, literal
 from .templating import environment
 
 _ENV = environment("templates")
@@ -33,20 +33,6 @@ def _py(value) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_py(v) for v in value) + "]"
     return repr(value)
-
-
-def _layout(value):
-    """A literal as a py_layout expression: lists and dicts may break at their commas."""
-    if isinstance(value, dict):
-        return Group("{", tuple(_entry(k, v) for k, v in value.items()), "}")
-    if isinstance(value, (list, tuple)):
-        return Group("[", tuple(_layout(v) for v in value), "]")
-    return literal(value)
-
-
-def _entry(k, v):
-    e, key = _layout(v), literal(k)
-    return Group(f"{key}: {e.open}", e.items, e.close) if isinstance(e, Group) else f"{key}: {e}"
 
 
 _ENV.filters.update(py=literal)
@@ -149,10 +135,10 @@ def render_plan_text(schedule: dict, schedule_file: str = "schedule.json") -> st
     kernels = []  # each fused node's chain, bound once
     by_kernel = {names.kernel(n["name"]): n for n in nodes if n["op"] == FUSED_OP}
     for ident, n in by_kernel.items():
-        kernels += statement(f"{ident} = ", Group("kernel(", (_layout(n["attrs"]["chain"]),), ")"), indent=0)
+        kernels += statement(f"{ident} = ", Group("kernel(", (layout(n["attrs"]["chain"]),), ")"), indent=0)
     plan_lines = []
     for k, v in plan.items():
-        lines = statement(f'"{k}": ', _layout(v))
+        lines = statement(f'"{k}": ', layout(v))
         lines[-1] += ","
         if k == "threads":
             lines[-1] += "  # CPU threads: the kernel scratch is counted for them"

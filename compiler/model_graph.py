@@ -86,8 +86,8 @@ def quantize_prefix(opts: CompileOptions, graph, model, backend):
     if opts.quantize_frozen != "int8":
         raise UnsupportedModelError(f"{flag}: the only quantisation there is, is int8")
     if not backend.runs_int8_prefix:  # compile_model says so before tracing; a graph built alone, here
-        raise UnsupportedModelError(f"{flag}: an int8 prefix runs in C firmware only (--emit c); the {backend.name} "
-                                    "runtime has no int8 kernels yet. Compile with --emit c, or drop the flag")
+        raise UnsupportedModelError(f"{flag}: the {backend.name} runtime has no int8 kernels; compile "
+                                    "with --emit c or --emit python, or drop the flag")
     prefix = prefix_or_error(graph, flag)
     batches, said = calibration_batches(opts, graph.input_shape)
     weights = dict(model.named_parameters())

@@ -53,9 +53,8 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         raise EdgetrainError(f"--fuse generates kernels with torch's inductor, for the Python runtime; --emit "
                              f"{opts.emit} plans run every op as written: drop --fuse")
     if opts.quantize_frozen is not None and not backend.runs_int8_prefix:  # before any tracing
-        raise EdgetrainError(f"--quantize-frozen {opts.quantize_frozen}: an int8 prefix runs in C firmware only "
-                             f"(--emit c); the {backend.name} runtime has no int8 kernels yet. Compile with --emit c, "
-                             "or drop the flag")
+        raise EdgetrainError(f"--quantize-frozen {opts.quantize_frozen}: the {backend.name} "
+                             "runtime has no int8 kernels; compile with --emit c or --emit python, or drop the flag")
     target = load_target(opts.target)
     check_budget_size(budget, target)  # `--budget 100GB` fails before tracing
     with StagedOutput(opts.out) as stage, deadline(opts.time_limit):  # the old output stays whole until the end

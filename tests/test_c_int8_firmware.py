@@ -14,7 +14,7 @@ import pytest
 
 from edgetrain.codegen.c.device_fit import figures_of_firmware, q8_table_bytes
 from edgetrain.codegen.c.ops import C_OPS, Q8_OPS
-from edgetrain.compiler.errors import EdgetrainError, UnsupportedModelError
+from edgetrain.compiler.errors import UnsupportedModelError
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.workbench import cli
 from edgetrain.compiler.workbench.int8_check import Int8Reference, boundary_mismatches
@@ -122,9 +122,7 @@ def test_a_first_op_with_no_int8_kernel_gets_one_error(tmp_path):
         _compile(tmp_path / "b", model=f"{model}:make", train="3.*", input_shape=(1, 8, 8))
 
 
-def test_python_plans_and_other_kinds_are_refused_before_tracing_more(tmp_path):
-    with pytest.raises(EdgetrainError, match="C firmware only"):
-        _compile(tmp_path / "c", emit="python", budget="1MB", target="host")
+def test_calibrate_without_quantize_frozen_is_refused(tmp_path):  # Python plans: tests/test_python_int8.py
     code = cli.main(["compile", "mcu_mbv2_40", "--target", "nrf52840", "--emit", "c", "--calibrate", "digits",
                      "--out", str(tmp_path / "d"), "--json"])
     assert code != 0

@@ -4,7 +4,8 @@ Everything comes from schedule.json and weights.safetensors; no solver runs here
 schedule become straight-line kernel calls at literal offsets of one static arena, whose offsets the
 planner in `arena.py` packs from the steps' lifetimes (`lifetimes.py`). Parameters are C initializers, and
 frozen weights the graph streams from storage are written as CRC-checked blocks to storage/ (the SD card's
-files; both `flash_data.py`) and paged into the arena before each computation that reads them. If the packed
+files; both `flash_data.py`; an int8 prefix's in their integer bytes) and paged into the arena before each
+computation that reads them. If the packed
 arena plus the parameters and momentum buffers would exceed the budget, rendering fails with the figures: no
 firmware that can overflow is ever written.
 """
@@ -30,7 +31,8 @@ from edgetrain.codegen.templating import environment
 from .arena import Lifetime, Packing, live_peak_bytes, pack
 from .flash_data import C_TYPES, STORAGE_DIR, WEIGHT_PAGE_BASE, BLOCK_PAGES, buffer_rows, float_rows, \
     q8_integers, read_weights, write_storage
-from .lifetimes import in_storage, step_lifetimes, stream_words, tensor_bytes, tensor_lifetime, transient_lifetimes
+from .lifetimes import (in_storage, own_workspace, step_lifetimes, stream_bytes, stream_lifetimes, tensor_bytes,
+                        tensor_lifetime, transient_lifetimes)
 from .emitters import Context, EmitError, emit
 from .names import Namer, c_comment, c_float
 from .patches import emit_patches, emit_q8_patches
@@ -50,6 +52,7 @@ Q8_SOURCES = {f"kernels/{s}.c" for k in Q8_OPS.values() for s in k.source_files}
     f"kernels/{Q8_PATCH_SOURCE}.c"}
 
 _ENV = environment("templates/c")
+ARENA_MACROS = {"float32": "ET_F", "int32": "ET_I", "int8": "ET_Q"}  # plan.c's typed pointers into the arena
 
 
 _ENV.filters.update(comment=c_comment, cfloat=c_float, size=lambda n: f"{n >> 20} MB" if n % (1 << 20) == 0 else f"{n >> 10} KB",
@@ -120,6 +123,15 @@ class _Emitter:
             self.by_param.setdefault(param, entry)
         return "&" + entry["ident"]
 
+    def _read_paged(self, paged: dict[str, int] | None) -> dict[str, str]:
+        """Point the emitters at the streamed weights where they were paged in (arena word `paged[p]`), typed as
+        their arrays in flash would be (float, an int8 prefix's int8 weights and int32 biases); returns the
+        identifiers to put back."""
+        held = {p: self.ctx.pident[p] for p in paged or {}}
+        self.ctx.pident.update({p: f"{ARENA_MACROS[self.params[p].get('dtype', 'float32')]}({off})"
+                                for p, off in (paged or {}).items()})
+        return held
+
     def call(self, name: str, offsets: dict[str, int], first: bool, predict: bool = False,
              paged: dict[str, int] | None = None) -> list[str]:
         """The statements of one computation of node `name`, its tensors at the arena `offsets` (in words);
@@ -132,10 +144,13 @@ class _Emitter:
             return emit_blocked_conv(node, offsets, self.ctx, self.params, self.blocks, paged or {},
                                      read_shape(self.node_objs[node.inputs[0].name], node.inputs[0].view))
         if node.op in Q8_OPS:  # an int8 frozen prefix's node: its kernel call (q8_emit.py)
+            held = self._read_paged(paged)
             try:
                 return emit_q8(node, offsets, self.ctx, self.shapes, self.params, self.q8_tables, self.namer)
             except EmitError as e:
                 raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
+            finally:
+                self.ctx.pident.update(held)
         if node.op == TILED_OP:  # a frozen prefix, patch by patch: its own statements (patches.py)
             try:
                 reader = "x" if self.reads_stored_input(name) else None  # the input batch from storage
@@ -151,8 +166,7 @@ class _Emitter:
                 raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
         cases = node_cases(node, self.node_objs, self.state, offsets)
         lines: list[str] = []
-        held = {p: self.ctx.pident[p] for p in paged or {}}
-        self.ctx.pident.update({p: f"ET_F({off})" for p, off in (paged or {}).items()})
+        held = self._read_paged(paged)
         try:
             for i, case in enumerate(cases):
                 out = case.out if i == 0 else None
@@ -190,7 +204,7 @@ def _compute(em: _Emitter, node: dict, offsets: dict[str, int], first: bool, pre
         return [f"memcpy({'ET_I' if node['dtype'] == 'int32' else 'ET_F'}({offsets[node['name']]}), {src}, "
                 f"{tensor_bytes(node)}u);"]
     streams = streams or {}
-    lines = [f"ET_TRY(et_page_in({em.streamed[p]}u, ET_F({lt.offset}), {4 * lt.words}u)); /* {c_comment(p)} */"
+    lines = [f"ET_TRY(et_page_in({em.streamed[p]}u, ET_F({lt.offset}), {lt.nbytes}u)); /* {c_comment(p)} */"
              for p, lt in streams.items() if p not in em.blocks]  # a blocked one: paged in by its op, block by block
     return lines + em.call(node["name"], offsets, first, predict, {p: lt.offset for p, lt in streams.items()})
 
@@ -269,9 +283,8 @@ def _predict(em: _Emitter, logits_ref: dict) -> "Predict":
     last[logits_ref["t"]] = len(fwd)
     lts = {n["name"]: tensor_lifetime(n, i, last[n["name"]]) for i, n in enumerate(fwd) if not in_storage(n)}
     for i, n in enumerate(fwd):  # patch buffers, int8 scratch
-        lts.update(transient_lifetimes(n, i))
-    streams = {n["name"]: {p: Lifetime(f"{p} (streamed)", i, i, stream_words(em, n, p))
-                           for p in n.get("streamed", ())} for i, n in enumerate(fwd)}
+        lts.update(transient_lifetimes(em, n, i))
+    streams = {n["name"]: stream_lifetimes(em, n, i) for i, n in enumerate(fwd)}
     packing = pack(list(lts.values()) + [lt for s in streams.values() for lt in s.values()])
     offsets = {name: lt.offset for name, lt in lts.items()}
     blocks, boundary, at = [], [], 0
@@ -314,12 +327,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     g = schedule["graph"]
     em = _Emitter(schedule)
     for n in em.nodes:  # the only workspace the C runtime has: the weights a node pages in, or its patches
-        if n["op"] in Q8_OPS and n.get("streamed"):
-            raise CodegenError(f"node `{c_comment(n['name'])}` of the int8 prefix streams its weights from storage, "
-                               "which the C runtime does not do for int8 weights yet; train fewer parameters "
-                               "(--train) so that the frozen ones fit the flash, or drop --quantize-frozen")
-        own = n["workspace_bytes"] if n["op"] in (TILED_OP, *Q8_OPS) else 0  # patches, int8 scratch
-        if n["workspace_bytes"] != own + sum(4 * stream_words(em, n, p) for p in n.get("streamed", ())):
+        own = own_workspace(em, n) if n["op"] in (TILED_OP, *Q8_OPS) else 0  # patches, int8 scratch
+        if n["workspace_bytes"] != own + sum(stream_bytes(em, n, p) for p in n.get("streamed", ())):
             raise CodegenError(f"node `{c_comment(n['name'])}` holds a workspace the C runtime does not have; "
                                "compile with --emit c")
     steps = schedule["steps"]
@@ -352,7 +361,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
             state_bytes + 4 * arena_words - budget)
 
     weights = read_weights(os.path.join(out_dir, weights_file), g["params"])
-    streamed = write_storage(out_dir, em, weights)
+    integers = q8_integers(em, weights)  # an int8 prefix's weights and biases, from the float ones
+    streamed = write_storage(out_dir, em, {**weights, **integers})  # each in the dtype its kernel reads
     buffer_values = read_weights(os.path.join(out_dir, weights_file), g["buffers"], "buffer")
     for name, spec in g["buffers"].items():
         if spec["dtype"] not in ("float32", "int64"):
@@ -362,7 +372,6 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
                 "floats": _numel(spec["shape"]), "shape": spec["shape"], "rows": buffer_rows(buffer_values[name],
                                                                                           spec["dtype"])}
                for name, spec in g["buffers"].items()]
-    integers = q8_integers(em, weights)  # an int8 prefix's weights and biases, from the float ones
     params = [{"name": name, "ident": em.pident[name], "mident": em.mident.get(name), "trainable": name in em.trainable,
                "floats": _numel(spec["shape"]), "shape": spec["shape"], "ctype": C_TYPES[spec.get("dtype", "float32")],
                "rows": buffer_rows(integers[name], "int") if name in integers else float_rows(weights[name])}

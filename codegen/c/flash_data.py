@@ -1,6 +1,6 @@
 """The plan's constant data: the parameters' and buffers' initial values as C initializers (float32 as stored, an
 int8 prefix's int8 weights and int32 biases computed from them), and the streamed weights' CRC-checked blocks for
-the device's page store."""
+the device's page store (in the dtype the kernels read: an int8 prefix's the same integers)."""
 from __future__ import annotations
 
 import os
@@ -74,13 +74,18 @@ def _block(page: int, payload: bytes) -> bytes:
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
+STORE_DTYPES = {"float32": "<f4", "int8": "i1", "int32": "<i4"}  # a streamed weight's bytes in the store
+
+
 def write_storage(out_dir: str, em, weights: dict[str, np.ndarray]) -> list[dict]:
-    """The streamed weights as blocks in OUT/storage/ (one file per page, the page store's names); their table."""
+    """The streamed weights as blocks in OUT/storage/ (one file per page, the page store's names); their table.
+    `weights`: the values as the kernels read them (an int8 prefix's: q8_integers'), each written in the dtype
+    the schedule gives it, little-endian."""
     table = []
     readers = {p: [n["name"] for n in em.nodes if p in n.get("streamed", ())] for p in em.streamed}
     for p, page in em.streamed.items():
-        shape = em.params[p]["shape"]
-        values = np.ascontiguousarray(weights[p], dtype="<f4").reshape(shape)
+        shape, dtype = em.params[p]["shape"], em.params[p].get("dtype", "float32")
+        values = _exactly(weights[p], STORE_DTYPES[dtype], p).reshape(shape)
         for page, r0, r1 in em.blocks.get(p, [(page, 0, shape[0])]):  # one page, or one per block of rows
             data = values[r0:r1].tobytes()
             rel = f"{STORAGE_DIR}/et_page_{page:08x}.bin"
@@ -90,5 +95,14 @@ def write_storage(out_dir: str, em, weights: dict[str, np.ndarray]) -> list[dict
                 f.write(_block(page, data))
             os.replace(path + ".tmp", path)
             table.append({"param": p, "page": page, "bytes": len(data), "file": rel, "shape": [r1 - r0, *shape[1:]],
-                          "rows": [r0, r1], "readers": readers[p]})
+                          "rows": [r0, r1], "dtype": dtype, "readers": readers[p]})
     return table
+
+
+def _exactly(values: np.ndarray, dtype: str, name: str) -> np.ndarray:
+    """`values` as `dtype`, refused where that would change one (float values where integers are due)."""
+    out = np.ascontiguousarray(values, dtype=dtype).reshape(-1)
+    if np.dtype(dtype).kind == "i" and not np.array_equal(out, values.reshape(-1)):
+        raise CodegenError(f"streamed weight `{c_comment(name)}` is {np.dtype(dtype).name} in the schedule, but its "
+                           "values are not those integers; recompile the model")
+    return out

@@ -3,8 +3,9 @@ rendered, since the offsets go into the code.
 
 Each compute, recompute or page-in opens a lifetime, each free closes one; an output written over a dying operand
 takes that operand's lifetime. A node's transient buffers (a tiled prefix's patches, an int8 convolution's scratch,
-its streamed weights) live for its step alone. Sizes are exact bytes: int8 tensors 1 an element. An input batch
-read from storage by its readers (compiler/graph/input_storage.py) has no lifetime: it is never in the arena.
+its streamed weights) live for its step alone. Sizes are exact bytes: int8 tensors and weights 1 an element. An
+input batch read from storage by its readers (compiler/graph/input_storage.py) has no lifetime: it is never in the
+arena.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def _numel(shape) -> int:
     return prod(shape) if shape else 1
 
 
-ARENA_DTYPES = {"float32": 4, "int32": 4, "int8": 1}  # what the arena holds, bytes an element
+# What the arena holds, bytes an element: tensors, and streamed weights (an int8 prefix's int8 weights, int32 biases)
+ARENA_DTYPES = {"float32": 4, "int32": 4, "int8": 1}
 
 
 def tensor_bytes(node: dict) -> int:
@@ -49,15 +51,20 @@ def tensor_lifetime(node: dict, start: int, end: int = -1) -> Lifetime:
     return Lifetime.of_bytes(node["name"], start, end, tensor_bytes(node))
 
 
-def transient_lifetimes(node: dict, k: int) -> dict[str, Lifetime]:
+def transient_lifetimes(em, node: dict, k: int) -> dict[str, Lifetime]:
     """The buffers a node holds only while it runs at step `k`, by key: a tiled prefix's patches, an int8
-    convolution's scratch (both its workspace)."""
+    convolution's scratch (its workspace, less the weights it streams)."""
     name = node["name"]
     if node["op"] == TILED_OP:
         return {f"{name}.patches": Lifetime(f"{name} (patches)", k, k, node["workspace_bytes"] // 4)}
     if node["op"] == Q8_CONV:
-        return {f"{name}.scratch": Lifetime.of_bytes(f"{name} (int16 scratch)", k, k, node["workspace_bytes"])}
+        return {f"{name}.scratch": Lifetime.of_bytes(f"{name} (int16 scratch)", k, k, own_workspace(em, node))}
     return {}
+
+
+def own_workspace(em, node: dict) -> int:
+    """A node's workspace less the weights it streams from storage (graph/streaming.py adds those to it)."""
+    return node["workspace_bytes"] - sum(stream_bytes(em, node, p) for p in node.get("streamed", ()))
 
 
 def step_lifetimes(em, steps: list[dict]) -> tuple[list[tuple], list[Lifetime]]:
@@ -76,7 +83,7 @@ def step_lifetimes(em, steps: list[dict]) -> tuple[list[tuple], list[Lifetime]]:
             raise CodegenError(f"step {k} {a}s `{c_comment(name)}`, which is not a node of the graph")
         if a in ("compute", "recompute"):
             lts = {r["t"]: current[r["t"]] for r in node["inputs"] if not in_storage(by_name[r["t"]])}
-            transient = transient_lifetimes(node, k)  # patch buffers or scratch, only while it runs
+            transient = transient_lifetimes(em, node, k)  # patch buffers or scratch, only while it runs
             lts.update(transient)
             lifetimes += transient.values()
             for stats in (f"{node['aux_of']}.aux" if node.get("aux_of") else None, f"{name}.aux"):
@@ -97,8 +104,7 @@ def step_lifetimes(em, steps: list[dict]) -> tuple[list[tuple], list[Lifetime]]:
                 stats = Lifetime(f"{name}.aux", k, -1, node["aux_bytes"] // 4)
                 lifetimes.append(stats)
                 current[stats.name] = lts[stats.name] = stats
-            streams = {p: Lifetime(f"{p} (streamed)", k, k, stream_words(em, node, p))
-                       for p in node.get("streamed", ())}
+            streams = stream_lifetimes(em, node, k)
             lifetimes += streams.values()
             plan.append((st, lts, out, streams))
         elif a == "page_in":
@@ -125,9 +131,17 @@ def step_lifetimes(em, steps: list[dict]) -> tuple[list[tuple], list[Lifetime]]:
     return plan, lifetimes
 
 
-def stream_words(em, node: dict, p: str) -> int:
-    """Words a node's streamed weight takes in the arena while it runs: all of it, or its largest block."""
+def stream_lifetimes(em, node: dict, k: int) -> dict[str, Lifetime]:
+    """The arena a node's streamed weights take while it runs at step `k`, by parameter."""
+    return {p: Lifetime.of_bytes(f"{p} (streamed)", k, k, stream_bytes(em, node, p)) for p in node.get("streamed", ())}
+
+
+def stream_bytes(em, node: dict, p: str) -> int:
+    """Bytes a node's streamed weight takes in the arena while it runs: all of it, or its largest block; in its
+    dtype (an int8 prefix's weights 1 an element, its biases 4: what the store holds and the kernels read)."""
+    spec = em.params[p]
+    size = ARENA_DTYPES[spec.get("dtype", "float32")]
     if p in em.blocks:
-        row = _numel(em.params[p]["shape"]) // em.params[p]["shape"][0]
-        return row * max(r1 - r0 for _, r0, r1 in em.blocks[p])
-    return _numel(em.params[p]["shape"])
+        row = _numel(spec["shape"]) // spec["shape"][0]
+        return size * row * max(r1 - r0 for _, r0, r1 in em.blocks[p])
+    return size * _numel(spec["shape"])

@@ -32,6 +32,7 @@ from edgetrain.targets import Target
 from edgetrain.targets.boards import board_of
 
 from .device_fit import applies, check_elf
+from .flash_data import STORE_DTYPES  # a streamed block's dtype
 
 APT = "apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
 STATUS = {0: "ET_OK", -1: "ET_ERR_ARG", -2: "ET_ERR_IO", -3: "ET_ERR_NOT_FOUND", -4: "ET_ERR_CRC",
@@ -102,7 +103,8 @@ def read_streamed(work: str, manifest: dict) -> dict[str, torch.Tensor]:
         if (magic, page, size, len(raw)) != (0x47505445, w["page"], w["bytes"], 16 + w["bytes"]) or \
                 zlib.crc32(raw[16:], zlib.crc32(raw[:12])) != crc:
             raise FirmwareError(f"{page_file(work, w['page'])}: the block of streamed weight `{w['param']}` is damaged")
-        block = torch.from_numpy(np.frombuffer(raw, dtype="<f4", offset=16).copy()).reshape(w["shape"])
+        dtype = STORE_DTYPES[w.get("dtype", "float32")]  # an int8 prefix's weights as their integers
+        block = torch.from_numpy(np.frombuffer(raw, dtype=dtype, offset=16).copy()).reshape(w["shape"])
         out[w["param"]] = torch.cat([out[w["param"]], block]) if w["param"] in out else block  # blocks in row order
     return out
 

@@ -22,6 +22,8 @@ import torch
 
 from edgetrain.runtime.python import aten_call
 from edgetrain.runtime.python.fused_kernels import FUSED_OP
+from edgetrain.runtime.python.kernel_scratch import (CONVOLUTION_BACKWARD, MASK_AT, channels_last_applies,
+                                                     channels_last_backward_extra)
 from edgetrain.runtime.python.memory_format import CHANNELS_LAST
 
 from .fusion import remap_operands
@@ -136,7 +138,41 @@ def channels_last_convolutions(graph: TrainingGraph) -> TrainingGraph:
         if any(view and view[0][0] in _ROW_VIEWS and shape is not None and len(shape) == 4 and shape[2] * shape[3] > 1
                for shape, view in seen):
             return graph
-    return replace(graph, memory_format=CHANNELS_LAST)
+    nodes = [_channels_last_scratch(n, graph) for n in graph.nodes]
+    return replace(graph, nodes=nodes, memory_format=CHANNELS_LAST)
+
+
+def _channels_last_scratch(n: Node, graph: TrainingGraph) -> Node:
+    """`n` with its kernel scratch for channels-last operands (runtime/python/kernel_scratch.py): a convolution's
+    backward making both gradients of a weight over more than one input channel holds one more weight."""
+    a = n.attrs.get("args")
+    if n.op != CONVOLUTION_BACKWARD or not a or len(a) <= MASK_AT:
+        return n
+    specs = [_spec(v, n, graph) for v in a[:3]]
+    if any(s is None for s in specs) or not channels_last_applies(specs[1][0], bool(a[7]), a[MASK_AT]):
+        return n
+    extra = channels_last_backward_extra(*(size for _, size in specs))
+    if not extra:
+        return n
+    # the runtime's ledger holds attrs["scratch"] while the kernel runs; the workspace counts it for the scheduler
+    attrs = {**n.attrs, "scratch": n.attrs.get("scratch", 0) + extra}
+    return replace(n, attrs=attrs, workspace_bytes=n.workspace_bytes + extra)
+
+
+def _spec(v, n: Node, graph: TrainingGraph):
+    """(shape, bytes) of an argument template's tensor: an operand ($t, or an item of a node of several) or a
+    parameter ($p); None for anything else."""
+    if isinstance(v, dict) and "$t" in v and not v.get("view"):
+        ref = n.inputs[v["$t"]]
+        src = graph.node(ref.name)
+        if ref.view and len(ref.view) == 1 and ref.view[0][0] == "item" and src.items is not None:
+            spec = src.items[ref.view[0][1]]
+            return tuple(spec.shape), spec.bytes
+        return None if ref.view or src.shape is None else (tuple(src.shape), src.bytes)
+    if isinstance(v, dict) and "$p" in v and not v.get("view"):
+        spec = graph.params[v["$p"]]
+        return tuple(spec.shape), spec.bytes
+    return None
 
 
 def _param_views(v):

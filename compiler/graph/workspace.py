@@ -44,7 +44,9 @@ def scratch_threads(target) -> int:
     return getattr(target, "cpu_threads", PLAN_THREADS)
 
 
-def kernel_scratch_bytes(op: str, args: list, out_bytes: int, threads: int = PLAN_THREADS) -> int:
+def kernel_scratch_bytes(op: str, args: list, out_bytes: int, threads: int = PLAN_THREADS,
+                         channels_last: bool = False) -> int:
     """Bytes `op` holds inside its kernel beyond its outputs, run with `threads` intra-op threads; `args` are its
-    positional arguments, tensors as TensorSpec; `out_bytes` its (first) output's bytes, as traced."""
-    return scratch_bytes(op, args, out_bytes, threads, _bytes)
+    positional arguments, tensors as TensorSpec; `out_bytes` its (first) output's bytes, as traced;
+    `channels_last`: its 4-D operands so laid out (a fused plan's convolutions)."""
+    return scratch_bytes(op, args, out_bytes, threads, _bytes, channels_last)

@@ -1,8 +1,10 @@
-"""`run --check` of firmware with an int8 frozen prefix (compile --quantize-frozen int8).
+"""`run --check` of a plan with an int8 frozen prefix (compile --quantize-frozen int8): C firmware (run_c.py) or a
+Python plan (run.py).
 
 Two checks, each as strict as its arithmetic allows:
-- the prefix: the firmware's dequantised boundary on the last batch (et_int8_boundary) equals, bit for bit, the
-  Python integer reference's (runtime/python/int8_prefix.py) on the same input, integer weights and scales;
+- the prefix: the plan's dequantised boundary on the last batch (the firmware's et_int8_boundary, the Python
+  runtime's boundary tensors as its step made them) equals, bit for bit, the Python integer reference's
+  (runtime/python/int8_prefix.py) on the same input, integer weights (derived again from the float ones) and scales;
 - the head: the float model trained by autograd with each boundary module's output replaced by that reference's
   boundary (a forward hook), so that the head trains from exactly what the firmware's head reads; its weights are
   then held to the firmware's within the float check's tolerance (check_rules.RTOL, check_rules.ATOL).
@@ -28,9 +30,11 @@ class Int8Reference:
         self.program = prefix_program(g)
         floats = load_file(weights_path)
         self.values: dict[str, np.ndarray] = {}
+        self.floats: dict[str, np.ndarray] = {}  # the float values the integers are made from, by parameter
         for q in (q for n in g.nodes for q in q8_layers(n.attrs) if "weight" in q):  # a tiled prefix's too
-            w = {p: floats[f"param/{p}"].astype(np.float64) for p in (q["weight"], q["bias"]) if p}
-            self.values.update(conv_integers(q, w))
+            w = {p: floats[f"param/{p}"] for p in (q["weight"], q["bias"]) if p}
+            self.floats.update(w)
+            self.values.update(conv_integers(q, {p: v.astype(np.float64) for p, v in w.items()}))
         self.boundary = [n for n in g.nodes if n.op == Q8_DEQUANTIZE]  # in graph order: the firmware's order
         self.graph = g
 
@@ -106,6 +110,11 @@ def _conv_module(model: torch.nn.Module, node) -> torch.nn.Module:
     raise EdgetrainError(f"--check: the int8 prefix hands the float head `{node.name}` ({node.op}), which is no "
                          "nn.Conv2d module's output, so the autograd reference cannot feed its head the integer "
                          "prefix's value there; run without --check")
+
+
+def has_int8_prefix(body: dict) -> bool:
+    """Whether a schedule's graph hands its float head an int8 prefix's dequantised boundary."""
+    return any(n["op"] == Q8_DEQUANTIZE for n in body["graph"]["nodes"])
 
 
 def boundary_mismatches(ours: np.ndarray, ref: np.ndarray) -> int:

@@ -39,10 +39,13 @@ def _assign_meta(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
             (mod._parameters if kind == "param" else mod._buffers)[leaf] = made[id(t)]
 
 
-def load_weights(model: nn.Module, path: str) -> None:
+def load_weights(model: nn.Module, path: str, floats: str | None = None) -> None:
     """The plan's initial weights into the model; a tensor on the meta device (its values were in a source file,
-    frontend/meta_weights.py) takes the file's tensor in its place."""
+    frontend/meta_weights.py) takes the file's tensor in its place. `floats`: a file whose tensors take the place of
+    the weights file's (a Python plan's int8 prefix: the float values of the parameters it holds as integers)."""
     tensors = load_file(path)
+    if floats is not None:
+        tensors.update(load_file(floats))
     meta = {k for k, p in model.named_parameters() if p.is_meta} | {k for k, b in model.named_buffers() if b.is_meta}
     _assign_meta(model, tensors)
     with torch.no_grad():
@@ -90,16 +93,16 @@ def _as(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None) -> tor
 
 def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
                     device: torch.device, first_step: int = 0, feed=None,
-                    dtype: torch.dtype | None = None) -> tuple[nn.Module, list[float]]:
+                    dtype: torch.dtype | None = None, floats: str | None = None) -> tuple[nn.Module, list[float]]:
     """The model trained by autograd on `batches`; `feed(model)`, where given, returns what is called with each
     batch's input before its step (an int8 prefix's reference hands its head the integer prefix's output);
     `dtype`: the eager run's floats where given (float64: what float32 rounding is measured against); else the
-    model's own."""
+    model's own; `floats`: load_weights'."""
     check_draws(schedule)
     spec = schedule["model"]
     torch.manual_seed(schedule["seed"])
     model = resolve(spec["spec"], **spec["kwargs"]).module
-    load_weights(model, weights_path)
+    load_weights(model, weights_path, floats)
     model.to(device=device, dtype=dtype).train()
     clock = [schedule["seed"], first_step, {}]
     keyed, drawn = _draws(schedule), []

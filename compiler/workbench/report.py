@@ -115,7 +115,8 @@ def print_human(cmd: str, r: dict) -> None:
                 con.print(f"{len(r['streamed'])} frozen weights ({r['streamed_bytes']} B) streamed from "
                           f"weights.safetensors, read before each reader and freed after; {r['paged_bytes_per_step']} "
                           "B read or paged per step")
-            con.print(f"wrote {r['out']}/schedule.json, plan.py, weights.safetensors")
+            floats = ", prefix_floats.safetensors" if r.get("int8_prefix") else ""  # the check's float originals
+            con.print(f"wrote {r['out']}/schedule.json, plan.py, weights.safetensors{floats}")
     elif cmd == "run" and "build" in r:  # C firmware
         con.print(f"{r.get('steps_done', 0)}/{r['steps']} steps ({r['build']}), losses "
                   f"{losses(r.get('losses', []))}")
@@ -164,7 +165,10 @@ def print_human(cmd: str, r: dict) -> None:
         if r.get("saved"):
             con.print(f"saved {escape(r['saved'][0])} (the model's state_dict) and {escape(r['saved'][1])} "
                       f"(training state, step {r['first_step'] + r['steps']})")
-        if r.get("checked"):
+        if r.get("int8_boundary_floats") is not None:
+            con.print(f"int8 prefix against the integer reference: {r['int8_boundary_mismatches']} of "
+                      f"{r['int8_boundary_floats']} boundary values differ (bit for bit expected)")
+        if r.get("checked") and r.get("max_abs_err") is not None:
             kernels = " (both sides with cuDNN off)" if r.get("cudnn") is False else ""
             if r.get("fused_kernels") or r.get("memory_format", "contiguous") != "contiguous":
                 # inductor's kernels and channels-last sums are not eager's to the bit: the check says how close

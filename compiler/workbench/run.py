@@ -7,8 +7,10 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from edgetrain.codegen.python_q8 import PREFIX_FLOATS
 from edgetrain.runtime.python.device_api import Trainer, state_path
 from edgetrain.runtime.python.fused_kernels import FUSED_ATOL, FUSED_RTOL, FUSED_OP
 from edgetrain.runtime.python.integrity import verify_folder
@@ -21,6 +23,7 @@ from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.compiler.graph.ir import TrainingGraph
 from .reference import check_draws, train_reference
 from .evaluate import Evaluator
+from .int8_check import Int8Reference, boundary_mismatches, has_int8_prefix
 from .run_data import (HOLDOUT, NAMED, check_trainable, dataset_batches, epochs_to_steps, held_out, open_source,
                        steps_per_epoch)
 from edgetrain.compiler.scheduling.validator import validate
@@ -56,11 +59,11 @@ class _EpochWatch:
     """What a user watches as training goes: as each epoch of a dataset ends (and at the last step), its mean
     loss and the held-out loss and accuracy, handed to `on_epoch` and appended to the metrics file."""
 
-    def __init__(self, trainer, ds, eval_ds, body, steps_total, device, save, resume, on_epoch) -> None:
+    def __init__(self, trainer, ds, eval_ds, body, steps_total, device, save, resume, on_epoch, int8=None) -> None:
         self.trainer, self.ds, self.on_epoch, self.steps_total = trainer, ds, on_epoch, steps_total
         self.per = steps_per_epoch(ds, body["graph"]["input_shape"][0]) if ds is not None else None
         self.eval_ds = eval_ds
-        self.evaluator = Evaluator(body, device) if eval_ds is not None else None
+        self.evaluator = Evaluator(body, device, int8) if eval_ds is not None else None
         self.path = metrics_path(save) if save and ds is not None else None
         self.mode = "a" if resume else "w"
         self.records: list[dict] = []
@@ -158,12 +161,16 @@ def check_tolerance(model, body: dict) -> tuple[float, float]:
     return rtol, atol
 
 
-def _compare(model, rt, body: dict) -> tuple[float, float, list[str]]:
+def _compare(model, rt, body: dict, integers=None) -> tuple[float, float, list[str]]:
+    """`integers`: an int8 prefix's parameters (name -> the integers conv_integers derives from the float model's),
+    which the plan holds in place of the model's floats: each equal to them, element for element."""
     max_abs = max_rel = 0.0
-    bad = []
+    integers = integers or {}
+    bad = [f"param {k}" for k, v in integers.items()  # a streamed one from its file
+           if not torch.equal((rt.params[k] if k in rt.params else rt.streamed_copy(k)).cpu(), torch.from_numpy(v))]
     rtol, atol = check_tolerance(model, body)
     ours = {**{f"param {k}": v for k, v in rt.params.items()}, **{f"buffer {k}": v for k, v in rt.buffers.items()}}
-    theirs = {**{f"param {k}": v for k, v in model.named_parameters()},
+    theirs = {**{f"param {k}": v for k, v in model.named_parameters() if k not in integers},
               **{f"buffer {k}": v for k, v in model.named_buffers()}}
     for k, ref in theirs.items():
         mine = ours[k] if k in ours else rt.streamed_copy(k.removeprefix("param "))  # a streamed weight: from its file
@@ -247,6 +254,15 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
     if epochs is not None:
         steps = epochs_to_steps(ds, batch, epochs)
     steps = 1 if steps is None else steps
+    int8 = None
+    if has_int8_prefix(body):  # its int8 ops compute with numpy (runtime/python/q8_ops.py)
+        if device and device.split(":")[0] != "cpu":
+            raise EdgetrainError(f"--device {device}: this plan's int8 prefix runs with numpy on the CPU; run it "
+                                 "with --device cpu (or leave --device out)")
+        device = "cpu"
+        # the integer reference, from the prefix's float parameters as the model had them: the check's, and the
+        # held-out evaluation's prefix
+        int8 = Int8Reference(body, os.path.join(out_dir, PREFIX_FLOATS))
     dev = _device(device)
     resume_from = save if resume and state_path(save).exists() else None
     # The runtime pins a CPU plan's steps to the plan's thread count (its kernel scratch was counted for it).
@@ -256,10 +272,12 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         if save:
             trainer.claim_save(save)  # its name, its folder and one writer, before any training
         rt = trainer.rt
+        if check and int8 is not None:  # the boundary tensors as the plan's step makes them, for the check
+            rt.observe = frozenset(n.name for n in int8.boundary)
         start = trainer.steps_done
         batches = _stream(body, data, start, max(0, steps - start), seed, ds)
         same_kernels = _same_kernels(check, rt.device)
-        watch = _EpochWatch(trainer, ds, eval_ds, body, steps, rt.device, save, resume, on_epoch)
+        watch = _EpochWatch(trainer, ds, eval_ds, body, steps, rt.device, save, resume, on_epoch, int8)
         t0 = time.perf_counter()
         with same_kernels, watch:
             for k, (x, y) in enumerate(batches):
@@ -286,13 +304,24 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         result["ok"] = False
         result["error_kind"] = "BudgetExceeded"
         result["error"] = f"measured peak {rt.ledger.peak_bytes} B exceeds the budget {body['budget']['bytes']} B"
+    if check and int8 is not None and batches:  # the int8 prefix first: bit for bit, or the head's check means nothing
+        ours = np.concatenate([rt.observed[n.name].reshape(-1).numpy() for n in int8.boundary])
+        bad_bits = boundary_mismatches(ours, int8.flat(batches[-1][0]))
+        result.update(int8_boundary_floats=int(ours.size), int8_boundary_mismatches=bad_bits)
+        if bad_bits:
+            result.update(ok=False, error_kind="CheckMismatch", error=(
+                f"the plan's int8 prefix differs from the Python integer reference in {bad_bits} of its {ours.size} "
+                "boundary values on the last batch (bit for bit expected)"))
+            return result
     if check:
         # the plan's thread count: oneDNN's sums then run in the same order
         threads = pinned_threads(rt.threads) if rt.threads is not None else nullcontext()
         with threads, _same_kernels(check, rt.device):
+            # an int8 prefix: the model's own float weights, its head fed the integer reference's boundary
+            prefix = {} if int8 is None else {"feed": int8.feed, "floats": os.path.join(out_dir, PREFIX_FLOATS)}
             model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
-                                                rt.device)
-        max_abs, max_rel, bad = _compare(model, rt, body)
+                                                rt.device, **prefix)
+        max_abs, max_rel, bad = _compare(model, rt, body, int8.values if int8 is not None else None)
         rtol, atol = check_tolerance(model, body)
         result.update(max_abs_err=max_abs, max_rel_err=max_rel, check_rtol=rtol, check_atol=atol,
                       fused_kernels=fused_kernels_in(body),

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .integrity import read_weights
-from . import cuda_memory, fused_kernels, heap, memory_format as layouts, plan_api, prepared
+from . import cuda_memory, fused_kernels, heap, memory_format as layouts, plan_api, prepared, q8_ops
 from .ledger import Ledger
 from .streamed_weights import StreamedWeights
 from .optim import Optimizer
@@ -120,6 +120,8 @@ class Runtime(OpRunner):
         self.view_copied_bytes = 0  # views never copy: aten view ops alias their base
         self.in_place_ops = 0  # ops that wrote their output into an operand the plan freed next (inplace.py)
         self.paging_wait_s = 0.0  # seconds the plan waited for the page store (writes, reads, checksums)
+        self.observe: frozenset = frozenset()  # tensors copied into `observed` as made (a check reads them)
+        self.observed: dict[str, Tensor] = {}
 
     # -- properties -----------------------------------------------------------------------------------
     @property
@@ -318,6 +320,9 @@ class Runtime(OpRunner):
         if not op.startswith(("aten.", "edgetrain.")) and op != fused_kernels.FUSED_OP:  # edgetrain's own: patch_forward.py
             raise PlanError(f"{self._what}: '{op}' is not an aten op; this plan was generated for another "
                             "runtime: recompile it")
+        if self.device.type != "cpu" and q8_ops.runs_int8(op, attrs):
+            raise PlanError(f"{self._what}: '{op}' is an int8 prefix's op, which runs with numpy on the CPU: run "
+                            "this plan with --device cpu")
         if self.device.type != "cpu" and "_for_cpu" in op:  # torch's CPU-only kernels say so in their names
             raise PlanError(f"{self._what}: '{op}' is a CPU-only kernel: this plan was compiled for a target that "
                             f"trains on its CPU, and cannot train on {self.device.type}; compile it for a GPU "

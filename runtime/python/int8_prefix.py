@@ -50,6 +50,14 @@ def _op(op: str, q: dict, xs: list[np.ndarray], values: dict) -> np.ndarray:
     raise ValueError(f"an int8 prefix has no op {op!r}")
 
 
+def step(op: str, q: dict, xs: list[np.ndarray], values: dict) -> np.ndarray:
+    """One step of a program on its operands (the float input for q8_quantize, int8 otherwise): an int8 op, or
+    q8_dequantize's float32 boundary. The Python runtime's int8 ops (q8_ops.py) run each node through it."""
+    if op == "q8_dequantize":
+        return _dequantize(xs[0], q["scale"], q["zp"])
+    return _op(op, q, xs, values)
+
+
 def _operand(patches: dict, g: dict, pad_value: int) -> np.ndarray:
     """An op's operand patch: its crop of the tensor's patch, padded with `pad_value` (a zero point: a real 0)."""
     y, h, x, w = g["crop"]

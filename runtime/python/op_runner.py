@@ -83,6 +83,8 @@ class OpRunner:
                     ledger.leave(sub.scratch)
         finally:
             torch._C._set_grad_enabled(grad_was)
+        if self.observe and name in self.observe:  # a copy outside the ledger, for a check (run --check)
+            self.observed[name] = held.detach().clone()
         if node.loss_item is not None:
             item = node.loss_item[0]
             self._step_loss = float(outs[0] if item is None else outs[item])

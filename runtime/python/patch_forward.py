@@ -46,6 +46,10 @@ def _run(op: dict, args: list, params: list) -> torch.Tensor:
 
 def patch_forward(x: torch.Tensor, params: list, plan: str) -> torch.Tensor:
     p = _plan(plan)
+    if p.get("dtype") == "int8":  # an int8 prefix's patches: the integer reference's arithmetic (q8_ops.py)
+        from .q8_ops import tiled
+
+        return tiled(x, params, p)
     n, c, h, w = p["tensors"][-1]
     out = x.new_empty((n, c, h, w))
     last = len(p["tensors"]) - 1
@@ -72,4 +76,5 @@ def _last_reads(p: dict) -> list[list[int]]:
 
 
 _LIB.impl("patch_forward", patch_forward, "CompositeExplicitAutograd")
-_LIB.impl("patch_forward", lambda x, params, plan: x.new_empty(_plan(plan)["tensors"][-1]), "Meta")
+_LIB.impl("patch_forward", lambda x, params, plan: x.new_empty(
+    _plan(plan)["tensors"][-1], dtype=torch.int8 if _plan(plan).get("dtype") == "int8" else x.dtype), "Meta")

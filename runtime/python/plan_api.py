@@ -25,6 +25,7 @@ import types
 import torch
 
 from . import patch_forward  # noqa: F401  registers edgetrain.patch_forward, which plans may call
+from . import q8_ops  # noqa: F401  registers edgetrain.q8_*, an int8 prefix's ops
 from .fused_kernels import FUSED_OP
 
 
@@ -47,8 +48,10 @@ def _lazy(name: str, find) -> types.ModuleType:
 # aten.relu.default is torch's own OpOverload, looked up once
 aten = _lazy("aten", lambda op: _lazy(f"aten.{op}", lambda overload: getattr(getattr(torch.ops.aten, op), overload)))
 
-# Keywords of `rt.call` that describe the node, not the op (no aten op has an argument of these names).
-NODE_KEYWORDS = frozenset({"keep", "aux", "updates", "then", "scratch", "overwrite", "into", "loss_item", "seed_key"})
+# Keywords of `rt.call` that describe the node, not the op (no aten op has an argument of these names). `q8`: an int8
+# node's quantisation (its attrs["q8"]), which the runtime hands its op (q8_ops.py) as JSON.
+NODE_KEYWORDS = frozenset({"keep", "aux", "updates", "then", "scratch", "overwrite", "into", "loss_item", "seed_key",
+                           "q8"})
 
 
 def _view(seen: dict, prefix: tuple, op, args: tuple) -> "View":
@@ -355,6 +358,8 @@ def node_of(op, args: tuple, keywords: dict) -> tuple[str, list, dict, str | Non
         attrs["updates"] = _updates(meta["updates"])
     if "seed_key" in meta:
         attrs["seed_key"] = meta["seed_key"]
+    if "q8" in meta:
+        attrs["q8"] = meta["q8"]
     if "loss_item" in meta:
         attrs["loss_item"] = meta["loss_item"]
     if "then" in meta:

@@ -13,6 +13,7 @@ output sizes, storage sharing) is still read at every call.
 from __future__ import annotations
 
 import copy
+import json
 from collections import Counter
 from dataclasses import dataclass
 
@@ -126,6 +127,13 @@ def _twin(op: str, inputs: list, attrs: dict) -> str:
     return repr((op, inputs, sorted((k, v) for k, v in attrs.items() if k not in _NOT_THE_CALL)))
 
 
+def _q8_call(attrs: dict) -> dict:
+    """An int8 node's call: its quantisation (attrs["q8"]) given to its op as the keyword q8, in JSON (q8_ops.py)."""
+    if "q8" not in attrs:
+        return attrs
+    return dict(attrs, kwargs={**(attrs.get("kwargs") or {}), "q8": json.dumps(attrs["q8"])})
+
+
 def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: str | None, params: dict,
             buffers: dict, device, optim) -> Node:
     """A node's call read once. KeyError names an unknown op, parameter or buffer."""
@@ -152,7 +160,7 @@ def prepare(first: bool, name: str, op: str, inputs: list, attrs: dict, aux_of: 
                 plain=[isinstance(r, str) for r in inputs],
                 aux_name=f"{aux_of}.aux" if aux_of is not None else None,
                 call=fused_kernels.Call(attrs, params, buffers, device) if op == fused_kernels.FUSED_OP
-                else aten_call.Call(op, attrs, params, buffers, device),
+                else aten_call.Call(op, _q8_call(attrs), params, buffers, device),
                 buffer_call=buffer_call, buffer_outs=buffer_outs, dying="dying" in attrs,
                 keep_list=isinstance(keep, list), held_items=held, aux_items=aux_items, kept=kept,
                 updates=_updates(specs, kept, first, params, buffers, optim), then=then,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import int8_reference as ref
-from .int8_prefix import _dequantize, _op, run_tiled
+from .int8_prefix import run_tiled, step as run_step
 
 F32 = np.float32
 SUPPORTED_OPTIMIZERS = "SGD (with or without momentum and weight decay; not Nesterov)"
@@ -148,11 +148,11 @@ def forward(program: list[dict], values: dict[str, np.ndarray], state: QasState,
         reads_input = op == "q8_quantize" or (op == "q8_patches" and step["plan"]["ops"][0]["op"] == "q8_quantize")
         xs = [x] if reads_input else [held[r] for r in step["inputs"]]
         if op == "q8_dequantize":
-            out[step["name"]] = _dequantize(xs[0], step["q8"]["scale"], step["q8"]["zp"])
+            out[step["name"]] = run_step(op, step["q8"], xs, vals)
         elif op == "q8_patches":
             held[step["name"]] = run_tiled(step["plan"], vals, xs[0])
         else:
-            held[step["name"]] = _op(op, step["q8"], xs, vals)
+            held[step["name"]] = run_step(op, step["q8"], xs, vals)
     return Forward(held, out)
 
 

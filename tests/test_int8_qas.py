@@ -1,7 +1,8 @@
 """int8 bias training (QAS): the region over convolutions whose bias alone trains (compiler/graph/quantize.py), its
 integer step in numpy (runtime/python/int8_qas.py), the C kernels of its backward and update held to that step bit
 for bit (runtime/c/kernels/q8_grad_quantize, q8_grad_rescale, q8_bias_grad, q8_conv2d_input_grad_sums, q8_qas_sgd),
-and the step against float autograd within stated tolerances."""
+on the host and (slow) on the Cortex-M4F under QEMU, and the step against float autograd within stated
+tolerances."""
 from __future__ import annotations
 
 import copy
@@ -476,3 +477,97 @@ def test_a_residual_add_passes_the_gradient_to_its_trained_operand(lib):
         qas.update(program, qas.Sgd(0.1, 0.9), state, ints)
     # c4's bias gradient is the add's, quantised once: exact but for its rounding; c2's crosses two input gradients
     assert max(errs) < 0.1, errs
+
+
+# -- the same kernels on the Cortex-M4F under QEMU (its FPU's float32, its int64 division) ------------------------
+
+# Deterministic inputs (xorshift32), every input and result paged out for the reference to recompute.
+_QEMU_HARNESS = r"""
+#include "et_runtime.h"
+#include "storage.h"
+
+static uint32_t g_rng = 2463534242u;
+static uint32_t next(void) { g_rng ^= g_rng << 13; g_rng ^= g_rng >> 17; g_rng ^= g_rng << 5; return g_rng; }
+static float uniform(float scale) { return (float)(int32_t)next() / 2147483648.0f * scale; }
+static int g_bad = 0;
+static void out(uint32_t id, const void *p, uint32_t bytes) { if (et_page_out(id, p, bytes) != ET_OK) g_bad = 2; }
+
+int main(void)
+{
+    static float g[300], s[4], sb[96], m[96];
+    static int8_t q[300];
+    static int32_t acc[200], gb[96], b[96];
+    int i, k;
+
+    if (et_storage_init(PAGE_DIR) != ET_OK)
+        return 1;
+    for (k = 0; k < 3; ++k) { /* gradients of three magnitudes, one with exact ties */
+        for (i = 0; i < 300; ++i)
+            g[i] = k == 2 ? (float)(i % 7) - 3.0f : uniform(k == 0 ? 1e-6f : 40.0f);
+        s[0] = et_q8_grad_quantize(300, g, q);
+        out(0x100u + k * 16u, g, sizeof g); out(0x101u + k * 16u, q, sizeof q); out(0x102u + k * 16u, s, 4);
+    }
+    for (i = 0; i < 200; ++i)
+        acc[i] = (int32_t)next() >> (i % 20);
+    s[0] = 3.25e-7f;
+    s[1] = et_q8_sums_quantize(200, acc, s[0], q);
+    out(0x200u, acc, sizeof acc); out(0x201u, q, 200); out(0x202u, s, 8);
+    for (i = 0; i < 96; ++i) {
+        sb[i] = 1e-5f + (uniform(1.0f) + 1.0f) * 2e-4f;
+        b[i] = (int32_t)(next() % 100000u) - 50000;
+        m[i] = 0.0f;
+    }
+    out(0x300u, sb, sizeof sb); out(0x301u, b, sizeof b);
+    for (k = 0; k < 20; ++k) { /* lr 0.01, momentum 0.9, weight decay 5e-4 */
+        for (i = 0; i < 96; ++i)
+            gb[i] = (int32_t)(next() % 6001u) - 3000;
+        s[0] = 1e-5f + (uniform(1.0f) + 1.0f) * 5e-3f;
+        et_q8_qas_sgd(96, gb, s[0], sb, 0.01f, 0.9f, 5e-4f, b, m);
+        out(0x400u + k * 4u, gb, sizeof gb); out(0x401u + k * 4u, s, 4);
+        out(0x402u + k * 4u, b, sizeof b); out(0x403u + k * 4u, m, sizeof m);
+    }
+    return g_bad;
+}
+"""
+
+
+@pytest.mark.slow
+def test_the_kernels_on_the_cortex_m4f_under_qemu_are_the_references_bits(tmp_path):
+    import sys
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import int8_kernels as harness
+    from edgetrain.targets.boards import DEFAULT_BOARD, load_board
+
+    if harness.toolchain_missing():
+        pytest.skip(harness.toolchain_missing())
+    board = load_board(DEFAULT_BOARD)
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    src = tmp_path / "qas_selftest.c"
+    src.write_text(_QEMU_HARNESS)
+    port = C_DIR / "port" / board.port
+    runtime = [str(C_DIR / f) for f in ("et_status.c", "crc32.c", "storage_block.c", "storage_file.c",
+                                        "storage_semihost.c")]
+    elf = tmp_path / "qas_selftest.elf"
+    cmd = ["arm-none-eabi-gcc", "-Wall", "-Wextra", "-Werror", "-std=c99", *board.cpu_flags.split(), "-O2",
+           "-ffp-contract=off", f"-I{C_DIR}", f'-DPAGE_DIR="{pages}"', str(src), *map(str, SOURCES), *runtime,
+           str(port / "startup.c"), "--specs=nano.specs", "--specs=rdimon.specs", "-nostartfiles", "-T",
+           str(port / "link.ld"), "-lm", "-o", str(elf)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    harness.run_board(str(elf), board)
+
+    def page(pid, dtype):
+        return np.frombuffer(harness._page(str(pages), pid), dtype).copy()
+    for k in range(3):
+        g = page(0x100 + k * 16, "<f4")
+        q, s = qas.quantize_gradient(g)
+        assert _same(page(0x101 + k * 16, "i1"), q) and _same(page(0x102 + k * 16, "<f4"), np.array([s]))
+    acc, (unit, s_c) = page(0x200, "<i4"), page(0x202, "<f4")
+    q, s = qas.quantize_sums(acc, unit)
+    assert _same(page(0x201, "i1"), q) and _same(np.array([s_c], np.float32), np.array([s]))
+    s_b, b, m = page(0x300, "<f4"), page(0x301, "<i4"), np.zeros(96, np.float32)
+    opt = qas.Sgd(0.01, 0.9, 5e-4)
+    for k in range(20):
+        b, m = qas.bias_step(opt, page(0x400 + k * 4, "<i4"), page(0x401 + k * 4, "<f4")[0], b, m, s_b)
+        assert _same(page(0x402 + k * 4, "<i4"), b) and _same(page(0x403 + k * 4, "<f4"), m), k

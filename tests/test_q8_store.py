@@ -18,6 +18,7 @@ from safetensors.numpy import load_file
 from torch import nn
 
 import edgetrain.targets as targets
+from edgetrain.codegen.c.device_fit import figures_of_firmware
 from edgetrain.codegen.c.firmware import _Emitter
 from edgetrain.codegen.c.flash_data import write_storage
 from edgetrain.codegen.c.ops import CodegenError
@@ -163,10 +164,10 @@ def test_the_host_firmware_streams_it_and_matches_the_integer_reference_bit_for_
 
 @needs_host
 def test_an_int32_bias_streamed_too_is_read_as_int32_bit_for_bit(tmp_path):
-    """52,800 B of flash: all four int8 weights and one int32 bias streamed (the flash estimate fits; the
-    built image does not, so the host build alone runs it)."""
+    """59,456 B of flash: all four int8 weights and one int32 bias streamed (the host build runs it; the flash
+    estimate, the int8 kernels' code included, is at or above the M4F build's, which the slow test holds)."""
     out = tmp_path / "fw"
-    c = _compile(out, _flash_profile(tmp_path, 52_800), "auto")
+    c = _compile(out, _flash_profile(tmp_path, 59_456), "auto")
     body, manifest = _schedule(out), json.loads((out / "firmware.json").read_text())
     bias = next(b for b in manifest["streamed"] if b["dtype"] == "int32")
     assert bias["param"] == "backbone.2.bias" and bias["bytes"] == 64 * 4 and len(c["streamed"]) == 5
@@ -241,3 +242,7 @@ def test_under_qemu_streaming_and_paging_match_the_reference_bit_for_bit(streame
         assert r["int8_boundary_mismatches"] == 0 and not r["mismatched"]
         assert r["paged_bytes_per_step"] == r["predicted_paged_bytes_per_step"]
         assert r["flash_bytes"] <= flash and r["ram_bytes"] < 256 << 10
+        # the compile's flash estimate, the int8 kernels' code included, at or above the build (5.5 KB under without)
+        schedule = json.loads((out / "schedule.json").read_text())
+        fig = figures_of_firmware(schedule, json.loads((out / "firmware.json").read_text()))
+        assert fig.int8 and r["flash_bytes"] <= fig.flash_bytes <= r["flash_bytes"] + 12 * 1024, (fig, r["flash_bytes"])

@@ -31,6 +31,10 @@ CODE_PER_STEP_BYTES = 64  # the straight-line plan's calls, and its tables, per 
 CODE_PER_PATCH_CALL_BYTES = 56  # a patch-by-patch node's kernel calls: ~52 B each measured (mcu_mbv2_40, 64 tiles)
 # an int8 one's pass zero points and requantisation tables too: ~67 B each measured (MbV2-w0.35 at 128x128, 436 calls)
 CODE_PER_Q8_PATCH_CALL_BYTES = 80
+# The int8 kernels (q8_*.c: the SMLAD convolutions, conversions, activations), built only into a firmware with int8
+# nodes: three Cortex-M4F int8 builds ran 5,084-6,504 B over the float-only estimate (mcu_mbv2_40 whole and tiled, a
+# frozen 3-conv backbone with a weight streamed)
+CODE_Q8_BYTES = 6656
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class FirmwareFigures:
     patch_calls: int = 0  # kernel calls of float32 patch-by-patch nodes, beyond one per step
     q8_patch_calls: int = 0  # the same of int8 ones
     buffer_bytes: int = 0  # buffers (batch norm's running statistics): RAM, and their initial values in flash
+    int8: bool = False  # the plan has int8 nodes: the int8 kernels are linked in
 
     @property
     def reserve_bytes(self) -> int:
@@ -61,7 +66,7 @@ class FirmwareFigures:
     @property
     def code_bytes(self) -> int:
         return CODE_BASE_BYTES + CODE_PER_STEP_BYTES * self.steps + CODE_PER_PATCH_CALL_BYTES * self.patch_calls \
-            + CODE_PER_Q8_PATCH_CALL_BYTES * self.q8_patch_calls
+            + CODE_PER_Q8_PATCH_CALL_BYTES * self.q8_patch_calls + (CODE_Q8_BYTES if self.int8 else 0)
 
     @property
     def flash_bytes(self) -> int:
@@ -177,11 +182,11 @@ def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> Devi
                      flash_bytes=flash, message=message)
 
 
-def flash_room_for_frozen(target, trainable_bytes: int, steps: int, buffer_bytes: int = 0) -> int:
-    """Flash left for frozen weights by the code of a `steps`-step plan and the trainable weights' and buffers'
-    initial values."""
+def flash_room_for_frozen(target, trainable_bytes: int, steps: int, buffer_bytes: int = 0, int8: bool = False) -> int:
+    """Flash left for frozen weights by the code of a `steps`-step plan (`int8`: with the int8 kernels) and the
+    trainable weights' and buffers' initial values."""
     return linked_flash_bytes(target) - FirmwareFigures(trainable_bytes=trainable_bytes, steps=steps,
-                                                        buffer_bytes=buffer_bytes).flash_bytes
+                                                        buffer_bytes=buffer_bytes, int8=int8).flash_bytes
 
 
 def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int, ram_room: int,
@@ -236,6 +241,12 @@ def _numel(shape) -> int:
     return n
 
 
+def has_int8_nodes(node_attrs) -> bool:
+    """Whether any node (`node_attrs`: every node's attrs) computes in int8, a tiled int8 prefix included: its
+    firmware links the int8 kernels."""
+    return any(q8_layers(a) for a in node_attrs)
+
+
 def q8_table_bytes(node_attrs) -> int:
     """The flash an int8 prefix's requantisation tables take: a Q31 multiplier and a shift (int32 each) per output
     channel of each convolution (`node_attrs`: every node's attrs)."""
@@ -259,6 +270,7 @@ def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
                            io_bytes=io, steps=len(schedule["steps"]),
                            streamed_bytes=sum(sizes[k] for k in streamed), patch_calls=manifest.get("patch_calls", 0),
                            q8_patch_calls=manifest.get("q8_patch_calls", 0),
+                           int8=has_int8_nodes(n["attrs"] for n in g["nodes"]),
                            stack_bytes=board_stack_bytes(Target(**schedule["target"])),
                            buffer_bytes=sum((8 if v["dtype"] == "int64" else 4) * _numel(v["shape"])
                                             for v in g.get("buffers", {}).values()))

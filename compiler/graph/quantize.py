@@ -277,3 +277,90 @@ def prefix_program(q: Quantized | TrainingGraph) -> str:
         elif (plan := int8_tiled_plan(n.attrs)) is not None:
             steps.append({"name": n.name, "op": "q8_patches", "inputs": [r.name for r in n.inputs], "plan": plan})
     return json.dumps(steps)
+
+
+# -- int8 bias training (QAS): the region extended over convolutions whose bias alone trains ---------------------
+
+def _bias_only(n: Node, frozen: set[str], trained: set[str]) -> str | None:
+    """The bias of a convolution whose weight is frozen and whose bias trains (int8 can run it, its bias int32 state
+    updated by QAS); None for any other node."""
+    if n.op != CONV or "args" not in n.attrs:
+        return None
+    a = n.attrs["args"]
+    bias = a[2]["$p"] if len(a) == 9 and isinstance(a[2], dict) and "$p" in a[2] else None
+    if bias is None or bias not in trained or not _supported(n, frozen | {bias}):
+        return None
+    return bias
+
+
+def qas_region(g: TrainingGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(prefix, tail): the frozen prefix (`frozen_prefix`), then the nodes after it int8 still runs where a
+    convolution's bias alone may train: convolutions over frozen weights (their biases trained or not), ReLU/ReLU6
+    and residual adds, each reading the region, up to the first other node; a tensor the gradient reaches that two
+    nodes read ends it (one gradient a tensor: no integer sum at two scales). The tail starts at the first
+    trained bias (the prefix stops there), so every tail node is on its gradient's path; empty where none follows."""
+    prefix = frozen_prefix(g)
+    if not prefix:
+        return (), ()
+    frozen, trained = set(g.params) - set(g.trainable_params), set(g.trainable_params)
+    region = set(prefix) | {next(n.name for n in g.nodes if n.kind == "input")}
+    fwd = [n for n in g.nodes if n.kind == "forward"]
+    tail: list[str] = []
+    need: set[str] = set()  # region tensors a gradient reaches (downstream of a trained bias)
+    for n in fwd[fwd.index(g.node(prefix[-1])) + 1:]:
+        bias = _bias_only(n, frozen, trained)
+        if (bias is None and not _supported(n, frozen)) or any(r.name not in region for r in n.inputs) \
+                or (n.op == ADD and any(g.node(r.name).shape != n.shape for r in n.inputs)):
+            break
+        tail.append(n.name)
+        region.add(n.name)
+        if bias is not None or any(r.name in need for r in n.inputs):
+            need.add(n.name)
+    readers: dict[str, int] = {}
+    for n in fwd:
+        for r in n.inputs:
+            readers[r.name] = readers.get(r.name, 0) + 1
+    for i, t in enumerate(tail):  # a tensor the gradient reaches, read twice: the region ends with it, so that
+        if t in need and readers.get(t, 0) > 1:  # the float head alone reads it (and sums its gradients)
+            return prefix, tuple(tail[:i + 1])
+    return prefix, tuple(tail)
+
+
+def qas_or_error(g: TrainingGraph, flag: str = "--int8-biases") -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`qas_region(g)`, or one error saying why int8 bias training cannot run (an optimizer it has no integer update
+    for, no int8 prefix, no convolution whose bias alone trains right after it, a trained parameter inside the
+    region that is not such a bias); checked before any solve."""
+    from edgetrain.runtime.python.int8_qas import sgd_of
+
+    try:
+        sgd_of(g.optimizer.to_json())
+    except ValueError as e:
+        raise UnsupportedModelError(f"{flag}: {e}. Use --optimizer sgd (momentum and weight decay are fine), or drop "
+                                    "the flag") from None
+    prefix = prefix_or_error(g, flag)
+    prefix, tail = qas_region(g)
+    trained = set(g.trainable_params)
+    biases = [b for n in tail if (b := _bias_only(g.node(n), set(g.params) - trained, trained))]
+    if not biases:
+        after = next((n for n in g.nodes[g.index(prefix[-1]) + 1:] if n.kind == "forward"), None)
+        said = f"node `{after.name}` ({after.op}{', ' + after.source if after.source else ''})" if after else "nothing"
+        raise UnsupportedModelError(
+            f"{flag}: no convolution whose bias alone trains follows the int8 prefix (it ends at `{prefix[-1]}`; "
+            f"next is {said}); train the last blocks' biases, e.g. --train 'features.17.*bias,classifier.*', with "
+            "their weights frozen, or drop the flag")
+    return prefix, tail
+
+
+def qas_biases(g: TrainingGraph, tail: tuple[str, ...]) -> tuple[str, ...]:
+    """The trained biases of a region's tail, in graph order: the int32 state QAS updates."""
+    trained = set(g.trainable_params)
+    return tuple(b for n in tail if (b := _bias_only(g.node(n), set(g.params) - trained, trained)))
+
+
+def quantize_region(g: TrainingGraph, region: tuple[str, ...], ranges: dict[str, tuple[float, float]],
+                    weights: dict[str, torch.Tensor]) -> Quantized:
+    """The int8 program of a QAS region (prefix + tail): `quantize_frozen` on the graph's forward nodes alone, so
+    that the boundary is what the float forward reads (the backward's reads of saved tensors are the integer
+    backward's own); its trained biases' int32 values are their starting state."""
+    fwd = replace(g, nodes=[n for n in g.nodes if n.kind in ("input", "forward")])
+    return quantize_frozen(fwd, region, ranges, weights)

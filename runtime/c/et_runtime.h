@@ -54,5 +54,10 @@
 #include "kernels/q8_avgpool2d.h"
 #include "kernels/q8_convert.h"
 #include "kernels/q8_patch.h"
+#include "kernels/q8_conv2d_input_grad_sums.h"
+#include "kernels/q8_grad_quantize.h"
+#include "kernels/q8_grad_rescale.h"
+#include "kernels/q8_bias_grad.h"
+#include "kernels/q8_qas_sgd.h"
 
 #endif /* ET_RUNTIME_H */

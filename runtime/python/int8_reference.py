@@ -127,6 +127,12 @@ def conv2d_backward_input(gy, w, q: Requant, in_hw, stride=(1, 1), padding=(0, 0
                           groups: int = 1) -> np.ndarray:
     """gx = q(sum over the taps reading each input pixel of gy * w), q per input channel: each tap's products
     scattered into the padded input, the padding cut off (et_q8_conv2d_backward_input)."""
+    return output(conv2d_backward_input_sums(gy, w, in_hw, stride, padding, dilation, groups), q, 1)
+
+
+def conv2d_backward_input_sums(gy, w, in_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                               groups: int = 1) -> np.ndarray:
+    """The exact int32 sums conv2d_backward_input requantises (int64 values, checked to fit int32)."""
     n, c_out, oh, ow = gy.shape
     _, cin_g, k_h, k_w = w.shape
     cout_g = c_out // groups
@@ -136,8 +142,7 @@ def conv2d_backward_input(gy, w, q: Requant, in_hw, stride=(1, 1), padding=(0, 0
         gs, ws = g64[:, g * cout_g:(g + 1) * cout_g], w[g * cout_g:(g + 1) * cout_g].astype(np.int64)
         for kh, kw, rs, cs in _taps(k_h, k_w, stride, dilation, (oh, ow)):
             acc[:, g * cin_g:(g + 1) * cin_g, rs, cs] += np.einsum("nohw,oc->nchw", gs, ws[:, :, kh, kw])
-    acc = acc[:, :, padding[0]:padding[0] + in_hw[0], padding[1]:padding[1] + in_hw[1]]
-    return output(acc, q, 1)
+    return _checked(acc[:, :, padding[0]:padding[0] + in_hw[0], padding[1]:padding[1] + in_hw[1]])
 
 
 def conv2d_backward_weight(gy, x, x_zp: int, k_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1),

@@ -101,3 +101,31 @@ def test_real_firmware_passes_and_an_injected_kernel_bug_fails(fw, monkeypatch, 
     print_human("run", r)  # the text says which tensor went to the float64 run, with its figures
     text = capsys.readouterr().out
     assert "held to a float64 run" in text and "bn_head.running_mean" in text and "FAILED" in text
+
+
+def test_a_python_plan_not_bitwise_is_held_to_float64_as_firmware_is():
+    """A fused or channels-last Python plan's tensor that missed its tolerance: the same float64 rule (run.py:
+    _held_to_float64) passes rounding no larger in kind than eager float32's and fails an error beyond it, and a
+    tensor the plan does not hold or that is not floating stays failed."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from edgetrain.compiler.workbench.run import _held_to_float64
+
+    ref64 = torch.randn(16, 8, dtype=torch.float64)
+    eager = nn.Linear(8, 16)
+    model64 = nn.Linear(8, 16).double()
+    with torch.no_grad():
+        eager.weight.copy_(_rounded(0, 1e-4, ref64))
+        model64.weight.copy_(ref64)
+    eager.register_buffer("steps", torch.tensor(3))
+    close = _rounded(1, 2e-4, ref64)  # twice eager's distance from float64: rounding
+    far = _rounded(2, 1e-2, ref64)  # a hundred times it: a wrong kernel
+    for ours, verdict in ((close, "float64"), (far, "failed")):
+        rt = SimpleNamespace(params={"weight": ours, "bias": eager.bias.detach()}, buffers={"steps": torch.tensor(4)})
+        held = {c.name: c for c in _held_to_float64(["param weight", "buffer steps", "param missing"], eager, model64,
+                                                    rt)}
+        assert held["param weight"].rule == verdict, held["param weight"]
+        assert held["param weight"].float64_err > 0 and held["param weight"].eager_float64_err > 0
+        assert held["buffer steps"].rule == "failed" and held["param missing"].rule == "failed"

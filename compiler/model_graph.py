@@ -90,6 +90,19 @@ def quantize_prefix(opts: CompileOptions, graph, model, backend):
     if not backend.runs_int8_prefix:  # compile_model says so before tracing; a graph built alone, here
         raise UnsupportedModelError(f"{flag}: the {backend.name} runtime has no int8 kernels; compile "
                                     "with --emit c or --emit python, or drop the flag")
+    if opts.int8_biases:  # the region goes on over the trained biases, its backward one integer node
+        from .graph.qas_lower import lower_qas
+        from .graph.quantize import qas_biases, qas_or_error
+
+        if backend.name != "c":
+            raise UnsupportedModelError(f"--int8-biases: the {backend.name} runtime has no integer backward; "
+                                        "compile with --emit c, or drop the flag")
+        prefix, tail = qas_or_error(graph)
+        batches, said = calibration_batches(opts, graph.input_shape)
+        weights = dict(model.named_parameters())
+        q = lower_qas(graph, prefix, tail, calibrate(graph, prefix + tail, weights, batches), weights)
+        return q.graph, {"nodes": len(prefix) + len(tail), "first": prefix[0], "last": tail[-1], "calibration": said,
+                         "int8_biases": list(qas_biases(graph, tail))}
     prefix = prefix_or_error(graph, flag)
     batches, said = calibration_batches(opts, graph.input_shape)
     weights = dict(model.named_parameters())

@@ -55,6 +55,7 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
     if opts.quantize_frozen is not None and not backend.runs_int8_prefix:  # before any tracing
         raise EdgetrainError(f"--quantize-frozen {opts.quantize_frozen}: the {backend.name} "
                              "runtime has no int8 kernels; compile with --emit c or --emit python, or drop the flag")
+    check_int8_biases(opts, backend)
     target = load_target(opts.target)
     check_budget_size(budget, target)  # `--budget 100GB` fails before tracing
     with StagedOutput(opts.out) as stage, deadline(opts.time_limit):  # the old output stays whole until the end
@@ -62,6 +63,19 @@ def compile_model(opts: CompileOptions, progress=None) -> dict:
         done = run_passes(req)
         stage.commit()
     return summary(req, done)
+
+
+def check_int8_biases(opts: CompileOptions, backend) -> None:
+    """`--int8-biases` needs an int8 prefix and C firmware (the only runtime with its integer backward): said
+    before any tracing."""
+    if not opts.int8_biases:
+        return
+    if opts.quantize_frozen is None:
+        raise EdgetrainError("--int8-biases trains the biases of an int8 backbone's last blocks: give --quantize-frozen "
+                             "int8 too (with --emit c), or drop the flag")
+    if backend.name != "c":
+        raise EdgetrainError(f"--int8-biases: the {backend.name} runtime has no integer backward; compile with "
+                             "--emit c, or drop the flag")
 
 
 def summary(req: Request, done: Compiled) -> dict:

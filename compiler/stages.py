@@ -34,6 +34,7 @@ class CompileOptions:
     fuse: bool = False  # `--fuse`: pointwise chains as generated kernels (graph/fuse_chains.py); False: exact plans
     train: str | None = None  # `--train`: which parameters train (compiler/frontend/train_select.py); None: the model's flags
     quantize_frozen: str | None = None  # `--quantize-frozen int8`: the frozen prefix in int8 (graph/quantize.py)
+    int8_biases: bool = False  # `--int8-biases`: the int8 region's trained biases by QAS (graph/qas_lower.py)
     calibrate: str = "random"  # `--calibrate`: the batches the int8 prefix's ranges are measured on
     # (input shape, seed, count) -> that many input batches of `calibrate`'s dataset; None: standard normal
     calibration: Callable | None = None

@@ -40,6 +40,8 @@ from .weight_blocks import emit_blocked_conv, read_shape
 from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
 from .ops import DROPOUT, Q8_OPS, Q8_PATCH_SOURCE, CodegenError, kernel_sources  # the C op table
 from .q8_emit import emit_q8
+from .qas_emit import emit_qas  # int8 bias training's backward node
+from edgetrain.compiler.graph.qas_lower import QAS_BACKWARD
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
 VENDORED = "et_runtime"  # the runtime's copy inside the firmware folder
@@ -98,6 +100,7 @@ class _Emitter:
         self.state = state_shapes(self.graph)
         self.shapes = {n.name: n.shape for n in self.graph.nodes}
         self.q8_tables: dict[str, dict] = {}  # an int8 convolution's requantisation, by node: const data
+        self.qas_consts: list[dict] = []  # int8 bias training's rescale tables and bias scales: const data
         # Streamed weights: a page id each; they have no array, a reader finds them where they were paged in.
         self.patch_calls = 0  # kernel calls emitted for patch-by-patch nodes: code the per-step estimate misses
         self.q8_patch_calls = 0  # the same for int8 ones (larger calls)
@@ -143,6 +146,12 @@ class _Emitter:
         if node.attrs.get("stream_rows"):  # a weight paged in block by block: the op per block (weight_blocks.py)
             return emit_blocked_conv(node, offsets, self.ctx, self.params, self.blocks, paged or {},
                                      read_shape(self.node_objs[node.inputs[0].name], node.inputs[0].view))
+        if node.op == QAS_BACKWARD:  # int8 bias training's backward and update (qas_emit.py)
+            try:
+                return emit_qas(node, offsets, self.ctx, self.graph.node, self.params, self.opt, self.qas_consts,
+                                self.namer)
+            except EmitError as e:
+                raise CodegenError(f"node `{c_comment(name)}` ({node.op}): {e}") from None
         if node.op in Q8_OPS:  # an int8 frozen prefix's node: its kernel call (q8_emit.py)
             held = self._read_paged(paged)
             try:
@@ -385,7 +394,11 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "params": params,
         "buffers": buffers,
         # What the driver writes back after training: the parameters, then the float buffers.
-        "dumped": [p for p in params if p["ctype"] == "float"] + [b for b in buffers if b["ctype"] == "float"],
+        # (and int8 bias training's int32 biases, their bits as the floats' slots)
+        "dumped": [p for p in params if p["ctype"] == "float" or (p["ctype"] == "int32_t" and p["trainable"])]
+        + [b for b in buffers if b["ctype"] == "float"],
+        "qas_consts": em.qas_consts,
+        "qas": any(n["op"] == QAS_BACKWARD for n in em.nodes),
         "q8_tables": list(em.q8_tables.values()),
         "momentum": bool(g["optimizer"]["momentum"]),
         "sgd": {k: c_float(g["optimizer"][k]) for k in ("lr", "momentum", "weight_decay")},
@@ -401,7 +414,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "activation_peak_bytes": predicted_activation,
         "strategy": packing.strategy,
         "state_bytes": state_bytes,
-        "param_floats": sum(p["floats"] for p in params + buffers if p.get("ctype", "float") == "float"),
+        "param_floats": sum(p["floats"] for p in params + buffers if p.get("ctype", "float") == "float"
+                            or (p["ctype"] == "int32_t" and p["trainable"])),
         "budget_bytes": budget,
         "pages": pages,
         "streamed": streamed,
@@ -428,7 +442,10 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
     manifest = {
         "format": "edgetrain.firmware", "version": 1, "schedule_content": ctx["content"],
         "params": [{"name": p["name"], "ident": p["ident"], "floats": p["floats"], "shape": p["shape"],
-                    **({} if "mident" in p else {"kind": "buffer"})} for p in ctx["dumped"]],
+                    **({} if "mident" in p else {"kind": "buffer"}),
+                    **({"dtype": "int32"} if p["ctype"] == "int32_t" else {})} for p in ctx["dumped"]],
+        "qas_grad_floats": next((_numel(em.by_name[em.by_name[n["attrs"]["qas"]["boundary"]]["inputs"][0]["t"]]
+                                        ["shape"]) for n in em.nodes if n["op"] == QAS_BACKWARD), 0),
         "pages": pages, "streamed": streamed, "storage_dir": STORAGE_DIR,
         "streamed_bytes": sum(w["bytes"] for w in streamed), "arena_bytes": 4 * arena_words, "train_arena_bytes": packing.bytes,
         "predict_arena_bytes": predict_packing.bytes, "activation_peak_bytes": predicted_activation,

@@ -13,6 +13,7 @@ from math import prod
 
 from edgetrain.compiler.graph.ir import IN_STORAGE  # an input batch read from storage: no lifetime
 from edgetrain.compiler.graph.quantize import Q8_CONV  # an int8 convolution's scratch
+from edgetrain.compiler.graph.qas_lower import QAS_BACKWARD  # int8 bias training's workspace
 from edgetrain.compiler.graph.tiling import TILED_OP  # a frozen prefix computed patch by patch
 
 from .arena import Lifetime
@@ -57,7 +58,7 @@ def transient_lifetimes(em, node: dict, k: int) -> dict[str, Lifetime]:
     name = node["name"]
     if node["op"] == TILED_OP:
         return {f"{name}.patches": Lifetime(f"{name} (patches)", k, k, node["workspace_bytes"] // 4)}
-    if node["op"] == Q8_CONV:
+    if node["op"] in (Q8_CONV, QAS_BACKWARD):  # int16 scratch; int8 bias training's gradients and sums
         return {f"{name}.scratch": Lifetime.of_bytes(f"{name} (int16 scratch)", k, k, own_workspace(em, node))}
     return {}
 

@@ -15,8 +15,11 @@ from edgetrain.compiler.graph.ir import Node, TrainingGraph  # the graph it lowe
 
 from .emitters import ELEMENTWISE
 from .operands import bind, node_cases, node_ops, state_shapes
+from edgetrain.compiler.graph.qas_lower import QAS_BACKWARD
+
 from .ops import AUX_ITEMS, BATCH_NORM, C_OPS, DROPOUT, DROPOUT_BACKWARD, Q8_OPS, STATS_OPS, supported_text
 from .q8_emit import q8_scratch_bytes
+from .qas_emit import qas_workspace_bytes  # int8 bias training's gradients and sums
 
 
 def lower_for_c(g: TrainingGraph) -> TrainingGraph:
@@ -67,7 +70,8 @@ def lower_for_c(g: TrainingGraph) -> TrainingGraph:
             f"--emit c: {len(problems)} op(s) of the model cannot run in the C runtime:\n  - {listed}\n"
             f"The C runtime supports: {supported_text()}. Remove or replace these ops, or use --emit python.")
     # an int8 convolution's kernel takes its int16 scratch: the node's workspace
-    nodes = [replace(n, workspace_bytes=q8_scratch_bytes(n, g.params)) if n.op in Q8_OPS else _as_c(n)
+    nodes = [replace(n, workspace_bytes=qas_workspace_bytes(n, g.node, g.params)) if n.op == QAS_BACKWARD
+             else replace(n, workspace_bytes=q8_scratch_bytes(n, g.params)) if n.op in Q8_OPS else _as_c(n)
              for n in g.nodes]
     return replace(g, nodes=nodes, frozen_in_flash=True)  # frozen weights are const: flash, not RAM
 

@@ -454,6 +454,10 @@ Q8_OPS: dict[str, CKernel] = {
     "edgetrain.q8_conv2d.default": CKernel("q8_conv2d"),
     "edgetrain.q8_relu.default": CKernel("q8_relu", in_place=_X),
     "edgetrain.q8_relu6.default": CKernel("q8_relu6", in_place=_X),
+    # int8 bias training's backward node (--int8-biases: compiler/graph/qas_lower.py), emitted by qas_emit.py
+    "edgetrain.qas_backward.default": CKernel("q8_qas", "int8 bias training (--int8-biases)", sources=(
+        "q8_grad_quantize", "q8_grad_rescale", "q8_bias_grad", "q8_conv2d_input_grad_sums", "q8_qas_sgd", "q8_relu",
+        "q8_relu6")),
 }
 C_OPS.update(Q8_OPS)
 IN_PLACE_ARGS = {op: k.in_place for op, k in C_OPS.items() if k.in_place}  # what the compiler's graph pass reads

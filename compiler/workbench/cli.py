@@ -170,6 +170,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --emit c: run the frozen forward prefix (convolutions, ReLU/ReLU6, residual adds from the "
                         "input on) in int8, per-channel weights, the trained head in float32 from its dequantised "
                         "output; activation ranges measured on 4 batches of --calibrate")
+    c.add_argument("--int8-biases", action="store_true",
+                   help="with --quantize-frozen int8 --emit c: the int8 region goes on over the convolutions whose "
+                        "bias alone trains (--train), their int32 biases trained in integers by QAS SGD")
     c.add_argument("--calibrate", default="random", metavar="SOURCE",
                    help="with --quantize-frozen: the batches its activation ranges come from: random (the default: "
                         "standard normal, what `run --data random` trains on), fashion-mnist or digits")
@@ -292,6 +295,7 @@ def _cmd_compile(a) -> dict:
                           time_limit=a.time_limit, solver=a.solver, loss=a.loss, seed=a.seed, emit=a.emit,
                           lns=a.lns, cuts=a.cuts, train=a.train, repeats=a.repeats, fuse=a.fuse,
                           optimizer=_optimizer(a), quantize_frozen=a.quantize_frozen, calibrate=a.calibrate,
+                          int8_biases=a.int8_biases,
                           calibration=calibration_of(a.calibrate))
     if a.json or not sys.stderr.isatty():  # a log or a pipe: one line per step, as it happens
         return compile_model(opts, progress=_progress_line)

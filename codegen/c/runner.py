@@ -208,13 +208,17 @@ def read_result(work: str, manifest: dict) -> dict:
     if floats.size != n_params + n_logits:
         raise FirmwareError(f"{work}/result.bin is truncated ({floats.size} floats, expected {n_params + n_logits})")
     boundary = _boundary(work, manifest.get("int8_boundary_floats", 0), status)
-    params, k = {}, 0
+    params, int32, k = {}, {}, 0
     for p in manifest["params"]:
-        params[p["name"]] = torch.from_numpy(floats[k:k + p["floats"]].copy()).reshape(p["shape"])
+        if p.get("dtype") == "int32":  # int8 bias training's int32 biases, their bits in the floats' slots
+            int32[p["name"]] = floats[k:k + p["floats"]].view("<i4").astype(np.int32).reshape(p["shape"])
+        else:
+            params[p["name"]] = torch.from_numpy(floats[k:k + p["floats"]].copy()).reshape(p["shape"])
         k += p["floats"]
     losses = np.fromfile(os.path.join(work, "losses.bin"), dtype="<f4").tolist()
     ticks = np.fromfile(os.path.join(work, "ticks.bin"), dtype="<u4").tolist()
     return {"status": status, "steps_done": done, "paged_out": p_out, "paged_in": p_in, "params": params,
+            "int32_params": int32,
             "logits": torch.from_numpy(floats[n_params:n_params + n_logits].copy()),
             "int8_boundary": boundary, "losses": losses, "ticks": ticks,
             "params_sha256": hashlib.sha256(raw[32:32 + 4 * n_params]).hexdigest()}

@@ -11,6 +11,8 @@ Two checks, each as strict as its arithmetic allows:
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 from safetensors.numpy import load_file
@@ -19,6 +21,7 @@ from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.compiler.graph.ir import TrainingGraph
 from edgetrain.compiler.graph.quantize import (Q8_ADD, Q8_CONV, Q8_DEQUANTIZE, conv_integers, int8_tiled_plan,
                                                prefix_program, q8_layers)
+from edgetrain.compiler.graph.qas_lower import QAS_BACKWARD
 from edgetrain.runtime.python.int8_prefix import run_prefix
 
 
@@ -37,6 +40,8 @@ class Int8Reference:
             self.values.update(conv_integers(q, {p: v.astype(np.float64) for p, v in w.items()}))
         self.boundary = [n for n in g.nodes if n.op == Q8_DEQUANTIZE]  # in graph order: the firmware's order
         self.graph = g
+        self.per_step: list[dict[str, np.ndarray]] | None = None  # int8 bias training: each step's boundary
+        self.current: dict[int, dict[str, np.ndarray]] = {}  # what each fed model's hooks hand its head, by id
 
     def outputs(self, x: torch.Tensor) -> dict[str, np.ndarray]:
         """The dequantised boundary tensors (float32, by dequantize node) on the float input `x`."""
@@ -50,16 +55,51 @@ class Int8Reference:
         """Hooks on the modules whose outputs are the boundary tensors, each returning the reference's value for the
         batch last given to the function this returns."""
         current: dict[str, np.ndarray] = {}
+        self.current[id(model)] = current
         for n in self.boundary:
             src = self.graph.node(n.inputs[0].name)
             module = _boundary_module(model, src, self.graph)
             module.register_forward_hook(
                 lambda m, args, out, name=n.name: torch.from_numpy(current[name]).reshape(out.shape).to(out.device, out.dtype))
 
+        steps = iter(self.per_step) if self.per_step is not None else None
+
         def before(x: torch.Tensor) -> None:
             current.clear()
-            current.update(self.outputs(x))
+            current.update(self.outputs(x) if steps is None else next(steps))
         return before
+
+    def refresh(self, model: torch.nn.Module, x: torch.Tensor) -> None:
+        """Hand `model`'s head the reference's boundary on `x` now (after training: the trained biases')."""
+        self.current[id(model)].clear()
+        self.current[id(model)].update(self.outputs(x))
+
+    def replay_qas(self, body: dict, grads: np.ndarray, batches) -> dict[str, np.ndarray]:
+        """int8 bias training's integer reference (runtime/python/int8_qas.py) over `batches`, each step's backward
+        from the float gradient the firmware's head handed the region that step (`grads`, flat, step after step:
+        the head's float arithmetic is held to autograd apart). Returns the trained int32 biases; afterwards the
+        reference's boundary is the trained region's (`outputs`), and `feed` hands each step's to the head."""
+        from edgetrain.runtime.python import int8_qas as qas
+
+        node = next(n for n in self.graph.nodes if n.op == QAS_BACKWARD)
+        trained, bname = node.attrs["qas"]["trained"], node.attrs["qas"]["boundary"]
+        program = json.loads(self.program)
+        shape = self.graph.node(bname).shape
+        per = int(np.prod(shape))
+        if grads.size != per * len(batches):
+            raise EdgetrainError(f"--check: the firmware handed {grads.size} gradient floats for {len(batches)} steps "
+                                 f"of {per}")
+        opt = qas.sgd_of(body["graph"]["optimizer"])
+        state = qas.initial_state(program, self.values, trained)
+        self.per_step = []
+        for k, (x, _) in enumerate(batches):
+            fwd = qas.forward(program, self.values, state, x.detach().cpu().numpy().astype(np.float32))
+            self.per_step.append(fwd.boundary)
+            g = grads[k * per:(k + 1) * per].reshape(shape)
+            qas.update(program, opt, state, qas.backward(program, self.values, fwd, {bname: g}, trained))
+        self.initial = {b: v.copy() for b, v in self.values.items() if b in state.biases}
+        self.values.update(state.biases)
+        return dict(state.biases)
 
 
 def _boundary_module(model: torch.nn.Module, node, g: TrainingGraph) -> torch.nn.Module:

@@ -69,6 +69,20 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
     if check:
         weights = os.path.join(out_dir, "weights.safetensors")
         int8 = Int8Reference(body, weights) if manifest.get("int8_boundary_floats") else None
+        if int8 is not None and manifest.get("qas_grad_floats"):  # int8 bias training: its int32 biases, bit for bit
+            grads = np.fromfile(os.path.join(out_dir, f"run-{where}", "qas_grads.bin"), dtype="<f4")
+            want = int8.replay_qas(body, grads, batches)
+            bad_b = sum(int(np.count_nonzero(r["int32_params"][b] != v.reshape(r["int32_params"][b].shape)))
+                        for b, v in want.items())
+            result.update(int8_biases=sorted(want), int8_bias_values=sum(v.size for v in want.values()),
+                          int8_bias_mismatches=bad_b,
+                          int8_biases_moved=sum(int(np.count_nonzero(v != int8.initial[b])) for b, v in want.items()))
+            if bad_b:
+                result.update(ok=False, error_kind="CheckMismatch", error=(
+                    f"the firmware's int32 biases (int8 bias training) differ from the Python integer reference in "
+                    f"{bad_b} of their {result['int8_bias_values']} values after {len(batches)} steps (bit for bit "
+                    "expected)"))
+                return result
         if int8 is not None and batches:  # the int8 prefix first: bit for bit, or the head's check means nothing
             bad_bits = boundary_mismatches(r["int8_boundary"], int8.flat(batches[-1][0]))
             result.update(int8_boundary_floats=manifest["int8_boundary_floats"], int8_boundary_mismatches=bad_bits)
@@ -87,6 +101,8 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
         checks = check_tensors(r["params"], eager, lambda: held(train_reference(
             body, weights, batches, torch.device("cpu"), feed=feed, dtype=torch.float64)[0]))
         model.eval()  # et_predict is inference: batch norm with its running statistics
+        if int8 is not None and int8.per_step is not None and batches:  # the trained region's boundary
+            int8.refresh(model, batches[-1][0])
         with torch.no_grad():
             ref_logits = model(batches[-1][0]).reshape(-1) if batches else torch.zeros(0)
         logit_err = float((r["logits"] - ref_logits).abs().max()) if batches else 0.0

@@ -45,8 +45,10 @@ def trace(req: Request) -> Traced:
     if t.head_blocks:
         req.say(t.head_blocks)
     if t.int8:
-        req.say(f"{t.int8['nodes']} frozen forward nodes ({t.int8['first']} .. {t.int8['last']}) in int8, ranges "
-                f"from {t.int8['calibration']}")
+        biases = t.int8.get("int8_biases")
+        what = (f"forward nodes ({t.int8['first']} .. {t.int8['last']}) in int8, {len(biases)} biases trained in "
+                "int32 by QAS" if biases else f"frozen forward nodes ({t.int8['first']} .. {t.int8['last']}) in int8")
+        req.say(f"{t.int8['nodes']} {what}, ranges from {t.int8['calibration']}")
     return t
 
 

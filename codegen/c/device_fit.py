@@ -249,8 +249,11 @@ def has_int8_nodes(node_attrs) -> bool:
 
 def q8_table_bytes(node_attrs) -> int:
     """The flash an int8 prefix's requantisation tables take: a Q31 multiplier and a shift (int32 each) per output
-    channel of each convolution (`node_attrs`: every node's attrs)."""
-    return sum(8 * len(q["mult"]) for a in node_attrs for q in q8_layers(a) if "mult" in q)
+    channel of each convolution (`node_attrs`: every node's attrs), and int8 bias training's rescale tables and
+    bias scales (graph/qas_lower.py)."""
+    attrs = list(node_attrs)
+    return sum(8 * len(q["mult"]) for a in attrs for q in q8_layers(a) if "mult" in q) \
+        + sum(a["qas"]["table_bytes"] for a in attrs if "qas" in a)
 
 
 def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:

@@ -67,11 +67,17 @@ def lower_qas(g: TrainingGraph, prefix: tuple[str, ...], tail: tuple[str, ...],
     convs = [t for t in tail if qg.node(t).op.endswith("q8_conv2d.default")]
     params = tuple(dict.fromkeys(p for t in convs for p in (qg.node(t).attrs["q8"]["weight"],
                                                                  qg.node(t).attrs["q8"]["bias"]) if p))
+    need = set(tail)  # every tail node lies on a trained bias's gradient path (qas_region starts it at one)
+    # const data in flash: per output channel a Q31 multiplier and a shift where the gradient goes on up, a float
+    # scale s_x * s_w[oc] where the bias trains
+    table = sum(qg.node(t).shape[1] * (8 * (qg.node(t).inputs[0].name in need)
+                                       + 4 * (qg.node(t).attrs["q8"]["bias"] in trained)) for t in convs)
     flops = sum(2 * int(np.prod(qg.node(t).shape)) * int(np.prod(qg.params[qg.node(t).attrs["q8"]["weight"]].shape[1:]))
                 for t in convs)
     node = Node(QAS_NODE, "backward", QAS_BACKWARD,
                 tuple(TensorRef(x) for x in (grads[0], *masks)), params=params, shape=None, dtype="int8",
-                attrs={"qas": {"tail": list(tail), "boundary": boundary, "grad": grads[0], "trained": list(trained)}},
+                attrs={"qas": {"tail": list(tail), "boundary": boundary, "grad": grads[0], "trained": list(trained),
+                                "table_bytes": table}},
                 flops=flops)
     at = next(i for i, n in enumerate(qg.nodes) if n.name == grads[0]) + 1
     return Quantized(q.nodes, replace(qg, nodes=[*qg.nodes[:at], node, *qg.nodes[at:]]), q.values)

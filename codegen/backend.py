@@ -59,6 +59,7 @@ class Backend(Protocol):
     # its ReLU6 backward is torch's hardtanh_backward, exact on the ReLU6's output (graph/clamp_backward.py)
     clamp_grad_from_output: bool
     runs_int8_prefix: bool  # lowers an int8 frozen prefix (`compile --quantize-frozen int8`) to its kernels
+    runs_int8_biases: bool  # runs int8 bias training's integer backward node (`compile --int8-biases`)
     # reads the input batch where it lies, patch by patch, when only patch-by-patch nodes read it
     # (compiler/graph/input_storage.py): the batch is never whole in RAM
     reads_input_from_storage: bool

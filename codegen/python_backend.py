@@ -24,6 +24,7 @@ class PythonBackend:
     streams_from_storage = True  # frozen weights read from weights.safetensors by each op that reads them
     clamp_grad_from_output = True  # torch's kernels run the graph's ops
     runs_int8_prefix = True  # q8_ops.py: the integer reference's arithmetic on the CPU (python_q8.py)
+    runs_int8_biases = False  # no kernel for int8 bias training's backward node (C firmware has: qas_emit.py)
     reads_input_from_storage = False  # the batch is a tensor the caller hands the plan
     in_place = IN_PLACE_ARGS  # torch's out= overloads and in-place twins (runtime/python/inplace.py)
 

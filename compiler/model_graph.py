@@ -94,7 +94,7 @@ def quantize_prefix(opts: CompileOptions, graph, model, backend):
         from .graph.qas_lower import lower_qas
         from .graph.quantize import qas_biases, qas_or_error
 
-        if backend.name != "c":
+        if not backend.runs_int8_biases:
             raise UnsupportedModelError(f"--int8-biases: the {backend.name} runtime has no integer backward; "
                                         "compile with --emit c, or drop the flag")
         prefix, tail = qas_or_error(graph)

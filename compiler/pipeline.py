@@ -73,7 +73,7 @@ def check_int8_biases(opts: CompileOptions, backend) -> None:
     if opts.quantize_frozen is None:
         raise EdgetrainError("--int8-biases trains the biases of an int8 backbone's last blocks: give --quantize-frozen "
                              "int8 too (with --emit c), or drop the flag")
-    if backend.name != "c":
+    if not backend.runs_int8_biases:
         raise EdgetrainError(f"--int8-biases: the {backend.name} runtime has no integer backward; compile with "
                              "--emit c, or drop the flag")
 

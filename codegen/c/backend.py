@@ -30,6 +30,7 @@ class CBackend:
     streams_from_storage = False  # frozen weights beyond flash stream by the device's own rule (weight_room)
     clamp_grad_from_output = False  # its int8 ReLU6 kernels read quantised values: kept as captured
     runs_int8_prefix = True  # an int8 frozen prefix (--quantize-frozen int8) is lowered to its q8 kernels
+    runs_int8_biases = True  # int8 bias training's backward node (--int8-biases): qas_emit.py
     reads_input_from_storage = True  # the driver hands the plan a reader of the data file (runtime/c/input.h)
 
     def check_model(self, model, target, optimizer, name: str) -> None:

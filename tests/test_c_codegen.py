@@ -84,8 +84,10 @@ def test_every_op_of_the_c_table_has_an_emitter_and_nothing_else_does():
     each source it names is a file of runtime/c that every firmware compiles, and each kernel a header."""
     from edgetrain.codegen.c.emitters import EMITTERS
     from edgetrain.codegen.c.q8_emit import Q8_EMITTERS  # an int8 prefix's nodes: the graph pass's own ops
+    from edgetrain.codegen.c.qas_emit import QAS_EMITTERS  # int8 bias training's backward node
 
-    assert set(EMITTERS) | set(Q8_EMITTERS) == set(C_OPS) and not set(EMITTERS) & set(Q8_EMITTERS)
+    assert set(EMITTERS) | set(Q8_EMITTERS) | set(QAS_EMITTERS) == set(C_OPS)
+    assert not set(EMITTERS) & set(Q8_EMITTERS) and not set(QAS_EMITTERS) & (set(EMITTERS) | set(Q8_EMITTERS))
     umbrella = (ROOT / "runtime" / "c" / "et_runtime.h").read_text()  # what plan.c includes
     for k in {k.kernel for k in C_OPS.values() if k.kernel}:
         assert (ROOT / "runtime" / "c" / "kernels" / f"{k}.h").exists(), k

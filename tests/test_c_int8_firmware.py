@@ -129,7 +129,7 @@ def test_calibrate_without_quantize_frozen_is_refused(tmp_path):  # Python plans
 
 
 def test_the_q8_ops_compile_their_sources_into_every_firmware():
-    assert {C_OPS[op].kernel for op in Q8_OPS} == {"q8_convert", "q8_conv2d", "q8_relu", "q8_relu6", "q8_qas"}
+    assert {C_OPS[op].kernel for op in Q8_OPS} == {"q8_convert", "q8_conv2d", "q8_relu", "q8_relu6", "q8_qas_sgd"}
 
 
 @needs_host

@@ -113,3 +113,16 @@ def test_an_optimizer_without_an_integer_update_is_refused(tmp_path):
     with pytest.raises(UnsupportedModelError, match="--int8-biases: .*adam.*--optimizer sgd"):
         compile_model(_opts(tmp_path / "c", optimizer=OptimizerConfig("adam", lr=0.001)))
     assert not (tmp_path / "c").exists()  # refused before anything was written
+
+
+@pytest.mark.skipif(not (HAVE_HOST and shutil.which("arm-none-eabi-gcc") and shutil.which("qemu-system-arm")),
+                    reason="arm-none-eabi-gcc / qemu-system-arm missing")
+@pytest.mark.slow
+def test_under_qemu_the_m4f_trains_the_same_int32_biases(compiled):
+    out, _, _ = compiled
+    host = run_firmware(str(out), qemu=False, steps=3, check=False)
+    r = run_firmware(str(out), qemu=True, steps=3, check=True)
+    assert r["ok"], r.get("error")
+    assert r["int8_bias_mismatches"] == 0 and r["int8_boundary_mismatches"] == 0 and not r["mismatched"]
+    assert r["params_sha256"] == host["params_sha256"]  # the M4F's state is the host's, bit for bit
+    assert r["ram_bytes"] < 256 << 10 and r["flash_bytes"] < 1 << 20

@@ -455,7 +455,7 @@ Q8_OPS: dict[str, CKernel] = {
     "edgetrain.q8_relu.default": CKernel("q8_relu", in_place=_X),
     "edgetrain.q8_relu6.default": CKernel("q8_relu6", in_place=_X),
     # int8 bias training's backward node (--int8-biases: compiler/graph/qas_lower.py), emitted by qas_emit.py
-    "edgetrain.qas_backward.default": CKernel("q8_qas", "int8 bias training (--int8-biases)", sources=(
+    "edgetrain.qas_backward.default": CKernel("q8_qas_sgd", "int8 bias training (--int8-biases)", sources=(
         "q8_grad_quantize", "q8_grad_rescale", "q8_bias_grad", "q8_conv2d_input_grad_sums", "q8_qas_sgd", "q8_relu",
         "q8_relu6")),
 }

@@ -16,7 +16,8 @@ from math import prod
 
 import numpy as np
 
-from edgetrain.compiler.graph.quantize import ADD, Q8_CONV, Q8_RELU, Q8_RELU6
+from edgetrain.compiler.graph.qas_lower import QAS_BACKWARD
+from edgetrain.compiler.graph.quantize import Q8_ADD, Q8_CONV, Q8_RELU, Q8_RELU6
 from edgetrain.runtime.python.int8_qas import bias_scales, grad_rescale
 
 from .emitters import EmitError, conv_shape
@@ -102,7 +103,7 @@ def emit_qas(node, offsets: dict[str, int], ctx, node_of, params: dict, opt: dic
                   f"et_q8_relu_backward({count}, {buf(cur, 'int8_t')}, {y}, {q['zp']}, {buf(cur, 'int8_t')});")
             lines.append(f"    {fn} /* {t} */")
             at = n.inputs[0].name
-        elif n.op == ADD or n.op.endswith("q8_add.default"):
+        elif n.op == Q8_ADD:
             at = next(r.name for r in n.inputs if r.name in need)
         elif n.op == Q8_CONV:
             nb, c, h, w = n.shape
@@ -131,3 +132,7 @@ def emit_qas(node, offsets: dict[str, int], ctx, node_of, params: dict, opt: dic
             raise EmitError(f"int8 bias training has no backward for {n.op} (`{t}`)")
     lines.append("}")
     return lines
+
+
+# The emitter of int8 bias training's op (codegen/c/ops.py's Q8_OPS), beside q8_emit.py's Q8_EMITTERS.
+QAS_EMITTERS = {QAS_BACKWARD: emit_qas}

@@ -16,7 +16,7 @@ from math import prod
 
 import numpy as np
 
-from edgetrain.compiler.graph.qas_lower import QAS_BACKWARD
+from edgetrain.compiler.graph.qas_lower import QAS_BACKWARD, needs_gradient
 from edgetrain.compiler.graph.quantize import Q8_ADD, Q8_CONV, Q8_RELU, Q8_RELU6
 from edgetrain.runtime.python.int8_qas import bias_scales, grad_rescale
 
@@ -32,22 +32,13 @@ def _shape(spec) -> tuple[int, ...]:
     return tuple(spec.shape if hasattr(spec, "shape") else spec["shape"])
 
 
-def _need(node_of, tail, trained) -> set[str]:
-    need: set[str] = set()
-    for t in tail:
-        n = node_of(t)
-        if (n.op == Q8_CONV and n.attrs["q8"]["bias"] in trained) or any(r.name in need for r in n.inputs):
-            need.add(t)
-    return need
-
-
 def qas_layout(node, node_of, params: dict) -> dict[str, int]:
     """Byte offsets in the node's workspace of its buffers, and "bytes", the whole: gradients "a" and "b" (int8,
     each the largest tail tensor's count, on whole words), "acc" (int32 input-gradient sums, the largest input a
     gradient must reach), "gb" (int32, the most output channels of a trained convolution)."""
     qas = node.attrs["qas"]
     tail, trained = qas["tail"], set(qas["trained"])
-    need = _need(node_of, tail, trained)
+    need = needs_gradient(node_of, tail, trained)
     grad = max(prod(node_of(t).shape) for t in tail)
     acc = max((prod(node_of(node_of(t).inputs[0].name).shape) for t in tail
                if node_of(t).op == Q8_CONV and node_of(t).inputs[0].name in need), default=0)
@@ -68,7 +59,7 @@ def emit_qas(node, offsets: dict[str, int], ctx, node_of, params: dict, opt: dic
     ".scratch"]`; `consts` gathers the const arrays it reads (dicts: ident, ctype, values, comment)."""
     qas = node.attrs["qas"]
     tail, trained = qas["tail"], set(qas["trained"])
-    need = _need(node_of, tail, trained)
+    need = needs_gradient(node_of, tail, trained)
     lay = qas_layout(node, node_of, params)
     base = 4 * offsets[node.name + ".scratch"]  # bytes into the arena
 

@@ -18,10 +18,25 @@ import numpy as np
 
 from ..errors import UnsupportedModelError
 from .ir import Node, TensorRef, TrainingGraph
-from .quantize import ADD, Quantized, qas_biases, quantize_frozen
+from .quantize import ADD, CONV, Quantized, qas_biases, quantize_frozen
 
 QAS_BACKWARD = "edgetrain.qas_backward.default"
 QAS_NODE = "qas_backward"
+
+
+def needs_gradient(node_of, tail, trained) -> set[str]:
+    """The tail tensors a gradient must reach (int8_qas.needs_grad's rule on the graph): a trained convolution's
+    output and every output of a node reading one. `node_of`: name -> node (int8 or float)."""
+    need: set[str] = set()
+    for t in tail:
+        n = node_of(t)
+        if "q8" in n.attrs:
+            bias = n.attrs["q8"].get("bias")
+        else:
+            bias = (n.attrs["args"][2] or {}).get("$p") if n.op == CONV else None
+        if (bias is not None and bias in set(trained)) or any(r.name in need for r in n.inputs):
+            need.add(t)
+    return need
 
 
 def _tail_backward(g: TrainingGraph, tail: tuple[str, ...], trained: tuple[str, ...]) -> list[str]:
@@ -57,7 +72,7 @@ def lower_qas(g: TrainingGraph, prefix: tuple[str, ...], tail: tuple[str, ...],
                                         "backward; train fewer layers' biases, or drop the flag")
     for t in tail:  # one gradient a tensor: an add passes its gradient on to one operand that needs it
         n = g.node(t)
-        if n.op == ADD and sum(g.node(r.name).name in tail for r in n.inputs) > 1:
+        if n.op == ADD and sum(r.name in needs_gradient(g.node, tail, trained) for r in n.inputs) > 1:
             raise UnsupportedModelError(f"--int8-biases: the residual add `{t}` passes its gradient to two trained "
                                         "operands; train the biases after it only, or drop the flag")
     q = quantize_frozen(replace(g, nodes=[n for n in g.nodes if n.name not in gone]), prefix + tail, ranges, weights)
@@ -67,7 +82,7 @@ def lower_qas(g: TrainingGraph, prefix: tuple[str, ...], tail: tuple[str, ...],
     convs = [t for t in tail if qg.node(t).op.endswith("q8_conv2d.default")]
     params = tuple(dict.fromkeys(p for t in convs for p in (qg.node(t).attrs["q8"]["weight"],
                                                                  qg.node(t).attrs["q8"]["bias"]) if p))
-    need = set(tail)  # every tail node lies on a trained bias's gradient path (qas_region starts it at one)
+    need = needs_gradient(qg.node, tail, trained)
     # const data in flash: per output channel a Q31 multiplier and a shift where the gradient goes on up, a float
     # scale s_x * s_w[oc] where the bias trains
     table = sum(qg.node(t).shape[1] * (8 * (qg.node(t).inputs[0].name in need)

@@ -58,8 +58,13 @@ def transient_lifetimes(em, node: dict, k: int) -> dict[str, Lifetime]:
     name = node["name"]
     if node["op"] == TILED_OP:
         return {f"{name}.patches": Lifetime(f"{name} (patches)", k, k, node["workspace_bytes"] // 4)}
-    if node["op"] in (Q8_CONV, QAS_BACKWARD):  # int16 scratch; int8 bias training's gradients and sums
+    if node["op"] == Q8_CONV:
         return {f"{name}.scratch": Lifetime.of_bytes(f"{name} (int16 scratch)", k, k, own_workspace(em, node))}
+    if node["op"] == QAS_BACKWARD:  # its buffers apart, so that the planner may place each in its own gap
+        from .qas_emit import QAS_BUFFERS, qas_layout
+
+        lay = qas_layout(em.node_objs[name], em.graph.node, em.params)
+        return {f"{name}.{b}": Lifetime.of_bytes(f"{name} ({b})", k, k, lay[b]) for b in QAS_BUFFERS if lay[b]}
     return {}
 
 

@@ -8,7 +8,8 @@ backward never reads a bias, so this is the reference's update after the backwar
 gradient must reach requantises its output gradient per channel (`et_q8_grad_rescale`), sums the input gradient in
 int32 (`et_q8_conv2d_backward_input_sums`) and quantises the sums by their largest magnitude (`et_q8_sums_quantize`).
 The workspace (`qas_layout`) is two int8 gradient buffers used in turn, the int32 input sums and one bias's int32
-sums; the rescale tables and the biases' scales s_x * s_w[oc] are const data in flash.
+sums, each its own lifetime for the arena planner (one block would leave gaps it cannot fill); the rescale tables
+and the biases' scales s_x * s_w[oc] are const data in flash.
 """
 from __future__ import annotations
 
@@ -32,10 +33,13 @@ def _shape(spec) -> tuple[int, ...]:
     return tuple(spec.shape if hasattr(spec, "shape") else spec["shape"])
 
 
+QAS_BUFFERS = ("a", "b", "acc", "gb")  # the workspace's buffers, each its own lifetime in the arena
+
+
 def qas_layout(node, node_of, params: dict) -> dict[str, int]:
-    """Byte offsets in the node's workspace of its buffers, and "bytes", the whole: gradients "a" and "b" (int8,
-    each the largest tail tensor's count, on whole words), "acc" (int32 input-gradient sums, the largest input a
-    gradient must reach), "gb" (int32, the most output channels of a trained convolution)."""
+    """The bytes of the node's workspace buffers, and "bytes", their sum: gradients "a" and "b" (int8, each the
+    largest tail tensor's count, on whole words), "acc" (int32 input-gradient sums, the largest input a gradient
+    must reach), "gb" (int32, the most output channels of a trained convolution)."""
     qas = node.attrs["qas"]
     tail, trained = qas["tail"], set(qas["trained"])
     need = needs_gradient(node_of, tail, trained)
@@ -44,9 +48,8 @@ def qas_layout(node, node_of, params: dict) -> dict[str, int]:
                if node_of(t).op == Q8_CONV and node_of(t).inputs[0].name in need), default=0)
     gb = max((_shape(params[node_of(t).attrs["q8"]["weight"]])[0] for t in tail
               if node_of(t).op == Q8_CONV and node_of(t).attrs["q8"]["bias"] in trained), default=0)
-    out = {"a": 0, "b": _words(grad), "acc": 2 * _words(grad)}
-    out["gb"] = out["acc"] + 4 * acc
-    out["bytes"] = out["gb"] + 4 * gb
+    out = {"a": _words(grad), "b": _words(grad), "acc": 4 * acc, "gb": 4 * gb}
+    out["bytes"] = sum(out.values())
     return out
 
 
@@ -55,16 +58,14 @@ def qas_workspace_bytes(node, node_of, params: dict) -> int:
 
 
 def emit_qas(node, offsets: dict[str, int], ctx, node_of, params: dict, opt: dict, consts: list, namer) -> list[str]:
-    """The node's statements; its operands at the arena word `offsets`, its workspace at `offsets[name +
-    ".scratch"]`; `consts` gathers the const arrays it reads (dicts: ident, ctype, values, comment)."""
+    """The node's statements; its operands at the arena word `offsets`, its workspace buffers at `offsets[name +
+    "." + buffer]`; `consts` gathers the const arrays it reads (dicts: ident, ctype, values, comment)."""
     qas = node.attrs["qas"]
     tail, trained = qas["tail"], set(qas["trained"])
     need = needs_gradient(node_of, tail, trained)
-    lay = qas_layout(node, node_of, params)
-    base = 4 * offsets[node.name + ".scratch"]  # bytes into the arena
 
-    def buf(key: str, ctype: str) -> str:
-        return f"({ctype} *)(void *)((uint8_t *)(void *)ET_F(0) + {base + lay[key]})"
+    def buf(key: str, ctype: str) -> str:  # each buffer at its own arena word (lifetimes.transient_lifetimes)
+        return f"({ctype} *)(void *)ET_F({offsets[f'{node.name}.{key}']})"
 
     def const(name: str, what: str, ctype: str, values) -> str:
         ident = namer(name, what)

@@ -126,3 +126,19 @@ def test_under_qemu_the_m4f_trains_the_same_int32_biases(compiled):
     assert r["int8_bias_mismatches"] == 0 and r["int8_boundary_mismatches"] == 0 and not r["mismatched"]
     assert r["params_sha256"] == host["params_sha256"]  # the M4F's state is the host's, bit for bit
     assert r["ram_bytes"] < 256 << 10 and r["flash_bytes"] < 1 << 20
+
+
+@needs_host
+def test_a_region_through_a_residual_add_and_strided_convolutions_trains_bit_for_bit(tmp_path):
+    """features.1's biases: the gradient goes back through ten convolutions (two depthwise with stride 2) and the
+    block's residual add to its first convolution (at 16x16 input, so that the nRF52840's RAM holds the sums)."""
+    out = tmp_path / "f1"
+    compile_model(_opts(out, train="features.1.*bias,head.1.*,classifier.*", input_shape=(3, 16, 16)))
+    body = json.loads((out / "schedule.json").read_text())
+    node = next(n for n in body["graph"]["nodes"] if n["op"] == QAS_BACKWARD)
+    assert "add" in node["attrs"]["qas"]["tail"]
+    assert (out / "plan.c").read_text().count("et_q8_conv2d_backward_input_sums(") == 9
+    r = run_firmware(str(out), qemu=False, steps=3, check=True)
+    assert r["ok"], r.get("error")
+    assert r["int8_bias_values"] == 16 + 128 + 128 and r["int8_bias_mismatches"] == 0 and r["int8_biases_moved"] > 100
+    assert r["int8_boundary_mismatches"] == 0 and not r["mismatched"]

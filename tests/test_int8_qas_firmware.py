@@ -142,3 +142,15 @@ def test_a_region_through_a_residual_add_and_strided_convolutions_trains_bit_for
     assert r["ok"], r.get("error")
     assert r["int8_bias_values"] == 16 + 128 + 128 and r["int8_bias_mismatches"] == 0 and r["int8_biases_moved"] > 100
     assert r["int8_boundary_mismatches"] == 0 and not r["mismatched"]
+
+
+@needs_host
+def test_a_tiled_prefix_under_the_trained_region_trains_bit_for_bit(tmp_path):
+    """A budget below the untiled plan's least (124,040 B): the frozen prefix computed patch by patch, the QAS
+    region after it whole; the firmware's biases still the reference's bits."""
+    out = tmp_path / "t"
+    r = compile_model(_opts(out, budget="100000"))
+    assert r["tiled"] and r["peak_bytes"] <= 100_000
+    r = run_firmware(str(out), qemu=False, steps=3, check=True)
+    assert r["ok"], r.get("error")
+    assert r["int8_bias_mismatches"] == 0 and r["int8_boundary_mismatches"] == 0 and not r["mismatched"]

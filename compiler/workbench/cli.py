@@ -273,6 +273,9 @@ def _cmd_compile(a) -> dict:
         raise EdgetrainError(f"--calibrate {a.calibrate} chooses the batches an int8 prefix is calibrated on: give "
                              "--quantize-frozen int8 too, or drop it")
     if a.mode == "local":
+        if a.int8_biases:
+            raise EdgetrainError("--int8-biases trains an int8 backbone's biases in backprop's plan (--mode poet); "
+                                 "--mode local trains every layer: drop one of them")
         if a.quantize_frozen is not None:
             raise EdgetrainError("--quantize-frozen makes an int8 prefix for backprop's plan (--mode poet); --mode "
                                  "local trains every layer: drop one of them")

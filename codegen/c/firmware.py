@@ -40,7 +40,7 @@ from .weight_blocks import emit_blocked_conv, read_shape
 from .operands import holder_meta, node_cases, operand_meta, state_shapes  # each node's ops, bound
 from .ops import DROPOUT, Q8_OPS, Q8_PATCH_SOURCE, CodegenError, kernel_sources  # the C op table
 from .q8_emit import emit_q8
-from .qas_emit import emit_qas  # int8 bias training's backward node
+from .qas_emit import emit_qas, gradient_floats  # int8 bias training's backward node
 from edgetrain.compiler.graph.qas_lower import QAS_BACKWARD
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
@@ -444,8 +444,8 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "params": [{"name": p["name"], "ident": p["ident"], "floats": p["floats"], "shape": p["shape"],
                     **({} if "mident" in p else {"kind": "buffer"}),
                     **({"dtype": "int32"} if p["ctype"] == "int32_t" else {})} for p in ctx["dumped"]],
-        "qas_grad_floats": next((_numel(em.by_name[em.by_name[n["attrs"]["qas"]["boundary"]]["inputs"][0]["t"]]
-                                        ["shape"]) for n in em.nodes if n["op"] == QAS_BACKWARD), 0),
+        # int8 bias training: the floats of the head's gradient the driver writes each step (qas_grads.bin)
+        "qas_grad_floats": sum(gradient_floats(n, em.graph.node) for n in em.graph.nodes if n.op == QAS_BACKWARD),
         "pages": pages, "streamed": streamed, "storage_dir": STORAGE_DIR,
         "streamed_bytes": sum(w["bytes"] for w in streamed), "arena_bytes": 4 * arena_words, "train_arena_bytes": packing.bytes,
         "predict_arena_bytes": predict_packing.bytes, "activation_peak_bytes": predicted_activation,

@@ -53,6 +53,11 @@ def qas_layout(node, node_of, params: dict) -> dict[str, int]:
     return out
 
 
+def gradient_floats(node, node_of) -> int:
+    """The floats of the gradient the head hands the region each step (et_qas_grad_hook's count)."""
+    return prod(node_of(node.attrs["qas"]["boundary"]).shape)
+
+
 def qas_workspace_bytes(node, node_of, params: dict) -> int:
     return qas_layout(node, node_of, params)["bytes"]
 
@@ -72,12 +77,11 @@ def emit_qas(node, offsets: dict[str, int], ctx, node_of, params: dict, opt: dic
         consts.append({"ident": ident, "ctype": ctype, "values": values, "comment": f"{name}: {what}"})
         return ident
 
-    bnode = node_of(qas["boundary"])
-    src = bnode.inputs[0].name
+    src = node_of(qas["boundary"]).inputs[0].name
+    count = gradient_floats(node, node_of)
     lines = ["{", "    float s_g;",
-             f"    if (et_qas_grad_hook != NULL) et_qas_grad_hook(ET_F({offsets[qas['grad']]}), "
-             f"{prod(bnode.shape)}u);",
-             f"    s_g = et_q8_grad_quantize({prod(bnode.shape)}, ET_F({offsets[qas['grad']]}), {buf('a', 'int8_t')});"]
+             f"    if (et_qas_grad_hook != NULL) et_qas_grad_hook(ET_F({offsets[qas['grad']]}), {count}u);",
+             f"    s_g = et_q8_grad_quantize({count}, ET_F({offsets[qas['grad']]}), {buf('a', 'int8_t')});"]
     cur, other = "a", "b"
     at = src  # the tensor whose gradient `cur` holds
     for t in reversed(tail):

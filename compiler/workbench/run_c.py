@@ -69,28 +69,36 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
     if check:
         weights = os.path.join(out_dir, "weights.safetensors")
         int8 = Int8Reference(body, weights) if manifest.get("int8_boundary_floats") else None
-        if int8 is not None and manifest.get("qas_grad_floats"):  # int8 bias training: its int32 biases, bit for bit
-            grads = np.fromfile(os.path.join(out_dir, f"run-{where}", "qas_grads.bin"), dtype="<f4")
-            want = int8.replay_qas(body, grads, batches)
-            bad_b = sum(int(np.count_nonzero(r["int32_params"][b] != v.reshape(r["int32_params"][b].shape)))
-                        for b, v in want.items())
-            result.update(int8_biases=sorted(want), int8_bias_values=sum(v.size for v in want.values()),
-                          int8_bias_mismatches=bad_b,
-                          int8_biases_moved=sum(int(np.count_nonzero(v != int8.initial[b])) for b, v in want.items()))
-            if bad_b:
-                result.update(ok=False, error_kind="CheckMismatch", error=(
-                    f"the firmware's int32 biases (int8 bias training) differ from the Python integer reference in "
-                    f"{bad_b} of their {result['int8_bias_values']} values after {len(batches)} steps (bit for bit "
-                    "expected)"))
-                return result
-        if int8 is not None and batches:  # the int8 prefix first: bit for bit, or the head's check means nothing
-            bad_bits = boundary_mismatches(r["int8_boundary"], int8.flat(batches[-1][0]))
-            result.update(int8_boundary_floats=manifest["int8_boundary_floats"], int8_boundary_mismatches=bad_bits)
-            if bad_bits:
-                result.update(ok=False, error_kind="CheckMismatch", error=(
-                    f"the firmware's int8 prefix differs from the Python integer reference in {bad_bits} of its "
-                    f"{manifest['int8_boundary_floats']} boundary values (bit for bit expected)"))
-                return result
+        try:
+            if int8 is not None and manifest.get("qas_grad_floats"):  # int8 bias training: its int32 biases, bit for bit
+                grads = np.fromfile(os.path.join(out_dir, f"run-{where}", "qas_grads.bin"), dtype="<f4")
+                want = int8.replay_qas(body, grads, batches)
+                bad_b = sum(int(np.count_nonzero(r["int32_params"][b] != v.reshape(r["int32_params"][b].shape)))
+                            for b, v in want.items())
+                result.update(int8_biases=sorted(want), int8_bias_values=sum(v.size for v in want.values()),
+                              int8_bias_mismatches=bad_b,
+                              int8_biases_moved=sum(int(np.count_nonzero(v != int8.initial[b])) for b, v in want.items()))
+                if bad_b:
+                    result.update(ok=False, error_kind="CheckMismatch", error=(
+                        f"the firmware's int32 biases (int8 bias training) differ from the Python integer reference in "
+                        f"{bad_b} of their {result['int8_bias_values']} values after {len(batches)} steps (bit for bit "
+                        "expected)"))
+                    return result
+            if int8 is not None and batches:  # the int8 prefix first: bit for bit, or the head's check means nothing
+                bad_bits = boundary_mismatches(r["int8_boundary"], int8.flat(batches[-1][0]))
+                result.update(int8_boundary_floats=manifest["int8_boundary_floats"], int8_boundary_mismatches=bad_bits)
+                if bad_bits:
+                    result.update(ok=False, error_kind="CheckMismatch", error=(
+                        f"the firmware's int8 prefix differs from the Python integer reference in {bad_bits} of its "
+                        f"{manifest['int8_boundary_floats']} boundary values (bit for bit expected)"))
+                    return result
+        except OverflowError:  # the integer reference refuses a sum past int32, which the C kernels wrap
+            result.update(ok=False, error_kind="Int8Overflow", error=(
+                "an int8 convolution's sum leaves int32 in the integer reference (the firmware's kernels wrap it), "
+                "so the check cannot hold the firmware to it. With --int8-biases a trained int32 bias moves by lr * "
+                "gradient / (s_x * s_w[oc]) a step, a large integer step where the region's activation scales are "
+                "tiny (an untrained model's): lower --lr, or fine-tune a trained model"))
+            return result
         feed = int8.feed if int8 is not None else None
         model, ref_losses = train_reference(body, weights, batches, torch.device("cpu"), feed=feed)
         integers = int8.values if int8 is not None else {}  # const in flash, held by the prefix's check

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgetrain.codegen.c.device_fit import figures_of_firmware
 from edgetrain.compiler.errors import EdgetrainError, UnsupportedModelError
 from edgetrain.compiler.graph.ir import OptimizerConfig
 from edgetrain.compiler.graph.qas_lower import QAS_BACKWARD
@@ -126,6 +127,10 @@ def test_under_qemu_the_m4f_trains_the_same_int32_biases(compiled):
     assert r["int8_bias_mismatches"] == 0 and r["int8_boundary_mismatches"] == 0 and not r["mismatched"]
     assert r["params_sha256"] == host["params_sha256"]  # the M4F's state is the host's, bit for bit
     assert r["ram_bytes"] < 256 << 10 and r["flash_bytes"] < 1 << 20
+    # the compile's flash estimate, the int8 and bias-training kernels' code included, at or above the build
+    fig = figures_of_firmware(json.loads((out / "schedule.json").read_text()),
+                              json.loads((out / "firmware.json").read_text()))
+    assert r["flash_bytes"] <= fig.flash_bytes <= r["flash_bytes"] + 12 * 1024, (fig, r["flash_bytes"])
 
 
 @needs_host

@@ -12,7 +12,7 @@ from edgetrain.compiler.graph.input_storage import tiles_can_read_input
 from edgetrain.compiler.graph.ir import TrainingGraph
 
 from .device_fit import (applies, batch_buffer_bytes, board_limit, check_fit, check_model_fits, device_budget,
-                         figures_of_firmware, flash_room_for_frozen, has_int8_nodes, q8_table_bytes,
+                         figures_of_firmware, flash_room_for_frozen, int8_code_bytes, q8_table_bytes,
                          runtime_reserve_bytes, board_stack_bytes)
 from .firmware import render_c_firmware
 from .lower import lower_for_c
@@ -49,7 +49,7 @@ class CBackend:
             ram = device_budget(target, batch_buffer_bytes(graph, input_from_storage=True)) - graph.state_bytes
         return WeightRoom(frozen={p: s.bytes for p, s in graph.params.items() if p not in trained},
                           flash_bytes=flash_room_for_frozen(target, tb, CODE_STEPS_PER_NODE * len(graph.nodes),
-                                                            graph.buffer_bytes, has_int8_nodes(n.attrs for n in graph.nodes))
+                                                            graph.buffer_bytes, int8_code_bytes(n.attrs for n in graph.nodes))
                           - q8_table_bytes(n.attrs for n in graph.nodes),
                           ram_bytes=ram)
 

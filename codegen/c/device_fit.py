@@ -35,6 +35,9 @@ CODE_PER_Q8_PATCH_CALL_BYTES = 80
 # nodes: three Cortex-M4F int8 builds ran 5,084-6,504 B over the float-only estimate (mcu_mbv2_40 whole and tiled, a
 # frozen 3-conv backbone with a weight streamed)
 CODE_Q8_BYTES = 6656
+# int8 bias training's kernels (gradient quantisers, rescale, bias-gradient and input-gradient sums, QAS SGD), built
+# only into a firmware with its node: mcu_mbv2_40's QAS build ran 1.9 KB over the estimate with CODE_Q8_BYTES alone
+CODE_QAS_BYTES = 3072
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class FirmwareFigures:
     patch_calls: int = 0  # kernel calls of float32 patch-by-patch nodes, beyond one per step
     q8_patch_calls: int = 0  # the same of int8 ones
     buffer_bytes: int = 0  # buffers (batch norm's running statistics): RAM, and their initial values in flash
-    int8: bool = False  # the plan has int8 nodes: the int8 kernels are linked in
+    int8_code_bytes: int = 0  # the int8 kernels' code, linked in where the plan has int8 nodes (`int8_code_bytes`)
 
     @property
     def reserve_bytes(self) -> int:
@@ -66,7 +69,7 @@ class FirmwareFigures:
     @property
     def code_bytes(self) -> int:
         return CODE_BASE_BYTES + CODE_PER_STEP_BYTES * self.steps + CODE_PER_PATCH_CALL_BYTES * self.patch_calls \
-            + CODE_PER_Q8_PATCH_CALL_BYTES * self.q8_patch_calls + (CODE_Q8_BYTES if self.int8 else 0)
+            + CODE_PER_Q8_PATCH_CALL_BYTES * self.q8_patch_calls + self.int8_code_bytes
 
     @property
     def flash_bytes(self) -> int:
@@ -182,11 +185,12 @@ def device_fit(fig: FirmwareFigures, target, what: str = "the firmware") -> Devi
                      flash_bytes=flash, message=message)
 
 
-def flash_room_for_frozen(target, trainable_bytes: int, steps: int, buffer_bytes: int = 0, int8: bool = False) -> int:
-    """Flash left for frozen weights by the code of a `steps`-step plan (`int8`: with the int8 kernels) and the
+def flash_room_for_frozen(target, trainable_bytes: int, steps: int, buffer_bytes: int = 0,
+                          int8_code: int = 0) -> int:
+    """Flash left for frozen weights by the code of a `steps`-step plan (`int8_code`: its int8 kernels') and the
     trainable weights' and buffers' initial values."""
     return linked_flash_bytes(target) - FirmwareFigures(trainable_bytes=trainable_bytes, steps=steps,
-                                                        buffer_bytes=buffer_bytes, int8=int8).flash_bytes
+                                                        buffer_bytes=buffer_bytes, int8_code_bytes=int8_code).flash_bytes
 
 
 def streamed_of(frozen: dict[str, int], target, trainable_bytes: int, steps: int, ram_room: int,
@@ -241,10 +245,13 @@ def _numel(shape) -> int:
     return n
 
 
-def has_int8_nodes(node_attrs) -> bool:
-    """Whether any node (`node_attrs`: every node's attrs) computes in int8, a tiled int8 prefix included: its
-    firmware links the int8 kernels."""
-    return any(q8_layers(a) for a in node_attrs)
+def int8_code_bytes(node_attrs) -> int:
+    """The int8 kernels' code a firmware links (`node_attrs`: every node's attrs): CODE_Q8_BYTES where any node
+    computes in int8 (a tiled int8 prefix included), and CODE_QAS_BYTES more where its int8 biases train."""
+    attrs = list(node_attrs)
+    if not any(q8_layers(a) or "qas" in a for a in attrs):
+        return 0
+    return CODE_Q8_BYTES + (CODE_QAS_BYTES if any("qas" in a for a in attrs) else 0)
 
 
 def q8_table_bytes(node_attrs) -> int:
@@ -273,7 +280,7 @@ def figures_of_firmware(schedule: dict, manifest: dict) -> FirmwareFigures:
                            io_bytes=io, steps=len(schedule["steps"]),
                            streamed_bytes=sum(sizes[k] for k in streamed), patch_calls=manifest.get("patch_calls", 0),
                            q8_patch_calls=manifest.get("q8_patch_calls", 0),
-                           int8=has_int8_nodes(n["attrs"] for n in g["nodes"]),
+                           int8_code_bytes=int8_code_bytes(n["attrs"] for n in g["nodes"]),
                            stack_bytes=board_stack_bytes(Target(**schedule["target"])),
                            buffer_bytes=sum((8 if v["dtype"] == "int64" else 4) * _numel(v["shape"])
                                             for v in g.get("buffers", {}).values()))

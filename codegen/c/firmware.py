@@ -52,8 +52,20 @@ RUNTIME_SOURCES = ("et_status.c", "et_math.c", "crc32.c", "storage_block.c", "st
                    "storage_input.c") + kernel_sources()
 Q8_SOURCES = {f"kernels/{s}.c" for k in Q8_OPS.values() for s in k.source_files} | {  # an int8 prefix's kernels
     f"kernels/{Q8_PATCH_SOURCE}.c"}
+# int8 bias training's alone: linked only where a plan trains int8 biases (3.6 KB of flash in every int8 image else)
+QAS_SOURCES = {f"kernels/{s}.c" for s in Q8_OPS[QAS_BACKWARD].source_files} - {
+    f"kernels/{s}.c" for op, k in Q8_OPS.items() if op != QAS_BACKWARD for s in k.source_files}
 
 _ENV = environment("templates/c")
+
+
+def _runtime_sources(em) -> tuple[str, ...]:
+    """The runtime sources a plan's image compiles: a float plan's holds no int8 code, an int8 prefix's no int8
+    bias training's."""
+    ops = {n["op"] for n in em.nodes}
+    if not (em.q8_tables or ops & set(Q8_OPS)):
+        return tuple(s for s in RUNTIME_SOURCES if s not in Q8_SOURCES)
+    return RUNTIME_SOURCES if QAS_BACKWARD in ops else tuple(s for s in RUNTIME_SOURCES if s not in QAS_SOURCES)
 ARENA_MACROS = {"float32": "ET_F", "int32": "ET_I", "int8": "ET_Q"}  # plan.c's typed pointers into the arena
 
 
@@ -426,8 +438,7 @@ def render_c_firmware(schedule: dict, out_dir: str, weights_file: str = "weights
         "input_read_bytes": input_reads,
         "logits_floats": logits_floats,
         "num_classes": logits_floats // input_node["shape"][0],
-        "runtime_sources": RUNTIME_SOURCES if em.q8_tables or any(n["op"] in Q8_OPS for n in em.nodes) else tuple(
-            s for s in RUNTIME_SOURCES if s not in Q8_SOURCES),  # a float plan's image holds no int8 code
+        "runtime_sources": _runtime_sources(em),
         "vendored": VENDORED,
         "board": board,
         "instructions_per_tick": board.instructions_per_tick,

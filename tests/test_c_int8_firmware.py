@@ -158,3 +158,14 @@ def test_under_qemu_the_m4f_kernels_match_the_reference_bit_for_bit(fw):
     assert r["ok"], r.get("error")
     assert r["int8_boundary_mismatches"] == 0 and not r["mismatched"]
     assert r["flash_bytes"] < 1 << 20 and r["ram_bytes"] < 256 << 10  # it fits the nRF52840
+
+
+def test_a_measured_target_refuses_an_int8_prefix_in_c_in_one_error(tmp_path):
+    """The host target times each node as the Python runtime runs it; an int8 prefix lowered for C firmware has no
+    Python call, so the compile says so and what to do (it had crashed in the profiler with a torch error)."""
+    from edgetrain.compiler.errors import EdgetrainError
+
+    with pytest.raises(EdgetrainError, match=r"measured target.*node `input_q8`.*device target.*--emit python"):
+        compile_model(CompileOptions(model="mcu_mbv2_40", target="host", budget="min", out=str(tmp_path / "c"),
+                                     batch_size=1, emit="c", time_limit=10.0, quantize_frozen="int8"))
+    assert not (tmp_path / "c").exists()

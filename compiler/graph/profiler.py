@@ -169,9 +169,12 @@ def profile_nodes(graph: TrainingGraph, repeats: int = 5, seed: int = 0, *, warm
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    if not any(n.op.startswith("aten.") for n in graph.nodes):
+    c_only = next((n for n in graph.nodes if n.op.startswith("edgetrain.") and "args" not in n.attrs), None)
+    if not any(n.op.startswith("aten.") for n in graph.nodes) or c_only is not None:
+        what = f" (node `{c_only.name}`, {c_only.op}, has no Python call)" if c_only is not None else ""
         raise EdgetrainError("a measured target times the Python runtime's ops; this graph is for the C runtime "
-                             "(--emit c): compile it for a device target, whose costs come from its profile")
+                             f"(--emit c){what}: compile it for a device target, whose costs come from its profile, "
+                             "or with --emit python")
     with pinned_threads(threads):
         # One thread computes everything: its CPU time is the step's time on an idle core, and other processes'
         # load does not enter it (a 10 ms op is preempted on a busy machine in nearly every run).

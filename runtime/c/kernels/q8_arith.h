@@ -103,6 +103,19 @@ static inline int8_t et_q8_sat8(int32_t v)
     return (int8_t)(v > 127 ? 127 : v < -128 ? -128 : v);
 }
 
+/* v rounded to the nearest integer, halves to even, for |v| < 2^23 (callers hold it there): truncation toward zero
+ * and the remainder are exact at that size, so no libm or FPU rounding mode is involved. numpy's rint, bit for bit. */
+static inline int32_t et_q8_round_even(float v)
+{
+    int32_t i = (int32_t)v;
+    float frac = v - (float)i;
+    if (frac > 0.5f || (frac == 0.5f && (i & 1)))
+        ++i;
+    else if (frac < -0.5f || (frac == -0.5f && (i & 1)))
+        --i;
+    return i;
+}
+
 /* -- packed helpers: two signed 16-bit halves in one uint32 ------------------------------------------- */
 
 /* The low and the high half, signed (a product of one with a 16-bit value compiles to SMULBB / SMULTB). */

@@ -1,26 +1,17 @@
 #include "q8_convert.h"
+#include "q8_arith.h"
 
 /* round(v) + zp saturated to int8, v rounded to the nearest integer with halves to even. |v| is first held
  * within 1024 (any larger value saturates anyway), where truncation toward zero and the remainder are exact. */
 static int8_t et_q8_round_to(float v, int32_t zp)
 {
-    int32_t i, q;
-    float frac;
-
     if (v > 1024.0f)
         v = 1024.0f;
     else if (v < -1024.0f)
         v = -1024.0f;
     else if (v != v)
         v = 0.0f; /* NaN: no integer is right; 0 keeps the output defined */
-    i = (int32_t)v;
-    frac = v - (float)i;
-    if (frac > 0.5f || (frac == 0.5f && (i & 1)))
-        ++i;
-    else if (frac < -0.5f || (frac == -0.5f && (i & 1)))
-        --i;
-    q = i + zp;
-    return (int8_t)(q > 127 ? 127 : q < -128 ? -128 : q);
+    return et_q8_sat8(et_q8_round_even(v) + zp);
 }
 
 void et_q8_quantize(int count, const float *x, float scale, int32_t zp, int8_t *y)

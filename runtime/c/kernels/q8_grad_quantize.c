@@ -1,23 +1,18 @@
 /* q8_grad_quantize.c - see q8_grad_quantize.h. */
 #include "q8_grad_quantize.h"
+#include "q8_arith.h"
 
 /* round(v) with halves to even for |v| <= 127.5 (the quotient by the largest magnitude's scale), within +-127;
  * truncation toward zero and the remainder are exact at that size, so no libm or FPU mode is involved. */
 static int8_t round_within_127(float v)
 {
     int32_t i;
-    float frac;
 
     if (v > 127.0f)
         return 127;
     if (v < -127.0f)
         return -127;
-    i = (int32_t)v;
-    frac = v - (float)i;
-    if (frac > 0.5f || (frac == 0.5f && (i & 1)))
-        ++i;
-    else if (frac < -0.5f || (frac == -0.5f && (i & 1)))
-        --i;
+    i = et_q8_round_even(v);
     return (int8_t)(i > 127 ? 127 : i < -127 ? -127 : i);
 }
 

@@ -1,13 +1,11 @@
 /* q8_qas_sgd.c - see q8_qas_sgd.h. */
 #include "q8_qas_sgd.h"
+#include "q8_arith.h"
 
 /* round(v) with halves to even, saturated to int32, without libm: floats of magnitude 2^23 and more are integers
  * already; below it truncation toward zero and the remainder are exact. NaN gives 0. */
 static int64_t round_even_sat32(float v)
 {
-    int32_t i;
-    float frac;
-
     if (v != v)
         return 0;
     if (v >= 2147483648.0f)
@@ -16,13 +14,7 @@ static int64_t round_even_sat32(float v)
         return INT32_MIN;
     if (v >= 8388608.0f || v <= -8388608.0f)
         return (int64_t)v;
-    i = (int32_t)v;
-    frac = v - (float)i;
-    if (frac > 0.5f || (frac == 0.5f && (i & 1)))
-        ++i;
-    else if (frac < -0.5f || (frac == -0.5f && (i & 1)))
-        --i;
-    return i;
+    return et_q8_round_even(v);
 }
 
 void et_q8_qas_sgd(int channels, const int32_t *gb, float s_g, const float *s_b, float lr, float momentum,

@@ -13,4 +13,42 @@
 
 void et_q8_conv2d_backward_input_sums(const et_conv2d_shape *s, const int8_t *gy, const int8_t *w, int32_t *acc);
 
+/* The output index o (of `out`) whose tap k reads input index i, or -1: i = o*stride - pad + k*dil. */
+static inline int et_q8_tap_source(int i, int k, int stride, int pad, int dil, int out)
+{
+    const int t = i + pad - k * dil;
+
+    if (t < 0 || t % stride != 0 || t / stride >= out)
+        return -1;
+    return t / stride;
+}
+
+/* One input pixel's exact sum (n, ic, ih, iw): the definition both this kernel and the requantising reference
+ * kernel (q8_conv2d_input_grad.c) compute. */
+static inline int32_t et_q8_input_grad_sum(const et_conv2d_shape *s, const int8_t *gy, const int8_t *w, int n, int ic,
+                                           int ih, int iw)
+{
+    const int cin_g = s->c_in / s->groups, cout_g = s->c_out / s->groups;
+    const int g = ic / cin_g, icg = ic % cin_g;
+    int32_t sum = 0;
+    int ocg, kh, kw;
+
+    for (ocg = 0; ocg < cout_g; ++ocg) {
+        const int oc = g * cout_g + ocg;
+        for (kh = 0; kh < s->k_h; ++kh) {
+            const int oh = et_q8_tap_source(ih, kh, s->stride_h, s->pad_h, s->dil_h, s->h_out);
+            if (oh < 0)
+                continue;
+            for (kw = 0; kw < s->k_w; ++kw) {
+                const int ow = et_q8_tap_source(iw, kw, s->stride_w, s->pad_w, s->dil_w, s->w_out);
+                if (ow < 0)
+                    continue;
+                sum += gy[(((long)n * s->c_out + oc) * s->h_out + oh) * s->w_out + ow] *
+                       w[(((long)oc * cin_g + icg) * s->k_h + kh) * s->k_w + kw];
+            }
+        }
+    }
+    return sum;
+}
+
 #endif /* ET_Q8_CONV2D_INPUT_GRAD_SUMS_H */

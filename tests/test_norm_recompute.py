@@ -15,7 +15,6 @@ from dataclasses import replace
 import pytest
 import torch
 from safetensors.torch import load_file
-from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 from edgetrain.compiler.graph.fuse_chains import fuse_pointwise_chains
@@ -29,6 +28,7 @@ from edgetrain.runtime.python import aten_call, fused_kernels, load_plan, prepar
 from edgetrain.runtime.python.checks import checked_step
 from edgetrain.runtime.python.fused_kernels import FUSED_OP, FUSED_RTOL
 from edgetrain.targets import load_target
+from test_fused_kernels import _allocations  # the profiler's allocations, in order
 
 MODEL = "tests/user_models.py:InvertedResidual"  # conv-BN-ReLU6 stem, expand, depthwise, projection BN alone
 aten = torch.ops.aten
@@ -51,20 +51,6 @@ def graphs(tmp_path_factory):
 def plan(tmp_path_factory):
     out = tmp_path_factory.mktemp("norm_recompute") / "plan"
     return out, compile_model(_opts(out))
-
-
-def _allocations(p) -> list[int]:
-    found = []
-
-    def walk(e):
-        if e.tag == _EventType.Allocation:
-            found.append((e.start_time_ns, e.extra_fields.alloc_size))
-        for c in e.children:
-            walk(c)
-
-    for root in p.profiler.kineto_results.experimental_event_tree():
-        walk(root)
-    return [size for _, size in sorted(found)]
 
 
 def test_each_batch_norm_holds_its_statistics_for_its_recompute(graphs):

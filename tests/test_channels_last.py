@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from edgetrain.compiler.graph.fuse_chains import channels_last_convolutions
 from edgetrain.compiler.pipeline import CompileOptions, build_graph, compile_model
 from edgetrain.compiler.schedule_file import format as schedule_format
+from edgetrain.compiler.workbench.reference import train_reference
 from edgetrain.compiler.workbench.run import RTOL, run_plan, schedule_batches
 from edgetrain.runtime.python import load_plan, runtime_for
 from edgetrain.runtime.python.checks import checked_step
@@ -119,6 +120,20 @@ def test_a_fused_cnn_plan_checks_within_the_fused_tolerance(cnn_plan):
     assert r["ok"], r.get("error")
     assert r["memory_format"] == CHANNELS_LAST and r["check_rtol"] == FUSED_RTOL
     assert r["measured_peak_bytes"] == summary["peak_bytes"]
+
+
+def test_a_channels_last_plan_is_checked_against_eager_in_its_layout(cnn_plan):
+    """The check's reference holds its convolution weights as the plan does, so its kernels sum in the plan's
+    order; its float64 run too. A contiguous reference would hold the plan to another kernel's rounding."""
+    out, _ = cnn_plan
+    body = schedule_format.load(str(out))
+    batches = schedule_batches(body, "random", 1, seed=1)
+    for dtype in (None, torch.float64):
+        model, _ = train_reference(body, os.path.join(out, "weights.safetensors"), batches, torch.device("cpu"),
+                                   dtype=dtype)
+        convs = [p for p in model.parameters() if p.dim() == 4]
+        assert convs and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+        assert any(not p.is_contiguous() for p in convs)  # a weight of one input channel is both layouts
 
 
 def test_an_exact_cnn_plan_keeps_the_default_layout_and_its_bitwise_check(tmp_path):

@@ -97,13 +97,17 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
     """The model trained by autograd on `batches`; `feed(model)`, where given, returns what is called with each
     batch's input before its step (an int8 prefix's reference hands its head the integer prefix's output);
     `dtype`: the eager run's floats where given (float64: what float32 rounding is measured against); else the
-    model's own; `floats`: load_weights'."""
+    model's own; `floats`: load_weights'. A plan that holds its convolution weights channels-last is trained
+    against eager with its weights laid out alike."""
     check_draws(schedule)
     spec = schedule["model"]
     torch.manual_seed(schedule["seed"])
     model = resolve(spec["spec"], **spec["kwargs"]).module
     load_weights(model, weights_path, floats)
     model.to(device=device, dtype=dtype).train()
+    if schedule["graph"].get("memory_format") == "channels_last":
+        # eager in the plan's layout: its convolutions then run the kernels the plan runs, summing in their order
+        model.to(memory_format=torch.channels_last)
     clock = [schedule["seed"], first_step, {}]
     keyed, drawn = _draws(schedule), []
     graph = schedule["graph"]

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.memory_probe import cpu_probe_available  # noqa: E402
-from benchmarks.peers import main, parse_methods  # noqa: E402
+from benchmarks.peers import _over_note, main, parse_methods  # noqa: E402
 from benchmarks.peers_figure import pareto  # noqa: E402
 
 PEERS = os.path.join(ROOT, "benchmarks", "peers.py")
@@ -44,6 +44,9 @@ def test_peers_rows_table_and_figure(tmp_path, capsys):
         plan = by[("edgetrain", budget)]
         assert plan["ledger_peak_bytes"] == plan["predicted_peak_bytes"]  # the ledger counts what was predicted
         assert plan["real_peak_bytes"] <= plan["budget_bytes"] and plan["within_budget"]
+        # the measuring malloc's page per mapped block, counted beside the plan's bytes, on one CPU
+        assert 0 <= plan["page_rounding_bytes"] < 64 * 4096 and plan["cpu_pinned"] is not None
+    assert "page_rounding_bytes" not in by[("checkpoint", "per block")]
     assert by[("edgetrain", "80%")]["budget_bytes"] < by[("edgetrain", "100%")]["budget_bytes"]
     assert by[("eager", "-")]["real_peak_bytes"] >= by[("edgetrain", "80%")]["real_peak_bytes"]
 
@@ -97,3 +100,11 @@ def test_pareto_front_keeps_what_nothing_beats_on_both():
     pts = [{"real_peak_bytes": m, "time_ratio": t, "n": n}
            for n, (m, t) in enumerate([(100, 1.0), (60, 1.2), (70, 1.5), (40, 2.0), (40, 2.5)])]
     assert [p["n"] for p in pareto(pts)] == [0, 1, 3]
+
+
+def test_a_row_over_its_budget_says_by_how_much_beside_the_page_rounding():
+    assert _over_note({"within_budget": True}) == ""
+    row = {"within_budget": False, "real_peak_bytes": 101_021_952, "budget_bytes": 100_925_188,
+           "page_rounding_bytes": 180_224}
+    assert _over_note(row) == "over budget by 97 KB (page rounding 180 KB)"
+    assert _over_note({**row, "page_rounding_bytes": None}) == "over budget by 97 KB"

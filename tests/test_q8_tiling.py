@@ -291,7 +291,10 @@ def test_mbv2_w035_trains_its_last_blocks_biases_at_128x128_on_the_nrf52840(tmp_
     g = TrainingGraph.from_json(json.loads((out / "schedule.json").read_text())["graph"])
     assert g.streamed_params == ("head.0.weight",)
     assert {"features.17.block.0.0.bias", "features.17.block.2.0.bias"} <= set(g.trainable_params)
-    rc = cli.main(["run", str(out), "--qemu", "--steps", "2", "--check", "--json"])
+    # One step: this untrained model's features.17 activations are about 1e-6, and after one update its biases
+    # leave their exact zeros, so a second step's ReLU6 masks are decided by float32 rounding (eager with those
+    # convolutions summed in float64 moves the same three biases by 2e-5 to 8e-5): no float32 order holds another's
+    rc = cli.main(["run", str(out), "--qemu", "--steps", "1", "--check", "--json"])
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and res["ok"] and res["int8_boundary_mismatches"] == 0 and not res["mismatched"], res
     assert res["int8_boundary_floats"] == 56 * 4 * 4

@@ -10,7 +10,7 @@ import torch
 
 from edgetrain.compiler.pipeline import CompileOptions, compile_model
 from edgetrain.compiler.workbench import run_c
-from edgetrain.compiler.workbench.check_rules import ROUNDING_FACTOR, check_tensors
+from edgetrain.compiler.workbench.check_rules import NEAR_BOUND_EPS, ROUNDING_FACTOR, NearBounds, check_tensors
 from edgetrain.compiler.workbench.report import print_human
 
 HAVE_HOST = bool(shutil.which("gcc") and shutil.which("make"))
@@ -64,6 +64,37 @@ def test_an_exact_eager_float32_leaves_no_room():
     assert c.rule == "failed"
 
 
+def test_near_bounds_counts_relu_inputs_within_rounding_of_a_bound_not_on_it():
+    """A ReLU's or ReLU6's input within NEAR_BOUND_EPS float32 epsilons (of the input's largest magnitude) of a
+    bound takes its mask from the order of a sum; one exactly on a bound, or far from it, does not count."""
+    tol = NEAR_BOUND_EPS * torch.finfo(torch.float32).eps * 4.0
+    x = torch.tensor([0.0, tol / 2, -tol / 2, 2 * tol, 4.0 - 3 * tol, 4.0 - tol / 2, 3.0, -1.0])
+    with NearBounds() as nb:
+        torch.relu(x)  # near 0: tol/2 and -tol/2
+        torch.nn.functional.hardtanh(x.clone(), 0.0, 4.0, inplace=True)  # and 4 - tol/2 near its top
+        torch.nn.functional.relu(torch.tensor([5.0, -3.0]))  # nothing near
+    assert nb.counts == {"relu on (8,)": 2, "hardtanh_ on (8,)": 3}, nb.counts
+    assert "5 ReLU inputs" in nb.describe() and "may be rounding" in nb.describe()
+    with NearBounds() as quiet:
+        torch.relu(torch.tensor([1.0, -1.0, 0.0]))
+    assert not quiet.counts and quiet.describe() == ""
+
+
+def test_a_failed_python_check_says_whether_relu_masks_sit_within_rounding(tmp_path, monkeypatch):
+    """The check's failure runs the reference once more watching its ReLUs' inputs (run.py) and reports them."""
+    from edgetrain.compiler.workbench import run
+
+    out = tmp_path / "p"
+    compile_model(CompileOptions(model="small_cnn", target="rpi4", budget="100%", out=str(out), batch_size=2,
+                                 time_limit=10.0))
+    real = run._compare
+    monkeypatch.setattr(run, "_compare", lambda *a, **kw: (*real(*a, **kw)[:2], ["param fc.weight"]))
+    r = run.run_plan(str(out), steps=1, check=True)
+    assert not r["ok"] and r["error_kind"] == "CheckMismatch" and r["mismatched"] == ["param fc.weight"]
+    assert isinstance(r["near_bound_relu_inputs"], dict)
+    assert ("within float32 rounding" in r["error"]) == bool(r["near_bound_relu_inputs"])
+
+
 @pytest.fixture(scope="module")
 def fw(tmp_path_factory):
     out = tmp_path_factory.mktemp("check") / "o"
@@ -98,6 +129,7 @@ def test_real_firmware_passes_and_an_injected_kernel_bug_fails(fw, monkeypatch, 
         (c,) = r["check_tensors"]
         assert c["rule"] == "failed" and c["float64_err"] > ROUNDING_FACTOR * c["eager_float64_err"]
         assert "bn_head.running_mean" in r["error"] and "float64" in r["error"]
+        assert isinstance(r["near_bound_relu_inputs"], dict)  # the ReLUs' inputs watched on a failure
     print_human("run", r)  # the text says which tensor went to the float64 run, with its figures
     text = capsys.readouterr().out
     assert "held to a float64 run" in text and "bn_head.running_mean" in text and "FAILED" in text

@@ -8,14 +8,19 @@ far from float64 and fails.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 RTOL, ATOL = 1e-5, 1e-6
 # How much further from float64 than eager float32 the firmware may be: its kernels sum in another order, so its
 # rounding differs from torch's without being larger in kind (measured: up to 2.3x, GhostNet's running statistics).
 ROUNDING_FACTOR = 4.0
+# A ReLU's input this close to a bound, in float32 epsilons of the tensor's largest magnitude, takes its mask from
+# the order of the sum that made it (an untrained MobileNetV2's last block: 235 inputs within it after one update).
+NEAR_BOUND_EPS = 16
 
 
 @dataclass(frozen=True)
@@ -79,3 +84,38 @@ def check_tensors(ours: dict, eager: dict, float64_run) -> list[TensorCheck]:
     eager64 = float64_run()
     held = {c.name: against_float64(c, ours[c.name], eager[c.name], eager64[c.name]) for c in missed}
     return [held.get(c.name, c) for c in checks]
+
+
+_aten = torch.ops.aten
+_CLAMPS = {_aten.relu.default: False, _aten.relu_.default: False, _aten.hardtanh.default: True,
+           _aten.hardtanh_.default: True}  # op -> whether it has an upper bound (its args' third)
+
+
+class NearBounds(TorchDispatchMode):
+    """While active, counts the inputs of ReLU and hardtanh (ReLU6) that lie within NEAR_BOUND_EPS float32 epsilons
+    (of the input's largest magnitude) of a bound without being on it: masks another order of sums may flip. By the
+    op and its input's shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _CLAMPS and args[0].is_floating_point() and args[0].numel():
+            x = args[0].detach()
+            bounds = [float(args[1]) if len(args) > 1 else -1.0, float(args[2]) if len(args) > 2 else 1.0] \
+                if _CLAMPS[func] else [0.0]
+            tol = NEAR_BOUND_EPS * torch.finfo(torch.float32).eps * float(x.abs().max())
+            near = sum(int(((x - b).abs() <= tol).logical_and(x != b).sum()) for b in bounds)
+            if near:
+                self.counts[f"{func.__name__.split('.')[0]} on {tuple(x.shape)}"] += near
+        return func(*args, **(kwargs or {}))
+
+    def describe(self) -> str:
+        """One sentence for a failed check, or "" where no input lay near a bound."""
+        if not self.counts:
+            return ""
+        top = ", ".join(f"{k}: {n}" for k, n in self.counts.most_common(3))
+        return (f"{sum(self.counts.values())} ReLU inputs of the reference's steps lie within float32 rounding of a "
+                f"bound ({top}), where a mask follows the order of a sum: the difference may be rounding, not a "
+                "kernel; check over fewer steps, or from trained weights")

@@ -10,6 +10,8 @@ match.
 from __future__ import annotations
 
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn as nn
 from safetensors.torch import load_file
@@ -93,11 +95,13 @@ def _as(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None) -> tor
 
 def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
                     device: torch.device, first_step: int = 0, feed=None,
-                    dtype: torch.dtype | None = None, floats: str | None = None) -> tuple[nn.Module, list[float]]:
+                    dtype: torch.dtype | None = None, floats: str | None = None,
+                    watch=None) -> tuple[nn.Module, list[float]]:
     """The model trained by autograd on `batches`; `feed(model)`, where given, returns what is called with each
     batch's input before its step (an int8 prefix's reference hands its head the integer prefix's output);
     `dtype`: the eager run's floats where given (float64: what float32 rounding is measured against); else the
-    model's own; `floats`: load_weights'. A plan that holds its convolution weights channels-last is trained
+    model's own; `floats`: load_weights'; `watch`: a dispatch mode active over each step's forward
+    (check_rules.NearBounds). A plan that holds its convolution weights channels-last is trained
     against eager with its weights laid out alike."""
     check_draws(schedule)
     spec = schedule["model"]
@@ -129,7 +133,7 @@ def train_reference(schedule: dict, weights_path: str, batches: list[tuple[torch
         # C firmware hashes its masks; a GPU plan's attention is the kernel its graph was traced with; library code
         # takes the path it took in the trace
         with KeyedRandom(model, drawn, clock=clock, hashed=schedule.get("backend") == "c"), portable_kernels(gpu), \
-                as_export(graph.get("exported", False)):
+                as_export(graph.get("exported", False)), (watch if watch is not None else nullcontext()):
             value = fn(model, _as(x, device, dtype), _as(y, device, dtype))
         missing = [node for key, node in keyed.items() if key not in drawn]
         if missing:  # the eager forward drew other numbers than the plan: its steps would not compare

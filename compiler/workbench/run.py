@@ -21,7 +21,7 @@ from .data import fashion_mnist_batches, random_batches
 from edgetrain.compiler.scheduling.steps import Step
 from edgetrain.compiler.errors import EdgetrainError
 from edgetrain.compiler.graph.ir import TrainingGraph
-from .check_rules import ROUNDING_FACTOR, TensorCheck, against_float64, plain
+from .check_rules import ROUNDING_FACTOR, NearBounds, TensorCheck, against_float64, plain
 from .reference import check_draws, train_reference
 from .evaluate import Evaluator
 from .int8_check import Int8Reference, boundary_mismatches, has_int8_prefix
@@ -339,11 +339,17 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
         if held:
             result.update(check_rounding_factor=ROUNDING_FACTOR, check_tensors=[c.to_json() for c in held])
         if bad:
+            near = NearBounds()  # rounding that decides a ReLU mask? The same steps again, watching its inputs
+            with (pinned_threads(rt.threads) if rt.threads is not None else nullcontext()), \
+                    _same_kernels(check, rt.device):
+                train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches, rt.device, watch=near,
+                                **prefix)
             result["ok"] = False
             result["error_kind"] = "CheckMismatch"
+            result["near_bound_relu_inputs"] = dict(near.counts)
             beyond = f" and from a float64 run by more than {ROUNDING_FACTOR:g}x eager float32's error" if held else ""
             result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={rtol:g}, atol={atol:g}{beyond}: "
-                               f"{', '.join(bad[:5])}")
+                               f"{', '.join(bad[:5])}" + (f". {near.describe()}" if near.counts else ""))
     return result
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from edgetrain.codegen.c.runner import STATUS, run_program, verified_firmware
-from .check_rules import ATOL, ROUNDING_FACTOR, RTOL, check_tensors, tensors_of
+from .check_rules import ATOL, ROUNDING_FACTOR, RTOL, NearBounds, check_tensors, tensors_of
 from .int8_check import Int8Reference, boundary_mismatches
 from .reference import train_reference
 
@@ -122,9 +122,13 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                       within_rtol=sum(c.rule == "rtol" for c in checks),
                       check_tensors=[c.to_json() for c in checks if c.rule != "rtol"])
         if bad:
+            near = NearBounds()  # rounding that decides a ReLU mask? The same steps again, watching its inputs
+            train_reference(body, weights, batches, torch.device("cpu"), feed=feed, watch=near)
             result["ok"] = False
             result["error_kind"] = "CheckMismatch"
+            result["near_bound_relu_inputs"] = dict(near.counts)
             result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}, and from a "
                                f"float64 run of the same steps by more than {ROUNDING_FACTOR:g}x eager float32's "
-                               f"error: {'; '.join(c.describe() for c in bad[:5])}")
+                               f"error: {'; '.join(c.describe() for c in bad[:5])}"
+                               + (f". {near.describe()}" if near.counts else ""))
     return result

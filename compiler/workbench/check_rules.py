@@ -112,10 +112,11 @@ class NearBounds(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def describe(self) -> str:
-        """One sentence for a failed check, or "" where no input lay near a bound."""
+        """The sentence a failed check's error ends with (". N ReLU inputs ..."), or "" where no input lay near a
+        bound."""
         if not self.counts:
             return ""
         top = ", ".join(f"{k}: {n}" for k, n in self.counts.most_common(3))
-        return (f"{sum(self.counts.values())} ReLU inputs of the reference's steps lie within float32 rounding of a "
+        return (f". {sum(self.counts.values())} ReLU inputs of the reference's steps lie within float32 rounding of a "
                 f"bound ({top}), where a mask follows the order of a sum: the difference may be rounding, not a "
                 "kernel; check over fewer steps, or from trained weights")

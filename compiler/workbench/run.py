@@ -315,21 +315,21 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
                 "boundary values on the last batch (bit for bit expected)"))
             return result
     if check:
-        # the plan's thread count: oneDNN's sums then run in the same order
-        threads = pinned_threads(rt.threads) if rt.threads is not None else nullcontext()
-        with threads, _same_kernels(check, rt.device):
-            # an int8 prefix: the model's own float weights, its head fed the integer reference's boundary
-            prefix = {} if int8 is None else {"feed": int8.feed, "floats": os.path.join(out_dir, PREFIX_FLOATS)}
-            model, ref_losses = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches,
-                                                rt.device, **prefix)
+        # an int8 prefix: the model's own float weights, its head fed the integer reference's boundary
+        prefix = {} if int8 is None else {"feed": int8.feed, "floats": os.path.join(out_dir, PREFIX_FLOATS)}
+
+        def reference(**kw):
+            """The same steps by autograd, on the plan's thread count (oneDNN's sums then run in its order)."""
+            threads = pinned_threads(rt.threads) if rt.threads is not None else nullcontext()
+            with threads, _same_kernels(check, rt.device):
+                return train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches, rt.device,
+                                       **prefix, **kw)
+        model, ref_losses = reference()
         max_abs, max_rel, bad = _compare(model, rt, body, int8.values if int8 is not None else None)
         rtol, atol = check_tolerance(model, body)
         held = []
         if bad and not_bitwise(body):  # float32 rounding, or a wrong kernel? A float64 run of the same steps says
-            again = pinned_threads(rt.threads) if rt.threads is not None else nullcontext()
-            with again, _same_kernels(check, rt.device):
-                model64, _ = train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches, rt.device,
-                                             dtype=torch.float64, **prefix)
+            model64, _ = reference(dtype=torch.float64)
             held = _held_to_float64(bad, model, model64, rt)
             bad = [c.name for c in held if c.rule == "failed"]
         result.update(max_abs_err=max_abs, max_rel_err=max_rel, check_rtol=rtol, check_atol=atol,
@@ -340,16 +340,13 @@ def run_plan(out_dir: str, *, steps: int | None = 1, data: str = "random", check
             result.update(check_rounding_factor=ROUNDING_FACTOR, check_tensors=[c.to_json() for c in held])
         if bad:
             near = NearBounds()  # rounding that decides a ReLU mask? The same steps again, watching its inputs
-            with (pinned_threads(rt.threads) if rt.threads is not None else nullcontext()), \
-                    _same_kernels(check, rt.device):
-                train_reference(body, os.path.join(out_dir, "weights.safetensors"), batches, rt.device, watch=near,
-                                **prefix)
+            reference(watch=near)
             result["ok"] = False
             result["error_kind"] = "CheckMismatch"
             result["near_bound_relu_inputs"] = dict(near.counts)
             beyond = f" and from a float64 run by more than {ROUNDING_FACTOR:g}x eager float32's error" if held else ""
             result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={rtol:g}, atol={atol:g}{beyond}: "
-                               f"{', '.join(bad[:5])}" + (f". {near.describe()}" if near.counts else ""))
+                               f"{', '.join(bad[:5])}{near.describe()}")
     return result
 
 

@@ -8,6 +8,7 @@ read each step (the driver's reads.bin) beside the compiler's figure.
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import numpy as np
 import torch
@@ -99,15 +100,15 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                 "gradient / (s_x * s_w[oc]) a step, a large integer step where the region's activation scales are "
                 "tiny (an untrained model's): lower --lr, or fine-tune a trained model"))
             return result
-        feed = int8.feed if int8 is not None else None
-        model, ref_losses = train_reference(body, weights, batches, torch.device("cpu"), feed=feed)
+        reference = partial(train_reference, body, weights, batches, torch.device("cpu"),
+                            feed=int8.feed if int8 is not None else None)
+        model, ref_losses = reference()
         integers = int8.values if int8 is not None else {}  # const in flash, held by the prefix's check
 
         def held(m) -> dict:
             return {k: t for k, t in tensors_of(m, r["params"]).items() if k not in integers}
         eager = held(model)
-        checks = check_tensors(r["params"], eager, lambda: held(train_reference(
-            body, weights, batches, torch.device("cpu"), feed=feed, dtype=torch.float64)[0]))
+        checks = check_tensors(r["params"], eager, lambda: held(reference(dtype=torch.float64)[0]))
         model.eval()  # et_predict is inference: batch norm with its running statistics
         if int8 is not None and int8.per_step is not None and batches:  # the trained region's boundary
             int8.refresh(model, batches[-1][0])
@@ -123,12 +124,11 @@ def run_firmware(out_dir: str, *, qemu: bool, steps: int = 1, data: str = "rando
                       check_tensors=[c.to_json() for c in checks if c.rule != "rtol"])
         if bad:
             near = NearBounds()  # rounding that decides a ReLU mask? The same steps again, watching its inputs
-            train_reference(body, weights, batches, torch.device("cpu"), feed=feed, watch=near)
+            reference(watch=near)
             result["ok"] = False
             result["error_kind"] = "CheckMismatch"
             result["near_bound_relu_inputs"] = dict(near.counts)
             result["error"] = (f"{len(bad)} tensors differ from autograd beyond rtol={RTOL}, atol={ATOL}, and from a "
                                f"float64 run of the same steps by more than {ROUNDING_FACTOR:g}x eager float32's "
-                               f"error: {'; '.join(c.describe() for c in bad[:5])}"
-                               + (f". {near.describe()}" if near.counts else ""))
+                               f"error: {'; '.join(c.describe() for c in bad[:5])}{near.describe()}")
     return result
